@@ -1,0 +1,114 @@
+"""Per forward pass: which rows belong to which lens request, and what each hooked layer does.
+
+One plan per step. Python loops over requests happen here, once per step; the layer taps
+only run vectorised gathers and adds with the tensors prepared here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from lens_evals.engine.compat import BatchLayout
+from lens_evals.engine.requests import WorkerRequest
+
+
+@dataclass
+class LayerSteer:
+    rows: torch.Tensor  # (n,) row indices in the step's token batch
+    vectors: torch.Tensor  # (n, hidden): unit vectors where norm_match, raw otherwise
+    scale: torch.Tensor  # (n, 1)
+    norm_match: torch.Tensor  # (n, 1) bool
+    any_norm_match: bool
+
+
+@dataclass
+class CaptureSlot:
+    key: str
+    row_start: int  # offset into the step's gathered capture rows
+    num_rows: int
+    positions: np.ndarray  # absolute positions of those rows
+    layer_slots: list[int]  # indices into StepPlan.capture_layers
+
+
+@dataclass
+class StepPlan:
+    capture_layers: list[int] = field(default_factory=list)
+    capture_rows: torch.Tensor | None = None  # rows gathered at each capture layer
+    capture_slots: list[CaptureSlot] = field(default_factory=list)
+    steer: dict[int, LayerSteer] = field(default_factory=dict)
+    keys: list[str] = field(default_factory=list)  # every lens request in this step
+
+    @property
+    def hooked_layers(self) -> set[int]:
+        return set(self.capture_layers) | set(self.steer)
+
+
+def build_plan(
+    layout: BatchLayout,
+    requests: dict[str, WorkerRequest | None],
+    device: torch.device,
+    dtype: torch.dtype,
+    capture_here: bool,
+    local_layers: set[int],
+) -> StepPlan | None:
+    """Plan one step. ``capture_here`` is False on ranks that do not keep captures (TP > 0)."""
+    plan = StepPlan()
+    capture_rows: list[np.ndarray] = []
+    pending_slots: list[tuple[WorkerRequest, int, np.ndarray, np.ndarray]] = []
+    steer_parts: dict[int, list[tuple[np.ndarray, torch.Tensor, float, bool]]] = {}
+    offset = 0
+    gathered = 0
+    for req_id, n_rows, start in zip(layout.req_ids, layout.num_rows, layout.start_positions):
+        req = requests.get(req_id)
+        rows = np.arange(offset, offset + n_rows, dtype=np.int64)
+        positions = np.arange(start, start + n_rows, dtype=np.int64)
+        offset += n_rows
+        if req is None or n_rows == 0:
+            continue
+        plan.keys.append(req.key)
+        if capture_here and req.capture_layers and local_layers.intersection(req.capture_layers):
+            pending_slots.append((req, gathered, rows, positions))
+            capture_rows.append(rows)
+            gathered += n_rows
+        for vec in req.steering:
+            if vec.positions is None:
+                vec_rows, vec_index = rows, None
+            else:
+                hit = np.isin(positions, vec.positions)
+                if not hit.any():
+                    continue
+                vec_rows = rows[hit]
+                vec_index = np.searchsorted(vec.positions, positions[hit])
+            for layer, table in vec.vectors.items():
+                if layer not in local_layers:
+                    continue
+                if vec_index is None:
+                    block = table.expand(len(vec_rows), table.shape[-1])
+                else:
+                    block = table[torch.from_numpy(vec_index).to(device)]
+                steer_parts.setdefault(layer, []).append((vec_rows, block, vec.scale, vec.norm_match))
+    if not plan.keys:
+        return None
+    if pending_slots:
+        union = sorted({layer for req, *_ in pending_slots for layer in req.capture_layers} & local_layers)
+        plan.capture_layers = union
+        index_of = {layer: i for i, layer in enumerate(union)}
+        plan.capture_rows = torch.from_numpy(np.concatenate(capture_rows)).to(device, non_blocking=True)
+        for req, row_start, rows, positions in pending_slots:
+            slots = [index_of[layer] for layer in req.capture_layers if layer in index_of]
+            plan.capture_slots.append(CaptureSlot(req.key, row_start, len(rows), positions, slots))
+    for layer, parts in steer_parts.items():
+        rows = np.concatenate([p[0] for p in parts])
+        norm = np.concatenate([np.full(len(p[0]), p[3]) for p in parts])
+        scale = np.concatenate([np.full(len(p[0]), p[2], dtype=np.float32) for p in parts])
+        plan.steer[layer] = LayerSteer(
+            rows=torch.from_numpy(rows).to(device, non_blocking=True),
+            vectors=torch.cat([p[1] for p in parts]),
+            scale=torch.from_numpy(scale).to(device=device, dtype=dtype).unsqueeze(1),
+            norm_match=torch.from_numpy(norm).to(device).unsqueeze(1),
+            any_norm_match=bool(norm.any()),
+        )
+    return plan

@@ -1,0 +1,330 @@
+"""The ONE module that touches vLLM internals. vLLM 0.26 (GPU) and 0.32 (CPU build).
+
+Everything else in ``lens_evals.engine`` talks to vLLM through the functions here:
+patch points (request validation, offline/async result delivery, the model runner's
+forward, the HTTP app) and accessors (the batch layout, a request's extra args, the
+decoder layers, parallel ranks). A vLLM upgrade should only need edits here.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+logger = logging.getLogger("lens_evals")
+
+_PATCHED_ATTR = "__lens_evals_patched__"
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return getattr(vllm, "__version__", "unknown")
+
+
+def _patch(owner: Any, name: str, make_wrapper: Callable[[Callable], Callable]) -> None:
+    original = getattr(owner, name)
+    if getattr(original, _PATCHED_ATTR, False):
+        return
+    wrapper = make_wrapper(original)
+    functools.update_wrapper(wrapper, original)
+    setattr(wrapper, _PATCHED_ATTR, True)
+    setattr(owner, name, wrapper)
+
+
+# --------------------------------------------------------------------------- frontend
+@dataclass(frozen=True)
+class ModelShape:
+    num_layers: int
+    hidden_size: int
+    max_model_len: int
+
+
+def model_shape(vllm_config: Any) -> ModelShape:
+    text_config = vllm_config.model_config.hf_text_config
+    return ModelShape(
+        num_layers=int(text_config.num_hidden_layers),
+        hidden_size=int(text_config.hidden_size),
+        max_model_len=int(vllm_config.model_config.max_model_len),
+    )
+
+
+def patch_input_processor(on_request: Callable[[Any, str, Any], None]) -> None:
+    """Call ``on_request(input_processor, external_request_id, engine_core_request)`` for
+    every new request, after vLLM's own processing and before the request id is rewritten.
+    ``on_request`` may raise ValueError: vLLM turns it into an HTTP 400 / offline error."""
+    from vllm.v1.engine import input_processor as ip_module
+
+    cls = ip_module.InputProcessor if hasattr(ip_module, "InputProcessor") else ip_module.Processor
+
+    def make(original: Callable) -> Callable:
+        def process_inputs(self: Any, request_id: str, *args: Any, **kwargs: Any) -> Any:
+            request = original(self, request_id, *args, **kwargs)
+            on_request(self, request_id, request)
+            return request
+
+        return process_inputs
+
+    _patch(cls, "process_inputs", make)
+
+
+def request_sampling_params(request: Any) -> Any:
+    return getattr(request, "sampling_params", None)
+
+
+def set_request_cache_salt(request: Any, salt: str) -> None:
+    """A unique salt: the request neither reads cached prefix KV nor leaves KV others reuse."""
+    request.cache_salt = salt
+
+
+def patch_offline_results(attach: Callable[[Any, list[Any]], None]) -> None:
+    """After ``LLM.generate`` / ``LLM.chat`` finish, call ``attach(llm, outputs)``."""
+    from vllm.entrypoints.llm import LLM
+
+    def make(original: Callable) -> Callable:
+        def _run_engine(self: Any, *args: Any, **kwargs: Any) -> Any:
+            outputs = original(self, *args, **kwargs)
+            attach(self, outputs)
+            return outputs
+
+        return _run_engine
+
+    _patch(LLM, "_run_engine", make)
+
+
+def offline_input_processor(llm: Any) -> Any:
+    engine = llm.llm_engine
+    return getattr(engine, "input_processor", None) or getattr(engine, "processor", None)
+
+
+def patch_async_results(
+    attach: Callable[[Any, Any], Any], discard: Callable[[Any, str], Any]
+) -> None:
+    """Wrap ``AsyncLLM.generate``: ``await attach(engine, output)`` on the final output of a
+    request; ``await discard(engine, request_id)`` when a request ends without one."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    def make(original: Callable) -> Callable:
+        async def generate(self: Any, prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any):
+            delivered = False
+            try:
+                async for output in original(self, prompt, sampling_params, request_id, *args, **kwargs):
+                    if output.finished:
+                        await attach(self, output)
+                        delivered = True
+                    yield output
+            finally:
+                if not delivered:
+                    await discard(self, request_id)
+
+        return generate
+
+    _patch(AsyncLLM, "generate", make)
+
+
+def async_input_processor(engine: Any) -> Any:
+    return getattr(engine, "input_processor", None) or getattr(engine, "processor", None)
+
+
+def force_eager(reason: str) -> None:
+    """Forward hooks run only outside CUDA graphs / torch.compile: force enforce_eager."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    def make(original: Callable) -> Callable:
+        def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not self.enforce_eager:
+                logger.info("lens_evals: enforce_eager=True (%s); set LENS_EVALS_DISABLE=1 to opt out", reason)
+                self.enforce_eager = True
+            return original(self, *args, **kwargs)
+
+        return create_engine_config
+
+    _patch(EngineArgs, "create_engine_config", make)
+
+
+def patch_http_app(add_middleware: Callable[[Any], None]) -> None:
+    """Add our ASGI middleware to the OpenAI-compatible server's app."""
+    try:  # vLLM >= 0.30: build_app lives in vllm.entrypoints.launchers.app
+        from vllm.entrypoints.launchers import app as app_module
+
+        def make(original: Callable) -> Callable:
+            def init_entrypoints_middleware(args: Any, app: Any, *rest: Any, **kwargs: Any) -> Any:
+                result = original(args, app, *rest, **kwargs)
+                add_middleware(app)
+                return result
+
+            return init_entrypoints_middleware
+
+        _patch(app_module, "init_entrypoints_middleware", make)
+        return
+    except ImportError:
+        pass
+    import sys
+
+    from vllm.entrypoints.openai import api_server  # vLLM 0.26
+
+    def make_build(original: Callable) -> Callable:
+        def build_app(*args: Any, **kwargs: Any) -> Any:
+            app = original(*args, **kwargs)
+            add_middleware(app)
+            return app
+
+        return build_app
+
+    _patch(api_server, "build_app", make_build)
+    main = sys.modules.get("__main__")
+    if main is not None and getattr(main, "__spec__", None) is not None and main.__spec__.name == api_server.__name__:
+        _patch(main, "build_app", make_build)
+
+
+async def async_collective_rpc(engine: Any, fn: Callable, args: tuple) -> list[Any]:
+    return await engine.collective_rpc(fn, args=args)
+
+
+def offline_collective_rpc(llm: Any, fn: Callable, args: tuple) -> list[Any]:
+    return llm.collective_rpc(fn, args=args)
+
+
+# --------------------------------------------------------------------------- worker
+def patch_model_runner(
+    on_load: Callable[[Any], None],
+    on_step_start: Callable[[Any, Any], None],
+    around_forward: Callable[[Any, Callable[[], Any]], Any],
+) -> None:
+    """``on_load(runner)`` after the model loads; ``on_step_start(runner, scheduler_output)``
+    before each step; ``around_forward(runner, run)`` wraps each model forward."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    runner_classes: list[type] = [GPUModelRunner]
+    try:
+        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+        runner_classes.append(CPUModelRunner)
+    except ImportError:
+        logger.debug("no CPU model runner in this vLLM build")
+
+    def make_load(original: Callable) -> Callable:
+        def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(self, *args, **kwargs)
+            on_load(self)
+            return result
+
+        return load_model
+
+    def make_execute(original: Callable) -> Callable:
+        def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            on_step_start(self, scheduler_output)
+            return original(self, scheduler_output, *args, **kwargs)
+
+        return execute_model
+
+    def make_forward(original: Callable) -> Callable:
+        def _model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return around_forward(self, lambda: original(self, *args, **kwargs))
+
+        return _model_forward
+
+    for cls in runner_classes:
+        if "load_model" in vars(cls):
+            _patch(cls, "load_model", make_load)
+    _patch(GPUModelRunner, "execute_model", make_execute)
+    _patch(GPUModelRunner, "_model_forward", make_forward)
+
+
+def finished_request_ids(scheduler_output: Any) -> set[str]:
+    return set(getattr(scheduler_output, "finished_req_ids", ()) or ())
+
+
+def step_num_scheduled(scheduler_output: Any) -> dict[str, int]:
+    return dict(scheduler_output.num_scheduled_tokens)
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """Requests of one forward pass in row order, with their first absolute position."""
+
+    req_ids: list[str]
+    num_rows: list[int]
+    start_positions: list[int]
+
+
+def batch_layout(runner: Any, num_scheduled: dict[str, int]) -> BatchLayout:
+    batch = runner.input_batch
+    req_ids = [r for r in batch.req_ids if r is not None]
+    rows = [int(num_scheduled.get(r, 0)) for r in req_ids]
+    computed = batch.num_computed_tokens_cpu
+    starts = [int(computed[batch.req_id_to_index[r]]) for r in req_ids]
+    return BatchLayout(req_ids, rows, starts)
+
+
+def request_extra_args(runner: Any, req_id: str) -> dict[str, Any] | None:
+    state = runner.requests.get(req_id)
+    params = getattr(state, "sampling_params", None)
+    return getattr(params, "extra_args", None)
+
+
+def runner_device(runner: Any) -> torch.device:
+    return torch.device(runner.device)
+
+
+def runner_model(runner: Any) -> nn.Module:
+    return runner.get_model() if hasattr(runner, "get_model") else runner.model
+
+
+def runner_from_worker(worker: Any) -> Any:
+    """collective_rpc hands functions the worker (or a wrapper of it)."""
+    for candidate in (worker, getattr(worker, "worker", None)):
+        runner = getattr(candidate, "model_runner", None)
+        if runner is not None:
+            return runner
+    raise RuntimeError(f"lens_evals: no model runner found on {type(worker).__name__}")
+
+
+def decoder_layers(model: nn.Module, num_layers: int) -> Iterator[tuple[int, nn.Module]]:
+    """(absolute index, layer) for the decoder layers present on this pipeline stage."""
+    from vllm.model_executor.models.utils import PPMissingLayer
+
+    for module in model.modules():
+        layers = getattr(module, "layers", None)
+        if isinstance(layers, nn.ModuleList) and len(layers) == num_layers:
+            for index, layer in enumerate(layers):
+                if not isinstance(layer, PPMissingLayer):
+                    yield index, layer
+            return
+    raise RuntimeError(f"lens_evals: could not find {num_layers} decoder layers in {type(model).__name__}")
+
+
+def split_layer_output(output: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A decoder layer returns ``(hidden, residual)`` (fused residual: the stream is their
+    sum) or the stream itself."""
+    if isinstance(output, tuple) and len(output) == 2 and isinstance(output[0], torch.Tensor):
+        return output[0], output[1]
+    if isinstance(output, torch.Tensor):
+        return output, None
+    raise TypeError(f"lens_evals: unsupported decoder layer output {type(output).__name__}")
+
+
+def join_layer_output(original: Any, hidden: torch.Tensor) -> Any:
+    if isinstance(original, tuple):
+        return (hidden, original[1])
+    return hidden
+
+
+def parallel_ranks() -> tuple[int, int]:
+    """(tensor-parallel rank, pipeline-parallel rank) of this worker."""
+    from vllm.distributed import parallel_state
+
+    tp = parallel_state.get_tensor_model_parallel_rank() if parallel_state.model_parallel_is_initialized() else 0
+    pp = parallel_state.get_pp_group().rank_in_group if parallel_state.model_parallel_is_initialized() else 0
+    return int(tp), int(pp)
+
+
+def num_layers_of(runner: Any) -> int:
+    return int(runner.model_config.hf_text_config.num_hidden_layers)
+
+

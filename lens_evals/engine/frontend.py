@@ -1,0 +1,157 @@
+"""Frontend side (the process that owns LLM / AsyncLLM): validate lens requests before they
+reach the engine, then fetch each finished request's results from the workers and attach them
+to its RequestOutput as ``output.activations``."""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+
+from lens_evals.engine import compat
+from lens_evals.engine.worker import fetch_results
+from lens_evals.spec import CAPTURE_KEY, INTERNAL_KEY, LENS_KEYS, STEERING_KEY, parse_lens_args
+
+REGISTRY_ATTR = "_lens_evals_pending"
+DEFAULT_MAX_CAPTURE_GIB = 4.0
+# Set by the HTTP middleware for the duration of one HTTP request; results land here too.
+HTTP_SINK: contextvars.ContextVar[list[tuple[str, Any]] | None] = contextvars.ContextVar(
+    "lens_evals_http_sink", default=None
+)
+
+
+class LensRequestError(RuntimeError):
+    """A lens request failed inside the engine (after validation). ``outputs`` holds every
+    output of the call, so other requests' results are not lost."""
+
+    def __init__(self, message: str, outputs: list[Any] | None = None) -> None:
+        super().__init__(message)
+        self.outputs = outputs
+
+
+@dataclass(frozen=True)
+class PendingRequest:
+    key: str
+    capture_layers: tuple[int, ...]
+    prompt_len: int
+
+
+def max_capture_bytes() -> int:
+    return int(float(os.environ.get("LENS_EVALS_MAX_CAPTURE_GIB", DEFAULT_MAX_CAPTURE_GIB)) * 2**30)
+
+
+def _registry(processor: Any) -> dict[str, PendingRequest]:
+    registry = getattr(processor, REGISTRY_ATTR, None)
+    if registry is None:
+        registry = {}
+        setattr(processor, REGISTRY_ATTR, registry)
+    return registry
+
+
+def on_request(processor: Any, request_id: str, request: Any) -> None:
+    """Validate and normalise one request's lens keys (raises ValueError -> HTTP 400)."""
+    params = compat.request_sampling_params(request)
+    extra = getattr(params, "extra_args", None)
+    if not extra:
+        return
+    if INTERNAL_KEY in extra:
+        raise ValueError(f"extra_args key {INTERNAL_KEY!r} is reserved for lens_evals")
+    if not any(key in extra for key in LENS_KEYS):
+        return
+    lens = parse_lens_args(extra)
+    if not lens.active:
+        return
+    if getattr(params, "n", 1) != 1:
+        raise ValueError(f"{CAPTURE_KEY}/{STEERING_KEY} need n=1 (send n separate requests)")
+    shape = compat.model_shape(processor.vllm_config)
+    prompt_len = len(request.prompt_token_ids or [])
+    max_positions = prompt_len + int(params.max_tokens or 1) - 1
+    lens.check_model(shape.num_layers, shape.hidden_size, max(max_positions, 1), max_capture_bytes())
+    key = uuid.uuid4().hex
+    normalised = {k: v for k, v in extra.items() if k not in LENS_KEYS}
+    normalised[INTERNAL_KEY] = {
+        "key": key,
+        "capture": lens.capture_layers,
+        "steer": [vec.to_wire() for vec in lens.steering],
+    }
+    params.extra_args = normalised  # a fresh dict: the caller's params stay untouched
+    compat.set_request_cache_salt(request, key)
+    _registry(processor)[request_id] = PendingRequest(key, tuple(lens.capture_layers), prompt_len)
+
+
+def _merge_rank_results(rank_results: list[dict[str, dict[str, Any]]], key: str) -> tuple[dict[int, torch.Tensor], str | None]:
+    layers: dict[int, torch.Tensor] = {}
+    for per_rank in rank_results:
+        result = per_rank.get(key) if per_rank else None
+        if not result:
+            continue
+        if "error" in result:
+            return {}, str(result["error"])
+        tensors = st_load(result["safetensors"])
+        for i, layer in enumerate(tensors["layers"].tolist()):
+            layers[int(layer)] = tensors["residual_stream"][i]
+    return layers, None
+
+
+def _apply(output: Any, pending: PendingRequest, rank_results: list[dict[str, Any]]) -> str | None:
+    """Attach the capture to ``output``; return an error message if the request failed."""
+    layers, error = _merge_rank_results(rank_results, pending.key)
+    if error is not None:
+        output.activations = None
+        return error
+    if not pending.capture_layers:
+        output.activations = {}
+        return None
+    generated = len(output.outputs[0].token_ids) if output.outputs else 0
+    expected = len(output.prompt_token_ids or []) + generated - 1
+    missing = [layer for layer in pending.capture_layers if layer not in layers]
+    if missing:
+        output.activations = None
+        return f"no capture came back for layers {missing}"
+    stream = torch.stack([layers[layer] for layer in pending.capture_layers])
+    if stream.shape[1] < expected:
+        output.activations = None
+        return f"capture is short: {stream.shape[1]} positions, expected {expected}"
+    output.activations = {"residual_stream": stream[:, :expected]}
+    return None
+
+
+def attach_offline(llm: Any, outputs: list[Any]) -> None:
+    registry = _registry(compat.offline_input_processor(llm))
+    pending = {o.request_id: registry.pop(o.request_id) for o in outputs if o.request_id in registry}
+    if not pending:
+        return
+    rank_results = compat.offline_collective_rpc(llm, fetch_results, ([p.key for p in pending.values()],))
+    errors = []
+    for output in outputs:
+        if output.request_id in pending:
+            error = _apply(output, pending[output.request_id], rank_results)
+            if error is not None:
+                errors.append(f"request {output.request_id}: {error}")
+    if errors:
+        raise LensRequestError("; ".join(errors), outputs)
+
+
+async def attach_async(engine: Any, output: Any) -> None:
+    pending = _registry(compat.async_input_processor(engine)).pop(output.request_id, None)
+    if pending is None:
+        return
+    rank_results = await compat.async_collective_rpc(engine, fetch_results, ([pending.key],))
+    error = _apply(output, pending, rank_results)
+    sink = HTTP_SINK.get()
+    if sink is not None:
+        sink.append((output.request_id, error if error is not None else output.activations))
+    if error is not None:
+        raise LensRequestError(f"request {output.request_id}: {error}")
+
+
+async def discard_async(engine: Any, request_id: str) -> None:
+    """A request ended without a final output (abort, disconnect): release its worker rows."""
+    pending = _registry(compat.async_input_processor(engine)).pop(request_id, None)
+    if pending is not None:
+        await compat.async_collective_rpc(engine, fetch_results, ([pending.key],))

@@ -1,0 +1,41 @@
+"""Entry point for ``vllm.general_plugins``: vLLM calls :func:`register` in every process it
+starts (frontend, engine core, workers). Idempotent; ``LENS_EVALS_DISABLE=1`` makes it a no-op."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+logger = logging.getLogger("lens_evals")
+
+
+def enabled() -> bool:
+    return os.environ.get("LENS_EVALS_DISABLE", "0").lower() not in ("1", "true", "yes")
+
+
+def register() -> None:
+    if not enabled():
+        logger.info("lens_evals: disabled by LENS_EVALS_DISABLE")
+        return
+    from lens_evals.engine import compat, frontend, server
+    from lens_evals.engine.worker import STATE_ATTR, LensWorkerState
+
+    def on_load(runner: Any) -> None:
+        setattr(runner, STATE_ATTR, LensWorkerState(runner))
+
+    def on_step_start(runner: Any, scheduler_output: Any) -> None:
+        state = getattr(runner, STATE_ATTR, None)
+        if state is not None:
+            state.on_step_start(scheduler_output)
+
+    def around_forward(runner: Any, run: Callable[[], Any]) -> Any:
+        state = getattr(runner, STATE_ATTR, None)
+        return run() if state is None else state.around_forward(run)
+
+    compat.force_eager("layer hooks run only outside CUDA graphs and torch.compile")
+    compat.patch_input_processor(frontend.on_request)
+    compat.patch_offline_results(frontend.attach_offline)
+    compat.patch_async_results(frontend.attach_async, frontend.discard_async)
+    compat.patch_model_runner(on_load, on_step_start, around_forward)
+    compat.patch_http_app(server.add_middleware)

