@@ -1,0 +1,56 @@
+"""Shared fixtures. Engines run in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) for speed; the
+multiprocess path has its own tests. An engine that cannot start FAILS the test, never skips."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from lens_evals.models import model_path
+
+
+@pytest.fixture(scope="session")
+def tiny_path() -> Path:
+    return model_path("tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return model_path("smollm2-135m-instruct")
+
+
+@contextmanager
+def make_llm(path: Path, **kwargs: Any) -> Iterator[Any]:
+    from vllm import LLM
+
+    options = {"dtype": "float32", "max_model_len": 1024, "seed": 0, "enable_prefix_caching": True}
+    options.update(kwargs)
+    llm = LLM(str(path), **options)
+    try:
+        yield llm
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
+def greedy(max_tokens: int = 6, **extra_args: Any) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, extra_args=extra_args or None)
+
+
+def capture(output: Any) -> Any:
+    activations = getattr(output, "activations", None)
+    assert activations is not None, "no activations attached to the output"
+    return activations["residual_stream"]
