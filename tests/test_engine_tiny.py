@@ -1,0 +1,144 @@
+"""Capture and steering on the tiny Llama: batch invariance, steering semantics, prefix
+caching, bad input. References: each request run alone, and hand-computed invariants."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lens_evals import SteeringVector
+from tests.conftest import capture, greedy, make_llm
+
+PROMPTS = [
+    "the cat reads a book.",
+    "a model finds the truth.",
+    "our team builds many layers and the river sees the city.",
+    "1 2 3 4 5 6 7 8",
+    "my friend",
+    "the engine steers a vector. the probe captures small data.",
+    "a student likes the answer",
+    "the truth",
+]
+HIDDEN = 128
+
+
+def vector(seed: int, layers: list[int], scale: float = 2.0, **kw) -> SteeringVector:
+    acts = np.random.default_rng(seed).normal(size=(len(layers), HIDDEN)).astype(np.float32)
+    return SteeringVector(activations=acts, layer_indices=layers, scale=scale, **kw)
+
+
+def mixed_params(i: int):
+    """Request i of the mixed batch: plain, capture, steer, or both."""
+    kind = i % 4
+    if kind == 0:
+        return greedy(6)
+    if kind == 1:
+        return greedy(6, output_residual_stream=[i % 4, 3])
+    if kind == 2:
+        return greedy(6, apply_steering_vectors=[vector(i, [1])])
+    return greedy(6, output_residual_stream=[0, 2], apply_steering_vectors=[vector(i, [2], norm_match=True, scale=0.5)])
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_path):
+    with make_llm(tiny_path) as engine:
+        yield engine
+
+
+def test_mixed_batch_equals_each_request_alone(llm) -> None:
+    together = llm.generate(PROMPTS, [mixed_params(i) for i in range(8)])
+    for i, prompt in enumerate(PROMPTS):
+        alone = llm.generate([prompt], mixed_params(i))[0]
+        assert together[i].outputs[0].token_ids == alone.outputs[0].token_ids, f"request {i} tokens differ"
+        if i % 4 in (1, 3):
+            torch.testing.assert_close(capture(together[i]), capture(alone), atol=1e-4, rtol=1e-4)
+        else:
+            assert getattr(together[i], "activations", None) in (None, {})
+
+
+def test_scale_zero_equals_baseline(llm) -> None:
+    base = llm.generate(PROMPTS[:3], greedy(8, output_residual_stream=[1, 3]))
+    zero = llm.generate(PROMPTS[:3], greedy(8, output_residual_stream=[1, 3], apply_steering_vectors=[vector(1, [0, 2], scale=0.0)]))
+    for b, z in zip(base, zero):
+        assert b.outputs[0].token_ids == z.outputs[0].token_ids
+        torch.testing.assert_close(capture(b), capture(z), atol=0, rtol=0)
+
+
+def test_steering_changes_only_the_steered_request(llm) -> None:
+    plain_alone = llm.generate([PROMPTS[1]], greedy(8, output_residual_stream=[3]))[0]
+    steer = greedy(8, output_residual_stream=[3], apply_steering_vectors=[vector(7, [1], scale=8.0)])
+    steered, neighbour = llm.generate([PROMPTS[0], PROMPTS[1]], [steer, greedy(8, output_residual_stream=[3])])
+    unsteered = llm.generate([PROMPTS[0]], greedy(8, output_residual_stream=[3]))[0]
+    assert steered.outputs[0].token_ids != unsteered.outputs[0].token_ids
+    assert (capture(steered)[:, : len(steered.prompt_token_ids)] - capture(unsteered)[:, : len(steered.prompt_token_ids)]).abs().max() > 1.0
+    assert neighbour.outputs[0].token_ids == plain_alone.outputs[0].token_ids
+    torch.testing.assert_close(capture(neighbour), capture(plain_alone), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [0.25, 1.5])
+def test_norm_match_invariant(llm, scale: float) -> None:
+    """||h' - h|| / ||h|| == scale at the steered layer, for every prompt token."""
+    layer = 2
+    base = llm.generate(PROMPTS[:4], greedy(1, output_residual_stream=[layer]))
+    steered = llm.generate(
+        PROMPTS[:4],
+        greedy(1, output_residual_stream=[layer], apply_steering_vectors=[vector(3, [layer], scale=scale, norm_match=True)]),
+    )
+    for b, s in zip(base, steered):
+        h, h2 = capture(b)[0], capture(s)[0]
+        ratio = (h2 - h).norm(dim=-1) / h.norm(dim=-1)
+        torch.testing.assert_close(ratio, torch.full_like(ratio, scale), atol=1e-5, rtol=1e-5)
+
+
+def test_plain_addition_is_exact(llm) -> None:
+    layer = 1
+    vec = vector(5, [layer], scale=3.0)
+    base = llm.generate([PROMPTS[2]], greedy(1, output_residual_stream=[layer]))[0]
+    steered = llm.generate([PROMPTS[2]], greedy(1, output_residual_stream=[layer], apply_steering_vectors=[vec]))[0]
+    delta = capture(steered)[0] - capture(base)[0]
+    expected = torch.from_numpy(vec.activations[0] * 3.0).expand_as(delta)
+    torch.testing.assert_close(delta, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_prefix_cache_neither_shortens_capture_nor_leaks_steered_kv(llm) -> None:
+    prompt = PROMPTS[5] * 20  # 240 tokens: more than one 128-token KV block on CPU
+    plain_first = llm.generate([prompt], greedy(4))[0]  # fills the prefix cache
+    assert llm.generate([prompt], greedy(4))[0].num_cached_tokens > 0, "prefix cache is not active"
+    captured = llm.generate([prompt], greedy(4, output_residual_stream=[0, 3]))[0]
+    assert captured.num_cached_tokens == 0
+    assert capture(captured).shape[1] == len(captured.prompt_token_ids) + 3
+    steered = llm.generate([prompt], greedy(4, apply_steering_vectors=[vector(9, [0, 1, 2], scale=20.0)]))[0]
+    assert steered.num_cached_tokens == 0
+    llm.reset_prefix_cache()  # now only a steered request's KV could be cached
+    llm.generate([prompt], greedy(4, apply_steering_vectors=[vector(9, [0, 1, 2], scale=20.0)]))
+    plain_after = llm.generate([prompt], greedy(4))[0]
+    assert plain_after.num_cached_tokens == 0, "a plain request reused KV left by a steered one"
+    assert plain_after.outputs[0].token_ids == plain_first.outputs[0].token_ids
+    again = llm.generate([prompt], greedy(4, output_residual_stream=[0, 3]))[0]
+    torch.testing.assert_close(capture(again), capture(captured), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"output_residual_stream": [4]}, "out of range"),
+        ({"output_residual_stream": "all"}, "must be a list"),
+        ({"apply_steering_vectors": [SteeringVector(activations=np.ones((1, 64)), layer_indices=[1])]}, "hidden size 64"),
+        ({"apply_steering_vectors": [{"activations": [[float("nan")] * HIDDEN], "layer_indices": [1]}]}, "NaN or inf"),
+        ({"apply_steering_vectors": [SteeringVector(activations=np.ones((1, 1, HIDDEN)), layer_indices=[1], position_indices=[500])]}, "position 500 out of range"),
+        ({"apply_steering_vectors": [{"activations": {"encoding": "safetensors-base64", "data": "AAAA"}, "layer_indices": [1]}]}, "truncated"),
+        ({"_lens_evals": {"key": "x"}}, "reserved"),
+    ],
+)
+def test_bad_input_is_a_clear_error_and_the_engine_goes_on(llm, extra: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        llm.generate([PROMPTS[0]], greedy(4, **extra))
+    good = llm.generate([PROMPTS[0]], greedy(4, output_residual_stream=[1]))[0]
+    assert capture(good).shape == (1, len(good.prompt_token_ids) + 3, HIDDEN)
+
+
+def test_capture_size_cap(llm, monkeypatch) -> None:
+    monkeypatch.setenv("LENS_EVALS_MAX_CAPTURE_GIB", str(1e-6))
+    with pytest.raises(ValueError, match="over the per-request limit"):
+        llm.generate([PROMPTS[0]], greedy(4, output_residual_stream=[0, 1, 2, 3]))
