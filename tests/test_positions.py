@@ -1,0 +1,72 @@
+"""Absolute positions: chunked prefill, steering at a position in a later prefill chunk and in
+decode (against HF with the same addition), and preemption under a tiny KV cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lens_evals import SteeringVector
+from tests.conftest import capture, greedy, make_llm
+from tests.hf_reference import HFReference
+
+LONG_PROMPT = " ".join(f"the probe reads {n} small data." for n in range(12))  # > 3 chunks of 16
+LAYERS = [0, 1, 2, 3]
+STEER_LAYER = 1
+MAX_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def unchunked(tiny_path):
+    with make_llm(tiny_path) as llm:
+        yield llm.generate([LONG_PROMPT], greedy(MAX_TOKENS, output_residual_stream=LAYERS))[0]
+
+
+@pytest.fixture(scope="module")
+def chunked_engine(tiny_path):
+    with make_llm(tiny_path, max_num_batched_tokens=16, enable_chunked_prefill=True) as llm:
+        yield llm
+
+
+def test_chunked_prefill_equals_unchunked(chunked_engine, unchunked) -> None:
+    out = chunked_engine.generate([LONG_PROMPT], greedy(MAX_TOKENS, output_residual_stream=LAYERS))[0]
+    assert len(out.prompt_token_ids) > 3 * 16
+    assert out.outputs[0].token_ids == unchunked.outputs[0].token_ids
+    torch.testing.assert_close(capture(out), capture(unchunked), atol=1e-4, rtol=1e-4)
+
+
+def test_position_steering_in_later_chunk_and_decode_matches_hf(tiny_path, chunked_engine) -> None:
+    prompt_len = len(chunked_engine.get_tokenizer()(LONG_PROMPT).input_ids)
+    positions = [3, 37, prompt_len + 2]  # first chunk, third chunk, a decode step
+    rng = np.random.default_rng(11)
+    acts = rng.normal(size=(1, len(positions), 128)).astype(np.float32)
+    vec = SteeringVector(activations=acts, layer_indices=[STEER_LAYER], scale=4.0, position_indices=positions)
+    out = chunked_engine.generate(
+        [LONG_PROMPT], greedy(MAX_TOKENS, output_residual_stream=LAYERS, apply_steering_vectors=[vec])
+    )[0]
+    tokens = list(out.prompt_token_ids) + list(out.outputs[0].token_ids)
+    additions = {STEER_LAYER: {p: torch.from_numpy(acts[0, i] * 4.0) for i, p in enumerate(positions)}}
+    hf = HFReference(tiny_path)
+    reference = hf.residual_stream(tokens[:-1], LAYERS, additions=additions)
+    got = capture(out)
+    torch.testing.assert_close(got, reference, atol=1e-4, rtol=1e-4)
+    # and the steering really acted at exactly those positions
+    plain = hf.residual_stream(tokens[:-1], [STEER_LAYER])[0]
+    moved = ((got[STEER_LAYER] - plain).norm(dim=-1) > 1e-3).nonzero().flatten().tolist()
+    assert moved[: len(positions) - 1] == positions[:-1] and positions[-1] in moved
+
+
+def test_preemption_recompute_places_rows_by_position(tiny_path) -> None:
+    """3 KV blocks of 128 tokens for 6 requests of ~2 blocks each forces preemption and recompute."""
+    prompts = [LONG_PROMPT[i * 7 :] for i in range(6)]
+    with make_llm(tiny_path, num_gpu_blocks_override=3, max_model_len=256, max_num_seqs=6, disable_log_stats=False) as llm:
+        outs = llm.generate(prompts, greedy(60, output_residual_stream=[0, 3]))
+        preemptions = sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+    assert preemptions > 0, "the test did not cause preemption"
+    hf = HFReference(tiny_path)
+    for out in outs:
+        tokens = list(out.prompt_token_ids) + list(out.outputs[0].token_ids)
+        got = capture(out)
+        assert got.shape[1] == len(tokens) - 1
+        torch.testing.assert_close(got, hf.residual_stream(tokens[:-1], [0, 3]), atol=1e-4, rtol=1e-4)
