@@ -182,12 +182,23 @@ def patch_http_app(add_middleware: Callable[[Any], None]) -> None:
         _patch(main, "build_app", make_build)
 
 
-async def async_collective_rpc(engine: Any, fn: Callable, args: tuple) -> list[Any]:
-    return await engine.collective_rpc(fn, args=args)
+async def async_collective_rpc(engine: Any, method: str, args: tuple) -> list[Any]:
+    """Call a worker method installed by :func:`add_worker_methods` on every worker. By name:
+    vLLM refuses to send functions between processes unless insecure serialisation is on."""
+    return await engine.collective_rpc(method, args=args)
 
 
-def offline_collective_rpc(llm: Any, fn: Callable, args: tuple) -> list[Any]:
-    return llm.collective_rpc(fn, args=args)
+def offline_collective_rpc(llm: Any, method: str, args: tuple) -> list[Any]:
+    return llm.collective_rpc(method, args=args)
+
+
+def add_worker_methods(methods: dict[str, Callable[..., Any]]) -> None:
+    """Make ``methods`` callable by name through collective_rpc (``fn(worker, *args)``)."""
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    for name, fn in methods.items():
+        if getattr(WorkerBase, name, None) is not fn:
+            setattr(WorkerBase, name, fn)
 
 
 # --------------------------------------------------------------------------- worker

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load as st_load
 
 from lens_evals.engine import compat
-from lens_evals.engine.worker import fetch_results
+from lens_evals.engine.worker import FETCH_METHOD
 from lens_evals.spec import CAPTURE_KEY, INTERNAL_KEY, LENS_KEYS, STEERING_KEY, parse_lens_args
 
 REGISTRY_ATTR = "_lens_evals_pending"
@@ -126,7 +126,7 @@ def attach_offline(llm: Any, outputs: list[Any]) -> None:
     pending = {o.request_id: registry.pop(o.request_id) for o in outputs if o.request_id in registry}
     if not pending:
         return
-    rank_results = compat.offline_collective_rpc(llm, fetch_results, ([p.key for p in pending.values()],))
+    rank_results = compat.offline_collective_rpc(llm, FETCH_METHOD, ([p.key for p in pending.values()],))
     errors = []
     for output in outputs:
         if output.request_id in pending:
@@ -141,7 +141,7 @@ async def attach_async(engine: Any, output: Any) -> None:
     pending = _registry(compat.async_input_processor(engine)).pop(output.request_id, None)
     if pending is None:
         return
-    rank_results = await compat.async_collective_rpc(engine, fetch_results, ([pending.key],))
+    rank_results = await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key],))
     error = _apply(output, pending, rank_results)
     sink = HTTP_SINK.get()
     if sink is not None:
@@ -154,4 +154,4 @@ async def discard_async(engine: Any, request_id: str) -> None:
     """A request ended without a final output (abort, disconnect): release its worker rows."""
     pending = _registry(compat.async_input_processor(engine)).pop(request_id, None)
     if pending is not None:
-        await compat.async_collective_rpc(engine, fetch_results, ([pending.key],))
+        await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key],))

@@ -19,7 +19,7 @@ def register() -> None:
         logger.info("lens_evals: disabled by LENS_EVALS_DISABLE")
         return
     from lens_evals.engine import compat, frontend, server
-    from lens_evals.engine.worker import STATE_ATTR, LensWorkerState
+    from lens_evals.engine.worker import STATE_ATTR, WORKER_METHODS, LensWorkerState
 
     def on_load(runner: Any) -> None:
         setattr(runner, STATE_ATTR, LensWorkerState(runner))
@@ -39,3 +39,4 @@ def register() -> None:
     compat.patch_async_results(frontend.attach_async, frontend.discard_async)
     compat.patch_model_runner(on_load, on_step_start, around_forward)
     compat.patch_http_app(server.add_middleware)
+    compat.add_worker_methods(WORKER_METHODS)

@@ -21,6 +21,8 @@ from lens_evals.engine.taps import install_taps
 
 logger = logging.getLogger("lens_evals")
 STATE_ATTR = "_lens_evals_state"
+FETCH_METHOD = "lens_evals_fetch"
+MEMORY_METHOD = "lens_evals_memory"
 
 
 @dataclass
@@ -207,3 +209,6 @@ def fetch_results(worker: Any, keys: list[str]) -> dict[str, dict[str, Any]]:
 def worker_memory(worker: Any) -> dict[str, int]:
     state = get_state(compat.runner_from_worker(worker))
     return {"held_bytes": state.held_bytes, "requests": len(state.chunks), "tracked": len(state.requests)}
+
+
+WORKER_METHODS = {FETCH_METHOD: fetch_results, MEMORY_METHOD: worker_memory}

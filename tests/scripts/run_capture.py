@@ -1,0 +1,67 @@
+"""Run captures and steering in a fresh process (offline LLM or AsyncLLM) and save them.
+
+Usage: python run_capture.py MODEL_DIR OUT.safetensors {offline,async}
+Environment decides the engine mode (e.g. VLLM_ENABLE_V1_MULTIPROCESSING=1)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+PROMPTS = ["the cat reads a book.", "our team builds many layers and the river sees the city.", "my friend"]
+LAYERS = [0, 2, 3]
+
+
+def params(i: int):
+    from vllm import SamplingParams
+
+    from lens_evals import SteeringVector
+
+    extra: dict = {"output_residual_stream": LAYERS}
+    if i == 1:
+        acts = np.random.default_rng(4).normal(size=(1, 128)).astype(np.float32)
+        extra["apply_steering_vectors"] = [SteeringVector(activations=acts, layer_indices=[1], scale=3.0)]
+    return SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, extra_args=extra)
+
+
+def offline(model: str) -> list:
+    from vllm import LLM
+
+    llm = LLM(model, dtype="float32", max_model_len=512, seed=0)
+    return llm.generate(PROMPTS, [params(i) for i in range(len(PROMPTS))])
+
+
+async def run_async(model: str) -> list:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, dtype="float32", max_model_len=512, seed=0))
+
+    async def one(i: int):
+        final = None
+        async for out in engine.generate(PROMPTS[i], params(i), request_id=f"r{i}"):
+            final = out
+        return final
+
+    try:
+        return list(await asyncio.gather(*(one(i) for i in range(len(PROMPTS)))))
+    finally:
+        engine.shutdown()
+
+
+def main() -> None:
+    model, out_path, mode = sys.argv[1:4]
+    outputs = offline(model) if mode == "offline" else asyncio.run(run_async(model))
+    tensors = {}
+    for i, out in enumerate(outputs):
+        tensors[f"capture_{i}"] = out.activations["residual_stream"].contiguous()
+        tensors[f"tokens_{i}"] = torch.tensor(list(out.outputs[0].token_ids))
+    save_file(tensors, out_path)
+
+
+if __name__ == "__main__":
+    main()
