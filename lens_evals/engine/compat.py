@@ -54,6 +54,20 @@ def model_shape(vllm_config: Any) -> ModelShape:
     )
 
 
+def _client_error_class() -> type[ValueError]:
+    """A ValueError that vLLM's server maps to HTTP 400 (0.32 only passes VLLMClientError
+    through AsyncLLM.generate; other exceptions become a bare 500)."""
+    try:
+        from vllm.exceptions import VLLMValidationError
+    except ImportError:  # vLLM 0.26: ValueError already maps to 400
+        return ValueError
+
+    class LensValidationError(VLLMValidationError, ValueError):
+        pass
+
+    return LensValidationError
+
+
 def patch_input_processor(on_request: Callable[[Any, str, Any], None]) -> None:
     """Call ``on_request(input_processor, external_request_id, engine_core_request)`` for
     every new request, after vLLM's own processing and before the request id is rewritten.
@@ -62,10 +76,17 @@ def patch_input_processor(on_request: Callable[[Any, str, Any], None]) -> None:
 
     cls = ip_module.InputProcessor if hasattr(ip_module, "InputProcessor") else ip_module.Processor
 
+    error_class = _client_error_class()
+
     def make(original: Callable) -> Callable:
         def process_inputs(self: Any, request_id: str, *args: Any, **kwargs: Any) -> Any:
             request = original(self, request_id, *args, **kwargs)
-            on_request(self, request_id, request)
+            try:
+                on_request(self, request_id, request)
+            except ValueError as exc:
+                if isinstance(exc, error_class):
+                    raise
+                raise error_class(str(exc)) from None
             return request
 
         return process_inputs

@@ -1,0 +1,101 @@
+"""The OpenAI-compatible server: activations in JSON equal offline capture; bad input -> 400
+with the reason while a good request in flight completes."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import requests
+import torch
+
+from lens_evals import SteeringVector
+from lens_evals.client import activations_from_response, lens_xargs
+from tests.conftest import capture, greedy, make_llm
+from tests.server_process import ServerProcess
+
+PROMPT = "the cat reads a book."
+MESSAGES = [{"role": "user", "content": "a model finds the truth."}]
+LAYERS = [0, 3]
+STEER = SteeringVector(activations=np.random.default_rng(2).normal(size=(1, 128)).astype(np.float32), layer_indices=[1], scale=6.0)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_path, tmp_path_factory):
+    proc = ServerProcess(tiny_path, tmp_path_factory.mktemp("server") / "server.log")
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_path):
+    with make_llm(tiny_path) as llm:
+        completion = llm.generate([PROMPT], greedy(6, output_residual_stream=LAYERS))[0]
+        chat = llm.chat(MESSAGES, greedy(6, output_residual_stream=LAYERS))[0]
+        steered = llm.generate([PROMPT], greedy(6, apply_steering_vectors=[STEER]))[0]
+        plain = llm.generate([PROMPT], greedy(6))[0]
+    return {"completion": completion, "chat": chat, "steered": steered, "plain": plain}
+
+
+def complete(server, **body):
+    payload = {"model": "test", "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True, **body}
+    return requests.post(f"{server.url}/v1/completions", json=payload, timeout=120)
+
+
+def test_completion_activations_equal_offline(server, offline) -> None:
+    resp = complete(server, vllm_xargs=lens_xargs(LAYERS))
+    assert resp.status_code == 200, resp.text
+    got = activations_from_response(resp.json())["residual_stream"]
+    torch.testing.assert_close(torch.from_numpy(got), capture(offline["completion"]), atol=1e-5, rtol=1e-5)
+
+
+def test_chat_activations_equal_offline(server, offline) -> None:
+    payload = {"model": "test", "messages": MESSAGES, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "vllm_xargs": lens_xargs(LAYERS)}
+    resp = requests.post(f"{server.url}/v1/chat/completions", json=payload, timeout=120)
+    assert resp.status_code == 200, resp.text
+    got = activations_from_response(resp.json())["residual_stream"]
+    torch.testing.assert_close(torch.from_numpy(got), capture(offline["chat"]), atol=1e-5, rtol=1e-5)
+
+
+def test_steering_over_http_matches_offline(server, offline) -> None:
+    steered = complete(server, vllm_xargs=lens_xargs(steering=[STEER]), return_token_ids=True).json()
+    plain = complete(server, return_token_ids=True).json()
+    assert "activations" not in plain
+    assert steered["choices"][0]["token_ids"] == list(offline["steered"].outputs[0].token_ids)
+    assert plain["choices"][0]["token_ids"] == list(offline["plain"].outputs[0].token_ids)
+    assert steered["choices"][0]["token_ids"] != plain["choices"][0]["token_ids"]
+
+
+BAD_XARGS = {
+    "layer out of range": ({"output_residual_stream": [7]}, "out of range"),
+    "wrong hidden size": ({"apply_steering_vectors": [SteeringVector(activations=np.ones((1, 64)), layer_indices=[0]).to_json()]}, "hidden size 64"),
+    "NaN": ({"apply_steering_vectors": ['{"activations": [[NaN]], "layer_indices": [0]}']}, "NaN or inf"),
+    "position out of range": ({"apply_steering_vectors": [SteeringVector(activations=np.ones((1, 1, 128)), layer_indices=[0], position_indices=[999]).to_json()]}, "position 999 out of range"),
+    "malformed payload": ({"apply_steering_vectors": ['{"activations": {"encoding": "safetensors-base64", "data": "!!"}, "layer_indices": [0]}']}, "not valid base64"),
+    "not JSON": ({"apply_steering_vectors": ["{oops"]}, "not valid JSON"),
+}
+
+
+def test_bad_input_gives_400_while_good_request_completes(server, offline) -> None:
+    result: dict = {}
+
+    def good() -> None:
+        result["resp"] = complete(server, max_tokens=200, vllm_xargs=lens_xargs(LAYERS))
+
+    thread = threading.Thread(target=good)
+    thread.start()
+    for name, (xargs, message) in BAD_XARGS.items():
+        resp = complete(server, vllm_xargs=xargs)
+        assert resp.status_code == 400, f"{name}: {resp.status_code} {resp.text}"
+        assert message in resp.json()["error"]["message"], f"{name}: {resp.text}"
+    thread.join(timeout=300)
+    resp = result["resp"]
+    assert resp.status_code == 200, resp.text
+    got = activations_from_response(resp.json())["residual_stream"]
+    assert got.shape[1] == len(offline["completion"].prompt_token_ids) + 199
+    torch.testing.assert_close(torch.from_numpy(got[:, :10]), capture(offline["completion"])[:, :10], atol=1e-5, rtol=1e-5)
+    assert requests.get(f"{server.url}/health", timeout=5).status_code == 200
