@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="capture and steer on the embedded default model")
     demo.add_argument("--model", default="smollm2-135m-instruct")
     demo.add_argument("--layer", type=int, default=15)
-    demo.add_argument("--scale", type=float, default=8.0)
+    demo.add_argument("--scale", type=float, default=8.0, help="steering strength in percent of ||h||")
     demo.set_defaults(func=_demo)
     return parser
 

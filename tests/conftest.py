@@ -29,11 +29,23 @@ def smollm2_path() -> Path:
     return model_path("smollm2-135m-instruct")
 
 
+def on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# On a GPU machine several engines (and the server) share one device.
+GPU_MEMORY_FRACTION = 0.2
+
+
 @contextmanager
 def make_llm(path: Path, **kwargs: Any) -> Iterator[Any]:
     from vllm import LLM
 
     options = {"dtype": "float32", "max_model_len": 1024, "seed": 0, "enable_prefix_caching": True}
+    if on_gpu():
+        options["gpu_memory_utilization"] = GPU_MEMORY_FRACTION
     options.update(kwargs)
     llm = LLM(str(path), **options)
     try:

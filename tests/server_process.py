@@ -28,6 +28,10 @@ class ServerProcess:
             "--served-model-name", "test", "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "float32", "--max-model-len", "1024", "--seed", "0", *extra,
         ]
+        import torch
+
+        if torch.cuda.is_available():
+            cmd += ["--gpu-memory-utilization", "0.2"]
         full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)

@@ -28,10 +28,14 @@ def params(i: int):
     return SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, extra_args=extra)
 
 
+def gpu_options() -> dict:
+    return {"gpu_memory_utilization": 0.2} if torch.cuda.is_available() else {}
+
+
 def offline(model: str) -> list:
     from vllm import LLM
 
-    llm = LLM(model, dtype="float32", max_model_len=512, seed=0)
+    llm = LLM(model, dtype="float32", max_model_len=512, seed=0, **gpu_options())
     return llm.generate(PROMPTS, [params(i) for i in range(len(PROMPTS))])
 
 
@@ -39,7 +43,7 @@ async def run_async(model: str) -> list:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, dtype="float32", max_model_len=512, seed=0))
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, dtype="float32", max_model_len=512, seed=0, **gpu_options()))
 
     async def one(i: int):
         final = None
