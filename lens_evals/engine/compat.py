@@ -168,6 +168,16 @@ def force_eager(reason: str) -> None:
     _patch(EngineArgs, "create_engine_config", make)
 
 
+def prefer_v1_model_runner() -> None:
+    """vLLM 0.26 on GPU picks "Model Runner V2" for Llama-like models; our taps plan each step
+    from the V1 runner's input batch. Ask for V1 unless the user chose explicitly."""
+    import os
+
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") is None:
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        logger.info("lens_evals: VLLM_USE_V2_MODEL_RUNNER=0 (the plugin plans steps from the V1 model runner)")
+
+
 def patch_http_app(add_middleware: Callable[[Any], None]) -> None:
     """Add our ASGI middleware to the OpenAI-compatible server's app."""
     try:  # vLLM >= 0.30: build_app lives in vllm.entrypoints.launchers.app

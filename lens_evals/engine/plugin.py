@@ -33,6 +33,7 @@ def register() -> None:
         state = getattr(runner, STATE_ATTR, None)
         return run() if state is None else state.around_forward(run)
 
+    compat.prefer_v1_model_runner()
     compat.force_eager("layer hooks run only outside CUDA graphs and torch.compile")
     compat.patch_input_processor(frontend.on_request)
     compat.patch_offline_results(frontend.attach_offline)

@@ -197,7 +197,9 @@ def get_state(runner: Any) -> LensWorkerState:
 # ----------------------------------------------------------------- functions run through collective_rpc
 def fetch_results(worker: Any, keys: list[str]) -> dict[str, dict[str, Any]]:
     """Runs on each worker; returns only plain bytes and strings (tensors do not cross processes)."""
-    state = get_state(compat.runner_from_worker(worker))
+    state = getattr(compat.runner_from_worker(worker), STATE_ATTR, None)
+    if state is None:  # e.g. a model runner the plugin does not hook: fail the requests, not the engine
+        return {key: {"error": "lens_evals is not active in this worker's model runner"} for key in keys}
     results: dict[str, dict[str, Any]] = {}
     for key in keys:
         result = state.pop_result(key)
