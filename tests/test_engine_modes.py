@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.conftest import engine_tolerance
 from safetensors.torch import load_file
 
 SCRIPT = Path(__file__).parent / "scripts" / "run_capture.py"
+
+TOL = engine_tolerance()
 
 
 def run(model: Path, tmp_path: Path, mode: str, multiprocess: bool) -> dict[str, torch.Tensor]:
@@ -36,4 +40,4 @@ def test_multiprocess_engine_matches_in_process(tiny_path, tmp_path, in_process,
         if name.startswith("tokens"):
             assert torch.equal(result[name], tensor), name
         else:
-            torch.testing.assert_close(result[name], tensor, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(result[name], tensor, atol=TOL, rtol=TOL)

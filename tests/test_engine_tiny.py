@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lens_evals import SteeringVector
-from tests.conftest import capture, greedy, make_llm
+from tests.conftest import engine_tolerance, capture, greedy, make_llm
 
 PROMPTS = [
     "the cat reads a book.",
@@ -21,6 +21,8 @@ PROMPTS = [
     "the truth",
 ]
 HIDDEN = 128
+
+TOL = engine_tolerance()
 
 
 def vector(seed: int, layers: list[int], scale: float = 2.0, **kw) -> SteeringVector:
@@ -52,7 +54,7 @@ def test_mixed_batch_equals_each_request_alone(llm) -> None:
         alone = llm.generate([prompt], mixed_params(i))[0]
         assert together[i].outputs[0].token_ids == alone.outputs[0].token_ids, f"request {i} tokens differ"
         if i % 4 in (1, 3):
-            torch.testing.assert_close(capture(together[i]), capture(alone), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(capture(together[i]), capture(alone), atol=TOL, rtol=TOL)
         else:
             assert getattr(together[i], "activations", None) in (None, {})
 
@@ -73,7 +75,7 @@ def test_steering_changes_only_the_steered_request(llm) -> None:
     assert steered.outputs[0].token_ids != unsteered.outputs[0].token_ids
     assert (capture(steered)[:, : len(steered.prompt_token_ids)] - capture(unsteered)[:, : len(steered.prompt_token_ids)]).abs().max() > 1.0
     assert neighbour.outputs[0].token_ids == plain_alone.outputs[0].token_ids
-    torch.testing.assert_close(capture(neighbour), capture(plain_alone), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(capture(neighbour), capture(plain_alone), atol=TOL, rtol=TOL)
 
 
 @pytest.mark.parametrize("scale", [0.25, 1.5])

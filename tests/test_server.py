@@ -12,13 +12,15 @@ import torch
 
 from lens_evals import SteeringVector
 from lens_evals.client import activations_from_response, lens_xargs
-from tests.conftest import capture, greedy, make_llm
+from tests.conftest import engine_tolerance, capture, greedy, make_llm
 from tests.server_process import ServerProcess
 
 PROMPT = "the cat reads a book."
 MESSAGES = [{"role": "user", "content": "a model finds the truth."}]
 LAYERS = [0, 3]
 STEER = SteeringVector(activations=np.random.default_rng(2).normal(size=(1, 128)).astype(np.float32), layer_indices=[1], scale=6.0)
+
+TOL = engine_tolerance()
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,7 @@ def test_completion_activations_equal_offline(server, offline) -> None:
     resp = complete(server, vllm_xargs=lens_xargs(LAYERS))
     assert resp.status_code == 200, resp.text
     got = activations_from_response(resp.json())["residual_stream"]
-    torch.testing.assert_close(torch.from_numpy(got), capture(offline["completion"]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(got), capture(offline["completion"]), atol=TOL, rtol=TOL)
 
 
 def test_chat_activations_equal_offline(server, offline) -> None:
@@ -58,7 +60,7 @@ def test_chat_activations_equal_offline(server, offline) -> None:
     resp = requests.post(f"{server.url}/v1/chat/completions", json=payload, timeout=120)
     assert resp.status_code == 200, resp.text
     got = activations_from_response(resp.json())["residual_stream"]
-    torch.testing.assert_close(torch.from_numpy(got), capture(offline["chat"]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(got), capture(offline["chat"]), atol=TOL, rtol=TOL)
 
 
 def test_steering_over_http_matches_offline(server, offline) -> None:
@@ -97,5 +99,5 @@ def test_bad_input_gives_400_while_good_request_completes(server, offline) -> No
     assert resp.status_code == 200, resp.text
     got = activations_from_response(resp.json())["residual_stream"]
     assert got.shape[1] == len(offline["completion"].prompt_token_ids) + 199
-    torch.testing.assert_close(torch.from_numpy(got[:, :10]), capture(offline["completion"])[:, :10], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(got[:, :10]), capture(offline["completion"])[:, :10], atol=TOL, rtol=TOL)
     assert requests.get(f"{server.url}/health", timeout=5).status_code == 200

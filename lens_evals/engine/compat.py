@@ -178,8 +178,11 @@ def prefer_v1_model_runner() -> None:
         logger.info("lens_evals: VLLM_USE_V2_MODEL_RUNNER=0 (the plugin plans steps from the V1 model runner)")
 
 
-def patch_http_app(add_middleware: Callable[[Any], None]) -> None:
-    """Add our ASGI middleware to the OpenAI-compatible server's app."""
+def patch_http_app(add_middleware: Callable[[Any], None], middleware_path: str) -> None:
+    """Add our ASGI middleware (``add_middleware(app)``, or by import path where vLLM builds
+    the middleware list itself) to the OpenAI-compatible server's app."""
+    import sys
+
     try:  # vLLM >= 0.30: build_app lives in vllm.entrypoints.launchers.app
         from vllm.entrypoints.launchers import app as app_module
 
@@ -195,21 +198,20 @@ def patch_http_app(add_middleware: Callable[[Any], None]) -> None:
         return
     except ImportError:
         pass
-    import sys
-
-    from vllm.entrypoints.openai import api_server  # vLLM 0.26
+    from vllm.entrypoints.openai import api_server  # vLLM 0.26: build_app reads args.middleware
 
     def make_build(original: Callable) -> Callable:
-        def build_app(*args: Any, **kwargs: Any) -> Any:
-            app = original(*args, **kwargs)
-            add_middleware(app)
-            return app
+        def build_app(args: Any, *rest: Any, **kwargs: Any) -> Any:
+            middleware = list(getattr(args, "middleware", None) or [])
+            if middleware_path not in middleware:
+                args.middleware = middleware + [middleware_path]
+            return original(args, *rest, **kwargs)
 
         return build_app
 
     _patch(api_server, "build_app", make_build)
-    main = sys.modules.get("__main__")
-    if main is not None and getattr(main, "__spec__", None) is not None and main.__spec__.name == api_server.__name__:
+    main = sys.modules.get("__main__")  # `python -m vllm.entrypoints.openai.api_server`
+    if main is not None and getattr(getattr(main, "__spec__", None), "name", None) == api_server.__name__:
         _patch(main, "build_app", make_build)
 
 

@@ -39,5 +39,5 @@ def register() -> None:
     compat.patch_offline_results(frontend.attach_offline)
     compat.patch_async_results(frontend.attach_async, frontend.discard_async)
     compat.patch_model_runner(on_load, on_step_start, around_forward)
-    compat.patch_http_app(server.add_middleware)
+    compat.patch_http_app(server.add_middleware, server.MIDDLEWARE_PATH)
     compat.add_worker_methods(WORKER_METHODS)
