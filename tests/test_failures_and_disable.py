@@ -1,0 +1,67 @@
+"""A failing worker hook fails its request loudly while others go on; LENS_EVALS_DISABLE=1
+turns the plugin off; plain requests give the same tokens with and without the plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from lens_evals import SteeringVector
+from lens_evals.engine import taps
+from lens_evals.engine.frontend import LensRequestError
+from tests.conftest import capture, greedy, make_llm
+
+PROMPTS = ["the cat reads a book.", "a model finds the truth.", "my friend"]
+VEC = SteeringVector(activations=np.ones((1, 128), dtype=np.float32), layer_indices=[1], scale=2.0)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_path):
+    with make_llm(tiny_path) as engine:
+        yield engine
+
+
+def test_failing_hook_fails_its_request_loudly_and_the_engine_goes_on(llm, monkeypatch) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(taps, "_apply_steering", broken)  # the real tap calls it on the worker
+    params = [greedy(4, apply_steering_vectors=[VEC]), greedy(4), greedy(4, output_residual_stream=[0])]
+    with pytest.raises(LensRequestError, match="injected failure") as info:
+        llm.generate(PROMPTS, params)
+    outputs = info.value.outputs
+    assert outputs[0].activations is None  # the steered request failed, it did not run unsteered silently
+    assert len(outputs[1].outputs[0].token_ids) == 4  # the plain neighbour completed
+    monkeypatch.undo()
+    again = llm.generate(PROMPTS[:1], greedy(4, apply_steering_vectors=[VEC], output_residual_stream=[1]))[0]
+    assert capture(again).shape[0] == 1
+
+
+DISABLED_SCRIPT = """
+import json, os, sys
+from vllm import LLM, SamplingParams
+if __name__ == "__main__":
+    llm = LLM(sys.argv[1], dtype="float32", max_model_len=1024, seed=0, enforce_eager=True)  # as the plugin would
+    sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, extra_args={"output_residual_stream": [0]})
+    outs = llm.generate(json.loads(sys.argv[2]), sp)
+    print("RESULT", json.dumps([[list(o.outputs[0].token_ids), hasattr(o, "activations")] for o in outs]))
+"""
+
+
+def test_disable_makes_the_plugin_a_no_op_and_plain_tokens_match(llm, tiny_path) -> None:
+    env = {**os.environ, "LENS_EVALS_DISABLE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run(
+        [sys.executable, "-c", DISABLED_SCRIPT, str(tiny_path), json.dumps(PROMPTS)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    without_plugin = json.loads(line[len("RESULT "):])
+    assert all(not has_activations for _, has_activations in without_plugin)
+    with_plugin = llm.generate(PROMPTS, greedy(6))
+    assert [list(o.outputs[0].token_ids) for o in with_plugin] == [tokens for tokens, _ in without_plugin]
