@@ -15,11 +15,12 @@ import logging
 from typing import Any
 
 import httpx
+from inspect_ai.hooks import Hooks, RunEnd, hooks
 from inspect_ai.model import GenerateConfig, ModelOutput, modelapi
 from inspect_ai.model._providers.openai_compatible import OpenAICompatibleAPI
 
 from lens_evals.client import activations_from_response
-from lens_evals.evals.server_process import LensServer
+from lens_evals.evals.server_process import LensServer, acquire_server, release_server, stop_shared_servers
 from lens_evals.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector
 
 logger = logging.getLogger("lens_evals")
@@ -76,12 +77,16 @@ class VLLMLensAPI(OpenAICompatibleAPI):
     ) -> None:
         check_no_conflicting_provider()
         self.server: LensServer | None = None
+        self._server_spec: tuple[str, str, dict[str, Any], float] | None = None
         server_timeout = float(model_args.pop("server_timeout", 600))
-        if base_url is None:
+        if api_key == _model_info_lookup_key():
+            # Inspect builds a throwaway instance to look up model info: start nothing.
+            base_url = base_url or "http://127.0.0.1:9/v1"
+        elif base_url is None:
             from lens_evals.models import resolve_model
 
-            self.server = LensServer(resolve_model(model_name), served_name=model_name, server_args=model_args)
-            self.server.start(timeout=server_timeout)
+            self._server_spec = (resolve_model(model_name), model_name, dict(model_args), server_timeout)
+            self.server = acquire_server(*self._server_spec[:3], timeout=server_timeout)
             base_url = f"{self.server.url}/v1"
         else:
             if model_args:
@@ -121,6 +126,7 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         return completion
 
     async def generate(self, input: Any, tools: Any, tool_choice: Any, config: GenerateConfig) -> Any:
+        self._ensure_server()
         _RAW_ACTIVATIONS.set(None)
         result = await super().generate(input, tools, tool_choice, config)
         raw = _RAW_ACTIVATIONS.get()
@@ -129,9 +135,19 @@ class VLLMLensAPI(OpenAICompatibleAPI):
             output.metadata = {**(output.metadata or {}), "activations": decode_activations(raw)}
         return result
 
+    def _ensure_server(self) -> None:
+        """Servers stop when an Inspect run ends; a memoised model used again restarts its own."""
+        if self._server_spec is None or (self.server is not None and self.server.process is not None):
+            return
+        model, name, args, timeout = self._server_spec
+        self.server = acquire_server(model, name, args, timeout=timeout)
+        if self.server.url != str(self.base_url).removesuffix("/v1").rstrip("/"):
+            self.base_url = f"{self.server.url}/v1"
+            self.initialize()
+
     def close(self) -> None:
         if self.server is not None:
-            self.server.stop()
+            release_server(self.server)
             self.server = None
 
     async def aclose(self) -> None:
@@ -139,6 +155,14 @@ class VLLMLensAPI(OpenAICompatibleAPI):
             await super().aclose()
         finally:
             self.close()
+
+
+def _model_info_lookup_key() -> str | None:
+    try:
+        from inspect_ai.model._model_info import MODEL_INFO_LOOKUP_API_KEY
+    except ImportError:  # older Inspect: no such lookup instance
+        return None
+    return str(MODEL_INFO_LOOKUP_API_KEY)
 
 
 def _check_reachable(base_url: str) -> None:
@@ -149,3 +173,9 @@ def _check_reachable(base_url: str) -> None:
         raise RuntimeError(f"no vLLM server reachable at {root}: {exc}") from None
     if response.status_code != 200:
         raise RuntimeError(f"vLLM server at {root} is not healthy (HTTP {response.status_code})")
+
+
+@hooks(name="lens_evals_servers", description="Stop vllm-lens servers when an Inspect run ends")
+class StopServersAtRunEnd(Hooks):
+    async def on_run_end(self, data: RunEnd) -> None:
+        stop_shared_servers()

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -70,6 +71,7 @@ class LensServer:
 
     def start(self, timeout: float = 600) -> "LensServer":
         logger.warning("lens_evals: starting vLLM server for %s on port %d (log: %s)", self.model, self.port, self.log_path)
+        _install_signal_handlers()  # before the child exists, so a SIGTERM during start-up cleans up too
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         _RUNNING.add(self)
@@ -117,7 +119,59 @@ class LensServer:
                 continue
 
 
+_SHARED: dict[tuple[str, str, str], tuple["LensServer", int]] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def acquire_server(model: str, served_name: str, server_args: Mapping[str, Any], timeout: float = 600) -> LensServer:
+    """One server per (model, name, args) in this process, shared by every provider instance
+    that asks for it (Inspect may build a model API more than once per eval)."""
+    key = (model, served_name, repr(sorted(server_args.items())))
+    with _SHARED_LOCK:
+        entry = _SHARED.get(key)
+        if entry is not None and entry[0].process is not None and entry[0].process.poll() is None:
+            _SHARED[key] = (entry[0], entry[1] + 1)
+            return entry[0]
+        server = LensServer(model, served_name, server_args).start(timeout=timeout)
+        _SHARED[key] = (server, 1)
+        return server
+
+
+def release_server(server: LensServer) -> None:
+    with _SHARED_LOCK:
+        for key, (shared, count) in list(_SHARED.items()):
+            if shared is server:
+                if count > 1:
+                    _SHARED[key] = (shared, count - 1)
+                    return
+                del _SHARED[key]
+    server.stop()
+
+
+def stop_shared_servers() -> None:
+    """Stop every shared server (Inspect's run-end hook calls this; see provider.py)."""
+    with _SHARED_LOCK:
+        servers = [server for server, _ in _SHARED.values()]
+        _SHARED.clear()
+    for server in servers:
+        server.stop()
+
+
 @atexit.register
 def _stop_all() -> None:
     for server in list(_RUNNING):
         server.stop(grace=5)
+
+
+def _install_signal_handlers() -> None:
+    """SIGTERM / SIGHUP skip atexit by default: stop our servers first, then exit."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, _terminate)
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    _stop_all()
+    sys.exit(128 + signum)

@@ -1,0 +1,160 @@
+"""The Inspect provider ``vllm-lens/<model>`` end to end against real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from inspect_ai import Task, eval as inspect_eval
+from inspect_ai.dataset import Sample
+from inspect_ai.model import GenerateConfig, get_model
+from inspect_ai.scorer import match
+
+from lens_evals import SteeringVector
+from lens_evals.evals.server_process import LensServer, free_port
+from lens_evals.evals.solvers import capture_activations, steer
+from tests.conftest import capture, engine_tolerance, greedy, make_llm
+
+TOL = engine_tolerance()
+PROMPT = "the cat reads a book."
+VEC = np.random.default_rng(2).normal(size=(128,)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_path):
+    server = LensServer(str(tiny_path), served_name="tiny-llama", server_args={"dtype": "float32", "max_model_len": 1024, "seed": 0})
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def tiny_model(server: LensServer):
+    return get_model("vllm-lens/tiny-llama", base_url=f"{server.url}/v1")
+
+
+def generate(model, **extra_args):
+    config = GenerateConfig(max_tokens=6, temperature=0.0, extra_body={"extra_args": extra_args, "ignore_eos": True})
+    return asyncio.run(model.generate(PROMPT, config=config))
+
+
+def test_provider_activations_and_steering_equal_offline(tiny_server, tiny_path) -> None:
+    model = tiny_model(tiny_server)
+    captured = generate(model, output_residual_stream=[0, 3])
+    vector = SteeringVector(activations=np.stack([VEC]), layer_indices=[1], scale=5.0)
+    steered = generate(model, apply_steering_vectors=[vector])
+    plain = generate(model)
+    with make_llm(tiny_path) as llm:
+        messages = [{"role": "user", "content": PROMPT}]
+        offline_capture = llm.chat(messages, greedy(6, output_residual_stream=[0, 3]))[0]
+        offline_steered = llm.chat(messages, greedy(6, apply_steering_vectors=[vector]))[0]
+        offline_plain = llm.chat(messages, greedy(6))[0]
+    stream = captured.metadata["activations"]["residual_stream"]
+    assert isinstance(stream, torch.Tensor)
+    torch.testing.assert_close(stream, capture(offline_capture), atol=TOL, rtol=TOL)
+    assert steered.completion == offline_steered.outputs[0].text
+    assert plain.completion == offline_plain.outputs[0].text
+    assert steered.completion != plain.completion
+    assert captured.usage is not None and captured.usage.input_tokens == len(offline_capture.prompt_token_ids)
+
+
+def capture_task(n: int) -> Task:
+    samples = [Sample(input=f"{PROMPT} {i}", target="x") for i in range(n)]
+    return Task(dataset=samples, solver=[capture_activations([0, 1, 2, 3])], scorer=match(), config=GenerateConfig(max_tokens=8, temperature=0.0))
+
+
+def test_eval_logs_stay_small_and_carry_summaries(tiny_server, tmp_path) -> None:
+    logs = inspect_eval(capture_task(50), model="vllm-lens/tiny-llama", model_base_url=f"{tiny_server.url}/v1", log_dir=str(tmp_path), display="none")
+    log = logs[0]
+    assert log.status == "success", log.error
+    files = list(Path(tmp_path).glob("*.eval"))
+    size = files[0].stat().st_size
+    print(f"log of 50 captured samples: {size / 1024:.0f} KiB")
+    assert size < 3 * 2**20, f"log is {size} bytes"
+    from inspect_ai.log import read_eval_log
+
+    full = read_eval_log(str(files[0]))
+    assert len(full.samples) == 50
+    summary = full.samples[0].messages[-1].metadata["lens_capture"]
+    assert summary["layers"] == [0, 1, 2, 3] and summary["n_positions"] > 5
+
+
+def _descendants() -> set[int]:
+    """Every live process below this one (servers and their engine core / worker processes)."""
+    return {p.pid for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE}
+
+
+def test_eval_on_smollm2_starts_and_stops_its_server(smollm2_path, tmp_path) -> None:
+    samples = [Sample(input="What is the capital of France?", target="Paris"), Sample(input="Name a colour.", target="red")]
+    task = Task(dataset=samples, solver=[steer(np.ones(576, dtype=np.float32), layers=[10], scale=0.05, norm_match=True, capture_layers=[10, 20])], scorer=match(), config=GenerateConfig(max_tokens=8, temperature=0.0))
+    before = _descendants()
+    logs = inspect_eval(task, model="vllm-lens/smollm2-135m-instruct", model_args={"max_model_len": 512, "dtype": "float32"}, log_dir=str(tmp_path), display="none")
+    assert logs[0].status == "success", logs[0].error
+    sample = logs[0].samples[0]
+    assert sample.messages[-1].metadata["lens_steering"]["layers"] == [10]
+    assert sample.output.usage.input_tokens > 0
+    left = _descendants() - before
+    assert not left, f"processes left after the eval: {[psutil.Process(p).cmdline()[:4] for p in left]}"
+
+
+def _system_servers() -> set[int]:
+    found = set()
+    for proc in psutil.process_iter(["pid", "cmdline", "name"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if "vllm.entrypoints.openai.api_server" in cmd or (proc.info["name"] or "").startswith("VLLM::"):
+            found.add(proc.info["pid"])
+    return found
+
+
+@pytest.mark.parametrize("interrupt", [False, True])
+def test_inspect_cli_leaves_no_engine_processes(tmp_path, interrupt: bool) -> None:
+    """`inspect eval` starts a server per eval and stops it at exit, also on SIGTERM mid-eval."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    before = _system_servers()
+    cmd = [str(Path(sys.executable).parent / "inspect"), "eval", "lifecycle_task.py",
+           "--model", "vllm-lens/tiny-llama", "-M", "max_model_len=512", "--log-dir", str(tmp_path), "--display", "plain"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=Path(__file__).parent / "scripts")
+    if interrupt:
+        deadline = time.monotonic() + 300
+        while not (_system_servers() - before) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert _system_servers() - before, "the eval never started a server"
+        time.sleep(5)
+        proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=600)
+    if not interrupt:
+        assert proc.returncode == 0, output[-3000:]
+    time.sleep(2)
+    left = _system_servers() - before
+    assert not left, f"engine processes left after `inspect eval` exited: {left}"
+
+
+def test_bad_model_arg_shows_the_server_log() -> None:
+    before = _descendants()
+    with pytest.raises(RuntimeError, match="unrecognized arguments|no-such-flag"):
+        get_model("vllm-lens/tiny-llama", no_such_flag=3, server_timeout=300)
+    assert not _descendants() - before
+
+
+def test_dead_server_is_a_clear_error() -> None:
+    with pytest.raises(RuntimeError, match="no vLLM server reachable"):
+        get_model("vllm-lens/tiny-llama", base_url=f"http://127.0.0.1:{free_port()}/v1")
+
+
+def test_conflicting_vllm_lens_package_is_refused(tmp_path, monkeypatch) -> None:
+    dist = tmp_path / "vllm_lens-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-lens\nVersion: 0.1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RuntimeError, match="Uninstall one of them"):
+        get_model("vllm-lens/tiny-llama", base_url="http://127.0.0.1:1/v1")
