@@ -23,7 +23,6 @@ from lens_evals import wire
 
 CAPTURE_KEY = "output_residual_stream"
 STEERING_KEY = "apply_steering_vectors"
-HOOKS_KEY = "apply_hooks"
 LENS_KEYS = (CAPTURE_KEY, STEERING_KEY)
 # Key the frontend adds so worker results can be fetched; never set by users.
 INTERNAL_KEY = "_lens_evals"

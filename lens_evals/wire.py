@@ -98,7 +98,3 @@ def _check_header(raw: bytes) -> None:
         start, end = info["data_offsets"]
         if not (0 <= start <= end <= body):
             raise WireError(f"tensor {name!r}: data offsets outside payload (truncated?)")
-
-
-def to_float32(array: np.ndarray) -> np.ndarray:
-    return np.asarray(array, dtype=np.float32)

@@ -12,8 +12,8 @@ import torch
 
 from lens_evals import SteeringVector
 from lens_evals.client import activations_from_response, lens_xargs
-from tests.conftest import engine_tolerance, capture, greedy, make_llm
-from tests.server_process import ServerProcess
+from tests.conftest import on_gpu, engine_tolerance, capture, greedy, make_llm
+from lens_evals.evals.server_process import LensServer
 
 PROMPT = "the cat reads a book."
 MESSAGES = [{"role": "user", "content": "a model finds the truth."}]
@@ -24,10 +24,12 @@ TOL = engine_tolerance()
 
 
 @pytest.fixture(scope="module")
-def server(tiny_path, tmp_path_factory):
-    proc = ServerProcess(tiny_path, tmp_path_factory.mktemp("server") / "server.log")
+def server(tiny_path):
+    args = {"dtype": "float32", "max_model_len": 1024, "seed": 0}
+    if on_gpu():
+        args["gpu_memory_utilization"] = 0.2
+    proc = LensServer(str(tiny_path), served_name="test", server_args=args).start()
     try:
-        proc.wait_ready()
         yield proc
     finally:
         proc.stop()

@@ -28,9 +28,6 @@ class WorkerRequest:
     capture_layers: list[int]
     steering: list[WorkerSteering] = field(default_factory=list)
 
-    def steering_layers(self) -> set[int]:
-        return {layer for vec in self.steering for layer in vec.vectors}
-
 
 def decode_worker_request(extra_args: Mapping[str, Any] | None, device: torch.device, dtype: torch.dtype) -> WorkerRequest | None:
     """The frontend put a normalised, validated spec under INTERNAL_KEY; None for plain requests."""
