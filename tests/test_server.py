@@ -12,7 +12,7 @@ import torch
 
 from lens_evals import SteeringVector
 from lens_evals.client import activations_from_response, lens_xargs
-from tests.conftest import on_gpu, engine_tolerance, capture, greedy, make_llm
+from tests.conftest import GPU_MEMORY_FRACTION, on_gpu, engine_tolerance, capture, greedy, make_llm
 from lens_evals.evals.server_process import LensServer
 
 PROMPT = "the cat reads a book."
@@ -27,7 +27,7 @@ TOL = engine_tolerance()
 def server(tiny_path):
     args = {"dtype": "float32", "max_model_len": 1024, "seed": 0}
     if on_gpu():
-        args["gpu_memory_utilization"] = 0.2
+        args["gpu_memory_utilization"] = GPU_MEMORY_FRACTION
     proc = LensServer(str(tiny_path), served_name="test", server_args=args).start()
     try:
         yield proc

@@ -63,11 +63,11 @@ def build_plan(
     gathered = 0
     for req_id, n_rows, start in zip(layout.req_ids, layout.num_rows, layout.start_positions):
         req = requests.get(req_id)
-        rows = np.arange(offset, offset + n_rows, dtype=np.int64)
-        positions = np.arange(start, start + n_rows, dtype=np.int64)
-        offset += n_rows
+        row_start, offset = offset, offset + n_rows
         if req is None or n_rows == 0:
             continue
+        rows = np.arange(row_start, offset, dtype=np.int64)
+        positions = np.arange(start, start + n_rows, dtype=np.int64)
         plan.keys.append(req.key)
         if capture_here and req.capture_layers and local_layers.intersection(req.capture_layers):
             pending_slots.append((req, gathered, rows, positions))

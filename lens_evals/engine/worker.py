@@ -76,6 +76,8 @@ class LensWorkerState:
         for req_id in layout.req_ids:
             if req_id not in self.requests:
                 self._admit(req_id)
+        if not self.req_keys:  # no lens request in flight: plain traffic pays nothing more
+            return run()
         self.plan = build_plan(layout, self.requests, self.device, self.dtype, self.capture_here, self.local_layers)
         if self.plan is None:
             return run()
@@ -135,9 +137,13 @@ class LensWorkerState:
         else:
             self.finished_unfetched[key] = time.monotonic()
 
+    def _release_chunks(self, key: str) -> list[CaptureChunk]:
+        chunks = self.chunks.pop(key, [])
+        self.held_bytes -= sum(chunk.nbytes for chunk in chunks)
+        return chunks
+
     def _drop(self, key: str) -> None:
-        for chunk in self.chunks.pop(key, []):
-            self.held_bytes -= chunk.nbytes
+        self._release_chunks(key)
         self.errors.pop(key, None)
 
     def _enforce_memory_bound(self) -> None:
@@ -149,18 +155,12 @@ class LensWorkerState:
             keys = list(self.chunks)
             self.fail_keys(keys, "worker capture memory bound exceeded (LENS_EVALS_MAX_HELD_CAPTURE_GIB)")
             for key in keys:
-                self._drop_chunks_only(key)
-
-    def _drop_chunks_only(self, key: str) -> None:
-        for chunk in self.chunks.pop(key, []):
-            self.held_bytes -= chunk.nbytes
+                self._release_chunks(key)
 
     def pop_result(self, key: str) -> dict[str, Any] | None:
         """Assemble and release one request's capture: positions placed by absolute index."""
         error = self.errors.get(key)
-        chunks = self.chunks.pop(key, [])
-        for chunk in chunks:
-            self.held_bytes -= chunk.nbytes
+        chunks = self._release_chunks(key)
         if key in self.finished_unfetched:
             self.finished_unfetched.pop(key)
             self.errors.pop(key, None)
