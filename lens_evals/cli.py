@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from pathlib import Path
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -24,6 +26,30 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args.model, args.layer, args.scale)
 
 
+def _probes(args: argparse.Namespace) -> int:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process: faster start for offline capture
+    if args.probes_command == "train":
+        from lens_evals.probing.train import train_probe
+
+        probe = train_probe(args.model, args.layer, args.dataset, C=args.C, out_dir=args.out, name=args.name, limit=args.limit)
+        print(probe.card.model_dump_json(indent=2))
+    else:
+        from lens_evals.probing.sweep import sweep_layers
+
+        result = sweep_layers(args.model, args.dataset, C=args.C, out=args.out, limit=args.limit,
+                              with_roleplaying=not args.no_roleplaying)
+        for row in result["layers"]:
+            print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+        print(f"best layer by validation AUROC: {result['best_layer_by_validation']}; plot: {Path(args.out).with_suffix('.png')}")
+    return 0
+
+
+def _roleplaying(args: argparse.Namespace) -> int:
+    from lens_evals.evals.main_job import run_roleplaying
+
+    return run_roleplaying(args.model, limit=args.limit, log_dir=args.log_dir, probe=args.probe, dataset=args.dataset)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lens-evals", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -38,6 +64,29 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--layer", type=int, default=15)
     demo.add_argument("--scale", type=float, default=8.0, help="steering strength in percent of ||h||")
     demo.set_defaults(func=_demo)
+    probes = sub.add_parser("probes", help="train linear probes on engine activations")
+    probes_sub = probes.add_subparsers(dest="probes_command", required=True)
+    train = probes_sub.add_parser("train", help="train one probe, write probes/NAME.joblib and its JSON card")
+    train.add_argument("--layer", type=int, default=None, help="default: the model's chosen layer")
+    train.add_argument("--name", default=None)
+    train.add_argument("--out", default="probes")
+    sweep = probes_sub.add_parser("sweep", help="validation AUROC per layer, as JSON and PNG")
+    sweep.add_argument("--out", default="probes/sweep", help="path without suffix for .json and .png")
+    sweep.add_argument("--no-roleplaying", action="store_true", help="skip the Roleplaying transfer curve")
+    for command in (train, sweep):
+        command.add_argument("--model", default="smollm2-135m-instruct")
+        command.add_argument("--dataset", default="instructed-pairs",
+                             help="instructed-pairs, geometry-of-truth, or geometry-of-truth:SET[,SET]")
+        command.add_argument("--C", type=float, default=0.1, help="inverse L2 strength of the logistic regression")
+        command.add_argument("--limit", type=int, default=None, help="use about this many dialogues")
+    probes.set_defaults(func=_probes)
+    role = sub.add_parser("roleplaying", help="main job: Roleplaying probe eval on the default model (prepares what is missing)")
+    role.add_argument("--model", default="smollm2-135m-instruct")
+    role.add_argument("--probe", default=None, help="probe .joblib (default: the model's Instructed-Pairs probe)")
+    role.add_argument("--dataset", default=None, help="scenarios YAML in Apollo's schema (default: ours)")
+    role.add_argument("--limit", type=int, default=None)
+    role.add_argument("--log-dir", default="logs")
+    role.set_defaults(func=_roleplaying)
     return parser
 
 

@@ -83,8 +83,12 @@ class VLLMLensAPI(OpenAICompatibleAPI):
             # Inspect builds a throwaway instance to look up model info: start nothing.
             base_url = base_url or "http://127.0.0.1:9/v1"
         elif base_url is None:
-            from lens_evals.models import resolve_model
+            from lens_evals.models import PREPARERS, resolve_model
 
+            if model_name in PREPARERS:
+                # Embedded models are stored in fp32; vLLM's "auto" would downcast them, and probes
+                # trained offline on fp32 activations must see the same numbers.
+                model_args.setdefault("dtype", "float32")
             self._server_spec = (resolve_model(model_name), model_name, dict(model_args), server_timeout)
             self.server = acquire_server(*self._server_spec[:3], timeout=server_timeout)
             base_url = f"{self.server.url}/v1"

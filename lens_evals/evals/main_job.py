@@ -1,0 +1,36 @@
+"""The README's main job: prepare the default model and its probe if missing, run the
+Roleplaying probe eval through the ``vllm-lens`` provider, print AUROC and recall."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lens_evals.probing.train import DEFAULT_MODEL, ensure_default_probe
+
+
+def run_roleplaying(model: str = DEFAULT_MODEL, limit: int | None = None, log_dir: str = "logs",
+                    probe: str | None = None, dataset: str | None = None) -> int:
+    from inspect_ai import eval as inspect_eval
+
+    from lens_evals.evals.roleplaying import roleplaying_task
+    from lens_evals.models import model_path
+
+    print(f"[1/3] model {model}: {model_path(model)}")
+    probe_path = Path(probe) if probe else ensure_default_probe(model)
+    print(f"[2/3] probe {probe_path}")
+    print("[3/3] Roleplaying eval (off-policy: honest vs deceptive completions) via vllm-lens")
+    os.environ.setdefault("INSPECT_LOG_DIR", log_dir)
+    logs = inspect_eval(roleplaying_task(probe_path, dataset=dataset), model=f"vllm-lens/{model}", log_dir=log_dir,
+                        limit=limit, display="plain" if not os.isatty(1) else None)
+    log = logs[0]
+    if log.status != "success" or not log.results:
+        print(f"eval did not succeed: {log.status} {log.error.message if log.error else ''}")
+        return 1
+    metrics = {name: m.value for s in log.results.scores for name, m in s.metrics.items()}
+    print(f"\nRoleplaying, {log.results.completed_samples} samples, probe {probe_path.name}:")
+    print(f"  AUROC                         {metrics['auroc']:.3f}")
+    print(f"  recall at 1% FPR threshold    {metrics['recall_at_threshold']:.3f}")
+    print(f"  mean score deceptive / honest {metrics['mean_score_deceptive']:.3f} / {metrics['mean_score_honest']:.3f}")
+    print(f"log: {log.location}")
+    return 0

@@ -1,0 +1,57 @@
+"""End to end on SmolLM2: train a probe on a small Instructed-Pairs subset with the offline
+engine, run the Roleplaying task through the vllm-lens provider (a real server), and check each
+sample's score against the same probe applied to an offline capture of the same dialogue."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from inspect_ai import eval as inspect_eval
+
+from lens_evals.evals.roleplaying import roleplaying_task
+from lens_evals.probing import datasets
+from lens_evals.probing.extract import extract_features
+from lens_evals.probing.metrics import auroc
+from lens_evals.probing.train import dialogue_scores, fit_pipeline, split_groups, train_probe
+from tests.conftest import make_llm
+
+N_SAMPLES = 8
+
+
+def test_roleplaying_eval_scores_equal_offline(smollm2_path, tmp_path) -> None:
+    with make_llm(smollm2_path, enable_prefix_caching=False) as llm:
+        probe = train_probe(str(smollm2_path), layer=15, llm=llm, limit=60, control_limit=20, control_max_tokens=24,
+                            out_dir=tmp_path, name="subset")
+        dialogues = datasets.roleplaying_dialogues()[:N_SAMPLES]
+        expected = [probe.score(f[0]) for f in extract_features(llm, dialogues, [15])]
+    card = probe.card
+    assert card.n_control == 20 and card.layer == 15 and card.n_train_dialogues + card.n_val_dialogues <= 62
+    assert math.isfinite(card.threshold) and 0.0 <= card.validation_auroc <= 1.0
+
+    log = inspect_eval(roleplaying_task(tmp_path / "subset.joblib", tokenizer=str(smollm2_path)),
+                       model="vllm-lens/smollm2-135m-instruct", limit=N_SAMPLES, log_dir=str(tmp_path / "logs"),
+                       display="none")[0]
+    assert log.status == "success", log.error
+    samples = sorted(log.samples, key=lambda s: (int(str(s.id).split("-")[0]), str(s.id).endswith("deceptive")))
+    got = [s.scores["probe_scorer"].value for s in samples]
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3)
+    labels = [s.scores["probe_scorer"].metadata["label"] for s in samples]
+    assert labels == [0, 1] * (N_SAMPLES // 2)
+    metrics = {name: m.value for s in log.results.scores for name, m in s.metrics.items()}
+    assert metrics["auroc"] == pytest.approx(auroc(labels, got))
+    assert samples[0].messages[-1].role == "assistant" and samples[0].metadata["kind"] == "honest"
+
+
+def test_geometry_of_truth_probe_beats_chance_on_held_out(smollm2_path) -> None:
+    """cities, last token, layer 15, 400 statements (200 cities), 80/20 split by city."""
+    dialogues = [d for d in datasets.geometry_of_truth(["cities"])][:400]
+    with make_llm(smollm2_path, enable_prefix_caching=False) as llm:
+        features = [f[0] for f in extract_features(llm, dialogues, [15], "last")]
+    labels = np.array([d.label for d in dialogues])
+    train, val = split_groups(dialogues, seed=0)
+    pipeline = fit_pipeline([features[i] for i in train], labels[train], C=0.1)
+    held_out = auroc(labels[val], dialogue_scores(pipeline, [features[i] for i in val]))
+    print(f"Geometry of Truth cities held-out AUROC {held_out:.3f} on {len(val)} statements")
+    assert held_out >= 0.75
