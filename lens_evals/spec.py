@@ -4,7 +4,8 @@ A request asks for features through ``SamplingParams.extra_args`` (offline) or
 ``vllm_xargs`` (HTTP)::
 
     {"output_residual_stream": [3, 7],
-     "apply_steering_vectors": [SteeringVector(...) or its wire dict]}
+     "apply_steering_vectors": [SteeringVector(...) or its wire dict],
+     "output_probe_scores": [LinearProbe(...) or its wire dict]}
 
 :func:`parse_lens_args` turns those values into a validated :class:`LensRequest`;
 :meth:`LensRequest.check_model` adds the checks that need the model's shape.
@@ -14,19 +15,21 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Mapping, Sequence
+from typing import Annotated, Any, ClassVar, Mapping, Self, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lens_evals import wire
 
 CAPTURE_KEY = "output_residual_stream"
 STEERING_KEY = "apply_steering_vectors"
-LENS_KEYS = (CAPTURE_KEY, STEERING_KEY)
+PROBE_KEY = "output_probe_scores"
+LENS_KEYS = (CAPTURE_KEY, STEERING_KEY, PROBE_KEY)
 # Key the frontend adds so worker results can be fetched; never set by users.
 INTERNAL_KEY = "_lens_evals"
 MAX_LAYERS_PER_REQUEST = 4096
+MAX_PROBES_PER_REQUEST = 4096
 
 
 def _as_float32(value: Any) -> np.ndarray:
@@ -40,7 +43,48 @@ def _as_float32(value: Any) -> np.ndarray:
         raise ValueError(f"activations must be a numeric array: {exc}") from None
 
 
-class SteeringVector(BaseModel):
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError("must be finite")
+    return value
+
+
+FiniteFloat = Annotated[float, AfterValidator(_finite)]
+
+
+class _WireModel(BaseModel):
+    """A request object that travels as a dict with wire-encoded arrays, or as a JSON string of
+    that dict (HTTP ``vllm_xargs`` carry only strings and numbers). Unknown fields are refused."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+    wire_name: ClassVar[str] = "object"
+
+    def to_wire(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_json(self) -> str:
+        """The form to put in HTTP ``vllm_xargs``."""
+        return json.dumps(self.to_wire())
+
+    @classmethod
+    def from_wire(cls, payload: Any) -> Self:
+        """Accept the object itself, its wire dict or that dict as a JSON string."""
+        if isinstance(payload, cls):
+            return payload
+        if isinstance(payload, str):
+            try:
+                payload = json.loads(payload)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{cls.wire_name} string is not valid JSON: {exc}") from None
+        if not isinstance(payload, Mapping):
+            raise ValueError(f"a {cls.wire_name} must be an object, got {type(payload).__name__}")
+        unknown = set(payload) - set(cls.model_fields)
+        if unknown:
+            raise ValueError(f"unknown {cls.wire_name} fields: {sorted(unknown)}")
+        return cls.model_validate(dict(payload))
+
+
+class SteeringVector(_WireModel):
     """Add ``scale * v`` (or ``scale * ||h|| * v / ||v||`` with ``norm_match``) to the
     residual stream after each layer in ``layer_indices``.
 
@@ -50,11 +94,11 @@ class SteeringVector(BaseModel):
     (prompt and generated tokens counted from 0).
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+    wire_name: ClassVar[str] = "steering vector"
 
     activations: np.ndarray
     layer_indices: list[int]
-    scale: float = 1.0
+    scale: FiniteFloat = 1.0
     norm_match: bool = False
     position_indices: list[int] | None = None
 
@@ -77,13 +121,6 @@ class SteeringVector(BaseModel):
         if len(set(value)) != len(value):
             raise ValueError(f"{info.field_name} has duplicates: {value}")
         return list(value)
-
-    @field_validator("scale")
-    @classmethod
-    def _finite_scale(cls, value: float) -> float:
-        if not math.isfinite(value):
-            raise ValueError("scale must be finite")
-        return value
 
     @model_validator(mode="after")
     def _shapes(self) -> "SteeringVector":
@@ -118,10 +155,6 @@ class SteeringVector(BaseModel):
         acts = self.activations
         return acts[:, None, :] if acts.ndim == 2 else acts
 
-    def to_json(self) -> str:
-        """The form to put in HTTP ``vllm_xargs`` (which only carries strings and numbers)."""
-        return json.dumps(self.to_wire())
-
     def to_wire(self) -> dict[str, Any]:
         return {
             "activations": wire.encode_array(self.activations),
@@ -131,21 +164,45 @@ class SteeringVector(BaseModel):
             "position_indices": self.position_indices,
         }
 
+
+class LinearProbe(_WireModel):
+    """A linear read-out of the residual stream after layer ``layer``: for every token row
+    the engine returns ``weights . h + bias`` (one score per token; only scores leave the worker)."""
+
+    wire_name: ClassVar[str] = "probe"
+
+    name: str
+    layer: int = Field(ge=0, strict=True)
+    weights: np.ndarray
+    bias: FiniteFloat = 0.0
+
+    @field_validator("name")
     @classmethod
-    def from_wire(cls, payload: Any) -> "SteeringVector":
-        if isinstance(payload, SteeringVector):
-            return payload
-        if isinstance(payload, str):  # HTTP vllm_xargs carry each vector as a JSON string
-            try:
-                payload = json.loads(payload)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"steering vector string is not valid JSON: {exc}") from None
-        if not isinstance(payload, Mapping):
-            raise ValueError(f"a steering vector must be an object, got {type(payload).__name__}")
-        unknown = set(payload) - set(cls.model_fields)
-        if unknown:
-            raise ValueError(f"unknown steering vector fields: {sorted(unknown)}")
-        return cls.model_validate(dict(payload))
+    def _name(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("probe name must not be empty")
+        return value
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _to_array(cls, value: Any) -> np.ndarray:
+        return _as_float32(value)
+
+    @field_validator("weights")
+    @classmethod
+    def _weights(cls, value: np.ndarray) -> np.ndarray:
+        if value.ndim != 1 or value.size == 0:
+            raise ValueError(f"probe weights must be a non-empty 1-D array (hidden,), got shape {value.shape}")
+        if not np.isfinite(value).all():
+            raise ValueError("probe weights contain NaN or inf")
+        return value
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.weights.shape[0])
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"name": self.name, "layer": self.layer, "weights": wire.encode_array(self.weights), "bias": self.bias}
 
 
 class LensRequest(BaseModel):
@@ -153,10 +210,22 @@ class LensRequest(BaseModel):
 
     capture_layers: list[int] = Field(default_factory=list)
     steering: list[SteeringVector] = Field(default_factory=list)
+    probes: list[LinearProbe] = Field(default_factory=list)
+
+    @field_validator("probes")
+    @classmethod
+    def _unique_probe_names(cls, value: list[LinearProbe]) -> list[LinearProbe]:
+        names = [probe.name for probe in value]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"{PROBE_KEY}: probe names must be unique per request, duplicated: {duplicates}")
+        if len(value) > MAX_PROBES_PER_REQUEST:
+            raise ValueError(f"{PROBE_KEY}: too many probes ({len(value)})")
+        return value
 
     @property
     def active(self) -> bool:
-        return bool(self.capture_layers or self.steering)
+        return bool(self.capture_layers or self.steering or self.probes)
 
     def check_model(
         self,
@@ -184,6 +253,15 @@ class LensRequest(BaseModel):
                     raise ValueError(
                         f"steering vector {n}: position {pos} out of range: this request has at most {max_positions} positions"
                     )
+        for probe in self.probes:
+            if probe.layer >= num_layers:
+                raise ValueError(
+                    f"probe {probe.name!r}: layer {probe.layer} out of range: the model has {num_layers} layers (0..{num_layers - 1})"
+                )
+            if probe.hidden_size != hidden_size:
+                raise ValueError(
+                    f"probe {probe.name!r}: weights length {probe.hidden_size} does not match the model's hidden size {hidden_size}"
+                )
         capture_bytes = len(self.capture_layers) * max_positions * hidden_size * 4
         if capture_bytes > max_capture_bytes:
             raise ValueError(
@@ -198,6 +276,8 @@ class LensRequest(BaseModel):
             out[CAPTURE_KEY] = self.capture_layers
         if self.steering:
             out[STEERING_KEY] = [v.to_wire() for v in self.steering]
+        if self.probes:
+            out[PROBE_KEY] = [p.to_wire() for p in self.probes]
         return out
 
 
@@ -209,19 +289,29 @@ def parse_lens_args(extra_args: Mapping[str, Any] | None) -> LensRequest:
     layers: list[int] = []
     if capture is not None:
         layers = _parse_layer_list(capture)
-    steering_raw = extra_args.get(STEERING_KEY)
-    steering: list[SteeringVector] = []
-    if steering_raw is not None:
-        if isinstance(steering_raw, (SteeringVector, Mapping, str)):
-            steering_raw = [steering_raw]
-        if not isinstance(steering_raw, Sequence) or isinstance(steering_raw, (str, bytes)):
-            raise ValueError(f"{STEERING_KEY} must be a list of steering vectors")
-        for n, item in enumerate(steering_raw):
-            try:
-                steering.append(SteeringVector.from_wire(item))
-            except ValueError as exc:
-                raise ValueError(f"{STEERING_KEY}[{n}]: {exc}") from None
-    return LensRequest(capture_layers=layers, steering=steering)
+    steering = _parse_items(extra_args.get(STEERING_KEY), SteeringVector, STEERING_KEY, "steering vectors")
+    probes = _parse_items(extra_args.get(PROBE_KEY), LinearProbe, PROBE_KEY, "probes")
+    try:
+        return LensRequest(capture_layers=layers, steering=steering, probes=probes)
+    except ValidationError as exc:
+        raise ValueError("; ".join(str(err["msg"]).removeprefix("Value error, ") for err in exc.errors())) from None
+
+
+def _parse_items(raw: Any, model: Any, key: str, what: str) -> list[Any]:
+    """A list of ``model`` objects from their objects, wire dicts or JSON strings (or one of them)."""
+    if raw is None:
+        return []
+    if isinstance(raw, (model, Mapping, str)):
+        raw = [raw]
+    if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)):
+        raise ValueError(f"{key} must be a list of {what}")
+    items = []
+    for n, item in enumerate(raw):
+        try:
+            items.append(model.from_wire(item))
+        except ValueError as exc:
+            raise ValueError(f"{key}[{n}]: {exc}") from None
+    return items
 
 
 def _parse_layer_list(value: Any) -> list[int]:

@@ -3,6 +3,7 @@ with the reason while a good request in flight completes."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 import requests
 import torch
 
-from lens_evals import SteeringVector
+from lens_evals import LinearProbe, SteeringVector
 from lens_evals.client import activations_from_response, lens_xargs
 from tests.conftest import GPU_MEMORY_FRACTION, on_gpu, engine_tolerance, capture, greedy, make_llm
 from lens_evals.evals.server_process import LensServer
@@ -18,6 +19,10 @@ from lens_evals.evals.server_process import LensServer
 PROMPT = "the cat reads a book."
 MESSAGES = [{"role": "user", "content": "a model finds the truth."}]
 LAYERS = [0, 3]
+PROBES = [
+    LinearProbe(name=f"probe{i}", layer=layer, weights=np.random.default_rng(10 + i).normal(size=128).astype(np.float32), bias=0.1 * i)
+    for i, layer in enumerate([0, 3, 3])
+]
 STEER = SteeringVector(activations=np.random.default_rng(2).normal(size=(1, 128)).astype(np.float32), layer_indices=[1], scale=6.0)
 
 TOL = engine_tolerance()
@@ -42,7 +47,8 @@ def offline(tiny_path):
         chat = llm.chat(MESSAGES, greedy(6, output_residual_stream=LAYERS))[0]
         steered = llm.generate([PROMPT], greedy(6, apply_steering_vectors=[STEER]))[0]
         plain = llm.generate([PROMPT], greedy(6))[0]
-    return {"completion": completion, "chat": chat, "steered": steered, "plain": plain}
+        probed = llm.generate([PROMPT], greedy(6, output_probe_scores=PROBES, apply_steering_vectors=[STEER]))[0]
+    return {"completion": completion, "chat": chat, "steered": steered, "plain": plain, "probed": probed}
 
 
 def complete(server, **body):
@@ -74,6 +80,22 @@ def test_steering_over_http_matches_offline(server, offline) -> None:
     assert steered["choices"][0]["token_ids"] != plain["choices"][0]["token_ids"]
 
 
+def test_probe_scores_over_http_equal_offline(server, offline) -> None:
+    resp = complete(server, vllm_xargs=lens_xargs(steering=[STEER], probes=PROBES))
+    assert resp.status_code == 200, resp.text
+    activations = activations_from_response(resp.json())
+    assert set(activations) == {"probe_scores"}  # scores only, no hidden states
+    expected = offline["probed"].activations["probe_scores"]
+    assert list(activations["probe_scores"]) == [p.name for p in PROBES]
+    for name, scores in activations["probe_scores"].items():
+        assert scores.dtype == np.float32
+        torch.testing.assert_close(torch.from_numpy(scores), expected[name], atol=TOL, rtol=TOL)
+
+
+def probe_json(**fields) -> str:
+    return json.dumps({"name": "p", "layer": 0, "weights": PROBES[0].to_wire()["weights"], **fields})
+
+
 BAD_XARGS = {
     "layer out of range": ({"output_residual_stream": [7]}, "out of range"),
     "wrong hidden size": ({"apply_steering_vectors": [SteeringVector(activations=np.ones((1, 64)), layer_indices=[0]).to_json()]}, "hidden size 64"),
@@ -81,6 +103,12 @@ BAD_XARGS = {
     "position out of range": ({"apply_steering_vectors": [SteeringVector(activations=np.ones((1, 1, 128)), layer_indices=[0], position_indices=[999]).to_json()]}, "position 999 out of range"),
     "malformed payload": ({"apply_steering_vectors": ['{"activations": {"encoding": "safetensors-base64", "data": "!!"}, "layer_indices": [0]}']}, "not valid base64"),
     "not JSON": ({"apply_steering_vectors": ["{oops"]}, "not valid JSON"),
+    "probe hidden size": ({"output_probe_scores": [LinearProbe(name="p", layer=0, weights=np.ones(64)).to_json()]}, "weights length 64"),
+    "probe layer out of range": ({"output_probe_scores": [probe_json(layer=4)]}, "layer 4 out of range"),
+    "probe NaN": ({"output_probe_scores": [probe_json(weights=[float("nan")] * 128)]}, "NaN or inf"),
+    "probe names duplicated": ({"output_probe_scores": [probe_json(), probe_json()]}, "unique per request"),
+    "probe not JSON": ({"output_probe_scores": ["{oops"]}, "probe string is not valid JSON"),
+    "probe unknown field": ({"output_probe_scores": [probe_json(code="import os")]}, "unknown probe fields"),
 }
 
 

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from lens_evals import SteeringVector, parse_lens_args, wire
+from lens_evals import LinearProbe, SteeringVector, parse_lens_args, wire
 
 
 def test_round_trip_preserves_values_and_dtype() -> None:
@@ -98,12 +98,61 @@ def test_parse_lens_args_validates_and_checks_model_shape() -> None:
         parse_lens_args({"apply_steering_vectors": [{"activations": [[1.0]], "layer_indices": [0], "evil": 1}]})
 
 
+def test_linear_probe_wire_and_json_round_trip() -> None:
+    probe = LinearProbe(name="honesty", layer=3, weights=np.arange(8), bias=-0.5)
+    assert probe.weights.dtype == np.float32
+    for form in (probe, probe.to_wire(), probe.to_json()):
+        back = LinearProbe.from_wire(form)
+        assert (back.name, back.layer, back.bias) == ("honesty", 3, -0.5)
+        np.testing.assert_array_equal(back.weights, probe.weights)
+    lens = parse_lens_args({"output_probe_scores": [probe.to_json(), LinearProbe(name="b", layer=0, weights=np.ones(8))]})
+    assert [p.name for p in lens.probes] == ["honesty", "b"] and lens.active
+    lens.check_model(num_layers=4, hidden_size=8, max_positions=10, max_capture_bytes=2**30)
+    with pytest.raises(ValueError, match="layer 3 out of range"):
+        lens.check_model(num_layers=3, hidden_size=8, max_positions=10, max_capture_bytes=2**30)
+    with pytest.raises(ValueError, match="weights length 8 does not match the model's hidden size 16"):
+        lens.check_model(num_layers=4, hidden_size=16, max_positions=10, max_capture_bytes=2**30)
+
+
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        ({"name": "p", "layer": 0, "weights": [[1.0, 2.0]]}, "1-D"),
+        ({"name": "p", "layer": 0, "weights": []}, "non-empty"),
+        ({"name": "p", "layer": 0, "weights": [1.0, float("inf")]}, "NaN or inf"),
+        ({"name": "p", "layer": -1, "weights": [1.0]}, "greater than or equal to 0"),
+        ({"name": "p", "layer": True, "weights": [1.0]}, "valid integer"),
+        ({"name": " ", "layer": 0, "weights": [1.0]}, "must not be empty"),
+        ({"name": "p", "layer": 0, "weights": [1.0], "bias": float("nan")}, "bias\n.*must be finite"),
+        ({"name": "p", "layer": 0, "weights": [1.0], "evil": 1}, "unknown probe fields"),
+        ({"name": "p", "layer": 0, "weights": {"encoding": "pickle", "data": ""}}, "unknown tensor encoding"),
+        ("{oops", "not valid JSON"),
+        ("[1, 2]", "must be an object"),
+    ],
+)
+def test_bad_linear_probes(payload: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LinearProbe.from_wire(payload)
+
+
+def test_probe_names_are_unique_per_request() -> None:
+    probe = LinearProbe(name="x", layer=0, weights=np.ones(4))
+    with pytest.raises(ValueError, match=r"unique per request, duplicated: \['x'\]"):
+        parse_lens_args({"output_probe_scores": [probe, probe.to_wire()]})
+    with pytest.raises(ValueError, match=r"output_probe_scores\[1\]: probe string is not valid JSON"):
+        parse_lens_args({"output_probe_scores": [probe, "{"]})
+    with pytest.raises(ValueError, match="must be a list of probes"):
+        parse_lens_args({"output_probe_scores": 3})
+
+
 def test_client_side_imports_without_vllm_or_torch() -> None:
     code = (
         "import sys; sys.modules['vllm'] = None; sys.modules['torch'] = None\n"
         "import numpy as np, lens_evals\n"
         "v = lens_evals.SteeringVector(activations=np.ones((1, 4)), layer_indices=[0])\n"
-        "print(lens_evals.SteeringVector.from_wire(v.to_json()).layer_indices)"
+        "print(lens_evals.SteeringVector.from_wire(v.to_json()).layer_indices)\n"
+        "p = lens_evals.LinearProbe(name='p', layer=2, weights=np.ones(4))\n"
+        "print(lens_evals.LinearProbe.from_wire(p.to_json()).layer)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[0]"
+    assert out.stdout.split() == ["[0]", "2"]

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from lens_evals.engine.compat import BatchLayout
-from lens_evals.engine.requests import WorkerRequest
+from lens_evals.engine.requests import WorkerProbe, WorkerRequest
 
 
 @dataclass
@@ -34,16 +34,87 @@ class CaptureSlot:
 
 
 @dataclass
+class LayerProbes:
+    """Every probe row of one layer: one gather of ``rows``, one matmul with the distinct probes'
+    stacked ``weights``, then each (row, probe) pair a request asked for is picked out."""
+
+    rows: torch.Tensor  # (n,) row indices in the step's token batch
+    weights: torch.Tensor  # (n_probes, hidden) float32, each distinct probe once
+    bias: torch.Tensor  # (n_probes,) float32
+    pair_rows: torch.Tensor  # (m,) index into ``rows``
+    pair_probes: torch.Tensor  # (m,) index into ``weights``
+
+
+@dataclass
+class ScoreSlot:
+    key: str
+    num_rows: int
+    positions: np.ndarray  # absolute positions of the request's rows in this step
+    # (probe index in the request, layer, offset of its num_rows scores in that layer's pairs)
+    entries: list[tuple[int, int, int]]
+
+
+@dataclass
 class StepPlan:
     capture_layers: list[int] = field(default_factory=list)
     capture_rows: torch.Tensor | None = None  # rows gathered at each capture layer
     capture_slots: list[CaptureSlot] = field(default_factory=list)
     steer: dict[int, LayerSteer] = field(default_factory=dict)
+    probes: dict[int, LayerProbes] = field(default_factory=dict)
+    score_slots: list[ScoreSlot] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)  # every lens request in this step
 
     @property
     def hooked_layers(self) -> set[int]:
-        return set(self.capture_layers) | set(self.steer)
+        return set(self.capture_layers) | set(self.steer) | set(self.probes)
+
+
+class _ProbePlanner:
+    """Collects one step's probe rows per layer; distinct probes (by digest) are stacked once."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, list[np.ndarray]] = {}
+        self.num_rows: dict[int, int] = {}
+        self.distinct: dict[int, dict[str, tuple[int, WorkerProbe]]] = {}
+        self.pair_rows: dict[int, list[np.ndarray]] = {}
+        self.pair_probes: dict[int, list[np.ndarray]] = {}
+        self.num_pairs: dict[int, int] = {}
+        self.slots: list[ScoreSlot] = []
+
+    def add(self, key: str, rows: np.ndarray, positions: np.ndarray, probes: list[WorkerProbe], local_layers: set[int]) -> None:
+        entries: list[tuple[int, int, int]] = []
+        local_start: dict[int, int] = {}
+        n = len(rows)
+        for probe in probes:
+            layer = probe.layer
+            if layer not in local_layers:
+                continue
+            if layer not in local_start:  # the request's rows enter this layer's gather once
+                local_start[layer] = self.num_rows.get(layer, 0)
+                self.rows.setdefault(layer, []).append(rows)
+                self.num_rows[layer] = local_start[layer] + n
+            distinct = self.distinct.setdefault(layer, {})
+            probe_slot = distinct.setdefault(probe.digest, (len(distinct), probe))[0]
+            offset = self.num_pairs.get(layer, 0)
+            self.pair_rows.setdefault(layer, []).append(np.arange(local_start[layer], local_start[layer] + n))
+            self.pair_probes.setdefault(layer, []).append(np.full(n, probe_slot, dtype=np.int64))
+            self.num_pairs[layer] = offset + n
+            entries.append((probe.index, layer, offset))
+        if entries:
+            self.slots.append(ScoreSlot(key, n, positions, entries))
+
+    def layers(self, device: torch.device) -> dict[int, LayerProbes]:
+        out = {}
+        for layer, rows in self.rows.items():
+            probes = [probe for _, probe in self.distinct[layer].values()]
+            out[layer] = LayerProbes(
+                rows=torch.from_numpy(np.concatenate(rows)).to(device, non_blocking=True),
+                weights=torch.stack([p.weights for p in probes]),
+                bias=torch.tensor([p.bias for p in probes], dtype=torch.float32, device=device),
+                pair_rows=torch.from_numpy(np.concatenate(self.pair_rows[layer])).to(device, non_blocking=True),
+                pair_probes=torch.from_numpy(np.concatenate(self.pair_probes[layer])).to(device, non_blocking=True),
+            )
+        return out
 
 
 def build_plan(
@@ -59,6 +130,7 @@ def build_plan(
     capture_rows: list[np.ndarray] = []
     pending_slots: list[tuple[WorkerRequest, int, np.ndarray, np.ndarray]] = []
     steer_parts: dict[int, list[tuple[np.ndarray, torch.Tensor, float, bool]]] = {}
+    probe_planner = _ProbePlanner()
     offset = 0
     gathered = 0
     for req_id, n_rows, start in zip(layout.req_ids, layout.num_rows, layout.start_positions):
@@ -73,6 +145,8 @@ def build_plan(
             pending_slots.append((req, gathered, rows, positions))
             capture_rows.append(rows)
             gathered += n_rows
+        if capture_here and req.probes:
+            probe_planner.add(req.key, rows, positions, req.probes, local_layers)
         for vec in req.steering:
             if vec.positions is None:
                 vec_rows, vec_index = rows, None
@@ -100,6 +174,8 @@ def build_plan(
         for req, row_start, rows, positions in pending_slots:
             slots = [index_of[layer] for layer in req.capture_layers if layer in index_of]
             plan.capture_slots.append(CaptureSlot(req.key, row_start, len(rows), positions, slots))
+    plan.probes = probe_planner.layers(device)
+    plan.score_slots = probe_planner.slots
     for layer, parts in steer_parts.items():
         rows = np.concatenate([p[0] for p in parts])
         norm = np.concatenate([np.full(len(p[0]), p[3]) for p in parts])

@@ -15,7 +15,7 @@ from safetensors.torch import load as st_load
 
 from lens_evals.engine import compat
 from lens_evals.engine.worker import FETCH_METHOD
-from lens_evals.spec import CAPTURE_KEY, INTERNAL_KEY, LENS_KEYS, STEERING_KEY, parse_lens_args
+from lens_evals.spec import INTERNAL_KEY, LENS_KEYS, parse_lens_args
 
 REGISTRY_ATTR = "_lens_evals_pending"
 DEFAULT_MAX_CAPTURE_GIB = 4.0
@@ -38,6 +38,7 @@ class LensRequestError(RuntimeError):
 class PendingRequest:
     key: str
     capture_layers: tuple[int, ...]
+    probe_names: tuple[str, ...]
     prompt_len: int
 
 
@@ -67,7 +68,7 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
     if not lens.active:
         return
     if getattr(params, "n", 1) != 1:
-        raise ValueError(f"{CAPTURE_KEY}/{STEERING_KEY} need n=1 (send n separate requests)")
+        raise ValueError(f"{'/'.join(LENS_KEYS)} need n=1 (send n separate requests)")
     shape = compat.model_shape(processor.vllm_config)
     prompt_len = len(request.prompt_token_ids or [])
     max_positions = prompt_len + int(params.max_tokens or 1) - 1
@@ -78,46 +79,63 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
         "key": key,
         "capture": lens.capture_layers,
         "steer": [vec.to_wire() for vec in lens.steering],
+        "probes": [probe.to_wire() for probe in lens.probes],
     }
     params.extra_args = normalised  # a fresh dict: the caller's params stay untouched
     compat.set_request_cache_salt(request, key)
-    _registry(processor)[request_id] = PendingRequest(key, tuple(lens.capture_layers), prompt_len)
+    _registry(processor)[request_id] = PendingRequest(
+        key, tuple(lens.capture_layers), tuple(probe.name for probe in lens.probes), prompt_len
+    )
 
 
-def _merge_rank_results(rank_results: list[dict[str, dict[str, Any]]], key: str) -> tuple[dict[int, torch.Tensor], str | None]:
-    layers: dict[int, torch.Tensor] = {}
+@dataclass
+class _Merged:
+    layers: dict[int, torch.Tensor]  # capture layer -> (n_positions, hidden)
+    probes: dict[int, torch.Tensor]  # probe index -> (n_positions,)
+
+
+def _merge_rank_results(rank_results: list[dict[str, dict[str, Any]]], key: str) -> tuple[_Merged, str | None]:
+    merged = _Merged({}, {})
     for per_rank in rank_results:
         result = per_rank.get(key) if per_rank else None
         if not result:
             continue
         if "error" in result:
-            return {}, str(result["error"])
+            return merged, str(result["error"])
         tensors = st_load(result["safetensors"])
-        for i, layer in enumerate(tensors["layers"].tolist()):
-            layers[int(layer)] = tensors["residual_stream"][i]
-    return layers, None
+        for i, layer in enumerate(tensors.get("layers", torch.empty(0)).tolist()):
+            merged.layers[int(layer)] = tensors["residual_stream"][i]
+        for i, index in enumerate(tensors.get("probe_index", torch.empty(0)).tolist()):
+            merged.probes[int(index)] = tensors["probe_scores"][i]
+    return merged, None
 
 
 def _apply(output: Any, pending: PendingRequest, rank_results: list[dict[str, Any]]) -> str | None:
-    """Attach the capture to ``output``; return an error message if the request failed."""
-    layers, error = _merge_rank_results(rank_results, pending.key)
+    """Attach the capture and probe scores to ``output``; return an error message if the request failed."""
+    merged, error = _merge_rank_results(rank_results, pending.key)
+    output.activations = None
     if error is not None:
-        output.activations = None
         return error
-    if not pending.capture_layers:
-        output.activations = {}
-        return None
     generated = len(output.outputs[0].token_ids) if output.outputs else 0
     expected = len(output.prompt_token_ids or []) + generated - 1
-    missing = [layer for layer in pending.capture_layers if layer not in layers]
-    if missing:
-        output.activations = None
-        return f"no capture came back for layers {missing}"
-    stream = torch.stack([layers[layer] for layer in pending.capture_layers])
-    if stream.shape[1] < expected:
-        output.activations = None
-        return f"capture is short: {stream.shape[1]} positions, expected {expected}"
-    output.activations = {"residual_stream": stream[:, :expected]}
+    activations: dict[str, Any] = {}
+    if pending.capture_layers:
+        missing = [layer for layer in pending.capture_layers if layer not in merged.layers]
+        if missing:
+            return f"no capture came back for layers {missing}"
+        stream = torch.stack([merged.layers[layer] for layer in pending.capture_layers])
+        if stream.shape[1] < expected:
+            return f"capture is short: {stream.shape[1]} positions, expected {expected}"
+        activations["residual_stream"] = stream[:, :expected]
+    if pending.probe_names:
+        missing_probes = [name for i, name in enumerate(pending.probe_names) if i not in merged.probes]
+        if missing_probes:
+            return f"no scores came back for probes {missing_probes}"
+        short = [name for i, name in enumerate(pending.probe_names) if merged.probes[i].shape[0] < expected]
+        if short:
+            return f"probe scores are short for {short}: expected {expected} positions"
+        activations["probe_scores"] = {name: merged.probes[i][:expected] for i, name in enumerate(pending.probe_names)}
+    output.activations = activations
     return None
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
 import torch
 
-from lens_evals.spec import INTERNAL_KEY, SteeringVector
+from lens_evals.spec import INTERNAL_KEY, LinearProbe, SteeringVector
 
 
 @dataclass
@@ -22,11 +23,24 @@ class WorkerSteering:
     norm_match: bool
 
 
+@dataclass(frozen=True)
+class WorkerProbe:
+    """One linear probe of a request. ``index`` is its place in the request's probe list;
+    ``digest`` identifies equal probes across requests, so a step stacks each distinct probe once."""
+
+    index: int
+    layer: int
+    digest: str
+    weights: torch.Tensor  # (hidden,) float32 on the device
+    bias: float
+
+
 @dataclass
 class WorkerRequest:
     key: str
     capture_layers: list[int]
     steering: list[WorkerSteering] = field(default_factory=list)
+    probes: list[WorkerProbe] = field(default_factory=list)
 
 
 def decode_worker_request(extra_args: Mapping[str, Any] | None, device: torch.device, dtype: torch.dtype) -> WorkerRequest | None:
@@ -35,7 +49,15 @@ def decode_worker_request(extra_args: Mapping[str, Any] | None, device: torch.de
         return None
     spec = extra_args[INTERNAL_KEY]
     steering = [_decode_steering(SteeringVector.from_wire(item), device, dtype) for item in spec.get("steer", [])]
-    return WorkerRequest(key=str(spec["key"]), capture_layers=list(spec.get("capture", [])), steering=steering)
+    probes = [_decode_probe(i, LinearProbe.from_wire(item), device) for i, item in enumerate(spec.get("probes", []))]
+    return WorkerRequest(key=str(spec["key"]), capture_layers=list(spec.get("capture", [])), steering=steering, probes=probes)
+
+
+def _decode_probe(index: int, probe: LinearProbe, device: torch.device) -> WorkerProbe:
+    weights = np.ascontiguousarray(probe.weights, dtype=np.float32)
+    digest = hashlib.sha256(weights.tobytes() + np.float64(probe.bias).tobytes()).hexdigest()
+    tensor = torch.from_numpy(weights).to(device=device)
+    return WorkerProbe(index=index, layer=probe.layer, digest=digest, weights=tensor, bias=float(probe.bias))
 
 
 def _decode_steering(vec: SteeringVector, device: torch.device, dtype: torch.dtype) -> WorkerSteering:

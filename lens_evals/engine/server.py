@@ -25,8 +25,15 @@ def add_middleware(app: Any) -> None:
     app.add_middleware(LensResponseMiddleware)
 
 
-def encode_activations(activations: dict[str, torch.Tensor]) -> dict[str, Any]:
-    return {name: wire.encode_array(t.float().numpy()) for name, t in activations.items()}
+def encode_activations(activations: dict[str, Any]) -> dict[str, Any]:
+    """Tensors as wire arrays; ``probe_scores`` (name -> tensor) as name -> wire array."""
+    encoded: dict[str, Any] = {}
+    for name, value in activations.items():
+        if isinstance(value, torch.Tensor):
+            encoded[name] = wire.encode_array(value.float().numpy())
+        else:
+            encoded[name] = {inner: wire.encode_array(t.float().numpy()) for inner, t in value.items()}
+    return encoded
 
 
 class LensResponseMiddleware:

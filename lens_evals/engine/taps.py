@@ -1,4 +1,5 @@
-"""The per-layer forward hooks: one batched add for steering, one gather for capture."""
+"""The per-layer forward hooks: one batched add for steering, one gather for capture, one
+gather and one matmul for all probe rows of the step."""
 
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ def _make_tap(state: "LensWorkerState", layer_index: int):
                 rows = plan.capture_rows
                 stream = hidden[rows] if residual is None else hidden[rows] + residual[rows]
                 state.step_captures[layer_index] = stream
+            probes = plan.probes.get(layer_index)
+            if probes is not None:
+                state.step_scores[layer_index] = _probe_scores(hidden, residual, probes)
         except Exception as exc:  # noqa: BLE001 - reported to every lens request of the step
             logger.exception("lens_evals: layer %d tap failed", layer_index)
             state.fail_keys(plan.keys, f"layer {layer_index} hook failed: {type(exc).__name__}: {exc}")
@@ -58,3 +62,11 @@ def _apply_steering(hidden: torch.Tensor, residual: torch.Tensor | None, steer: 
         norms = rows_stream.float().norm(dim=-1, keepdim=True).to(hidden.dtype)
         delta = delta * torch.where(steer.norm_match, norms, torch.ones_like(norms))
     hidden.index_add_(0, steer.rows, delta.to(hidden.dtype))
+
+
+def _probe_scores(hidden: torch.Tensor, residual: torch.Tensor | None, probes: Any) -> torch.Tensor:
+    """score = w . h + b (float32) for every (row, probe) pair the step's requests asked for."""
+    rows = probes.rows
+    stream = hidden[rows] if residual is None else hidden[rows] + residual[rows]
+    every_pair = stream.float() @ probes.weights.T  # (n_rows, n_distinct_probes)
+    return every_pair[probes.pair_rows, probes.pair_probes] + probes.bias[probes.pair_probes]

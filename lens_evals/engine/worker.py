@@ -26,10 +26,13 @@ MEMORY_METHOD = "lens_evals_memory"
 
 
 @dataclass
-class CaptureChunk:
-    layers: list[int]
+class RowChunk:
+    """One step's rows of one request: captured residual streams (``ids`` are layers, data
+    (n_layers, n_rows, hidden)) or probe scores (``ids`` are probe indices, data (n_probes, n_rows))."""
+
+    ids: list[int]
     positions: np.ndarray
-    data: torch.Tensor  # (n_layers, n_rows, hidden), host memory once `ready` is done
+    data: torch.Tensor  # host memory once `ready` is done
     ready: torch.cuda.Event | None = None
 
     @property
@@ -52,7 +55,8 @@ class LensWorkerState:
         self.local_layers = set(install_taps(self, compat.runner_model(runner), self.num_layers))
         self.requests: dict[str, WorkerRequest | None] = {}
         self.req_keys: dict[str, str] = {}
-        self.chunks: dict[str, list[CaptureChunk]] = {}
+        self.chunks: dict[str, list[RowChunk]] = {}
+        self.score_chunks: dict[str, list[RowChunk]] = {}
         self.errors: dict[str, str] = {}
         self.fetched: set[str] = set()
         self.finished_unfetched: OrderedDict[str, float] = OrderedDict()
@@ -60,6 +64,7 @@ class LensWorkerState:
         self.max_held_bytes = _limit_bytes("LENS_EVALS_MAX_HELD_CAPTURE_GIB", 8.0)
         self.plan: StepPlan | None = None
         self.step_captures: dict[int, torch.Tensor] = {}
+        self.step_scores: dict[int, torch.Tensor] = {}
         self._step_scheduled: dict[str, int] | None = None
 
     # ----------------------------------------------------------------- step lifecycle
@@ -101,25 +106,27 @@ class LensWorkerState:
 
     def _store_step(self, plan: StepPlan) -> None:
         captured, self.step_captures = self.step_captures, {}
-        if not plan.capture_slots or len(captured) != len(plan.capture_layers):
-            return
-        stacked = torch.stack([captured[layer] for layer in plan.capture_layers])  # (L, R, H)
-        ready = None
-        if stacked.device.type == "cuda":
-            host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
-            host.copy_(stacked, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-            stacked = host
-        for slot in plan.capture_slots:
-            if slot.key in self.fetched or slot.key in self.errors:
-                continue
-            data = stacked[slot.layer_slots, slot.row_start : slot.row_start + slot.num_rows]
-            layers = [plan.capture_layers[i] for i in slot.layer_slots]
-            chunk = CaptureChunk(layers, slot.positions, data, ready)
-            self.chunks.setdefault(slot.key, []).append(chunk)
-            self.held_bytes += chunk.nbytes
+        scored, self.step_scores = self.step_scores, {}
+        if plan.capture_slots and len(captured) == len(plan.capture_layers):
+            stacked = torch.stack([captured[layer] for layer in plan.capture_layers])  # (L, R, H)
+            parts = [stacked[slot.layer_slots, slot.row_start : slot.row_start + slot.num_rows] for slot in plan.capture_slots]
+            host_parts, ready = _to_host(parts)
+            for slot, data in zip(plan.capture_slots, host_parts):
+                layers = [plan.capture_layers[i] for i in slot.layer_slots]
+                self._keep(self.chunks, slot.key, RowChunk(layers, slot.positions, data, ready))
+        if plan.score_slots and len(scored) == len(plan.probes):
+            parts = [torch.stack([scored[layer][off : off + slot.num_rows] for _, layer, off in slot.entries]) for slot in plan.score_slots]
+            host_parts, ready = _to_host(parts)  # float32 scores: a separate (small) copy
+            for slot, data in zip(plan.score_slots, host_parts):
+                probe_indices = [index for index, _, _ in slot.entries]
+                self._keep(self.score_chunks, slot.key, RowChunk(probe_indices, slot.positions, data, ready))
         self._enforce_memory_bound()
+
+    def _keep(self, store: dict[str, list[RowChunk]], key: str, chunk: RowChunk) -> None:
+        if key in self.fetched or key in self.errors:
+            return
+        store.setdefault(key, []).append(chunk)
+        self.held_bytes += chunk.nbytes
 
     def fail_keys(self, keys: list[str], message: str) -> None:
         for key in keys:
@@ -137,10 +144,12 @@ class LensWorkerState:
         else:
             self.finished_unfetched[key] = time.monotonic()
 
-    def _release_chunks(self, key: str) -> list[CaptureChunk]:
-        chunks = self.chunks.pop(key, [])
-        self.held_bytes -= sum(chunk.nbytes for chunk in chunks)
-        return chunks
+    def _release_chunks(self, key: str) -> tuple[list[RowChunk], list[RowChunk]]:
+        """Forget a request's (captured, scored) chunks and return them."""
+        captured = self.chunks.pop(key, [])
+        scored = self.score_chunks.pop(key, [])
+        self.held_bytes -= sum(chunk.nbytes for chunk in captured + scored)
+        return captured, scored
 
     def _drop(self, key: str) -> None:
         self._release_chunks(key)
@@ -152,15 +161,15 @@ class LensWorkerState:
             logger.warning("lens_evals: dropping unfetched capture %s to stay under the host memory bound", key)
             self._drop(key)
         if self.held_bytes > self.max_held_bytes:
-            keys = list(self.chunks)
+            keys = list(self.chunks.keys() | self.score_chunks.keys())
             self.fail_keys(keys, "worker capture memory bound exceeded (LENS_EVALS_MAX_HELD_CAPTURE_GIB)")
             for key in keys:
                 self._release_chunks(key)
 
     def pop_result(self, key: str) -> dict[str, Any] | None:
-        """Assemble and release one request's capture: positions placed by absolute index."""
+        """Assemble and release one request's capture and probe scores, rows placed by absolute position."""
         error = self.errors.get(key)
-        chunks = self._release_chunks(key)
+        captured, scored = self._release_chunks(key)
         if key in self.finished_unfetched:
             self.finished_unfetched.pop(key)
             self.errors.pop(key, None)
@@ -168,23 +177,53 @@ class LensWorkerState:
             self.fetched.add(key)
         if error is not None:
             return {"error": error}
-        if not chunks:
+        if not captured and not scored:
             return None
-        for chunk in chunks:
-            if chunk.ready is not None:
-                chunk.ready.synchronize()
-        layers = chunks[0].layers
-        last = int(max(c.positions.max() for c in chunks))
-        out = torch.zeros((len(layers), last + 1, chunks[0].data.shape[-1]), dtype=chunks[0].data.dtype)
-        covered = np.zeros(last + 1, dtype=bool)
-        for chunk in chunks:  # later chunks (recomputation after preemption) overwrite earlier
-            out[:, torch.from_numpy(chunk.positions)] = chunk.data
-            covered[chunk.positions] = True
-        if not covered.all():
-            missing = np.flatnonzero(~covered)[:10].tolist()
-            return {"error": f"capture has gaps at positions {missing} (prefix cache or scheduling defect)"}
-        payload = st_save({"residual_stream": out.contiguous(), "layers": torch.tensor(layers, dtype=torch.int64)})
-        return {"safetensors": payload}
+        tensors: dict[str, torch.Tensor] = {}
+        for chunks, name, ids_name in ((captured, "residual_stream", "layers"), (scored, "probe_scores", "probe_index")):
+            if not chunks:
+                continue
+            ids, rows, gaps = _assemble(chunks)
+            if gaps:
+                return {"error": f"{name} has gaps at positions {gaps} (prefix cache or scheduling defect)"}
+            tensors[name] = rows
+            tensors[ids_name] = torch.tensor(ids, dtype=torch.int64)
+        return {"safetensors": st_save(tensors)}
+
+
+def _to_host(parts: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+    """One asynchronous device-to-host copy for all of a step's parts; each part comes back as
+    a view of the pinned buffer (read it only after the event: the copy may still run)."""
+    if parts[0].device.type != "cuda":
+        return parts, None
+    flat = torch.cat([part.reshape(-1) for part in parts])
+    host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+    host.copy_(flat, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    views, start = [], 0
+    for part in parts:
+        views.append(host[start : start + part.numel()].view(part.shape))
+        start += part.numel()
+    return views, ready
+
+
+def _assemble(chunks: list[RowChunk]) -> tuple[list[int], torch.Tensor, list[int]]:
+    """(ids, rows (n_ids, n_positions, ...), first missing positions). Later chunks
+    (recomputation after preemption) overwrite earlier ones."""
+    for chunk in chunks:
+        if chunk.ready is not None:
+            chunk.ready.synchronize()
+    ids = chunks[0].ids
+    last = int(max(c.positions.max() for c in chunks))
+    first = chunks[0].data
+    out = torch.zeros((len(ids), last + 1, *first.shape[2:]), dtype=first.dtype)
+    covered = np.zeros(last + 1, dtype=bool)
+    for chunk in chunks:
+        out[:, torch.from_numpy(chunk.positions)] = chunk.data
+        covered[chunk.positions] = True
+    gaps = np.flatnonzero(~covered)[:10].tolist()
+    return ids, out.contiguous(), gaps
 
 
 def get_state(runner: Any) -> LensWorkerState:
@@ -210,7 +249,8 @@ def fetch_results(worker: Any, keys: list[str]) -> dict[str, dict[str, Any]]:
 
 def worker_memory(worker: Any) -> dict[str, int]:
     state = get_state(compat.runner_from_worker(worker))
-    return {"held_bytes": state.held_bytes, "requests": len(state.chunks), "tracked": len(state.requests)}
+    held = state.chunks.keys() | state.score_chunks.keys()
+    return {"held_bytes": state.held_bytes, "requests": len(held), "tracked": len(state.requests)}
 
 
 WORKER_METHODS = {FETCH_METHOD: fetch_results, MEMORY_METHOD: worker_memory}

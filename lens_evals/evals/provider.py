@@ -21,7 +21,7 @@ from inspect_ai.model._providers.openai_compatible import OpenAICompatibleAPI
 
 from lens_evals.client import activations_from_response
 from lens_evals.evals.server_process import LensServer, acquire_server, release_server, stop_shared_servers
-from lens_evals.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector
+from lens_evals.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
 
 logger = logging.getLogger("lens_evals")
 PROVIDER_NAME = "vllm-lens"
@@ -46,11 +46,12 @@ def check_no_conflicting_provider() -> None:
 def to_vllm_xargs(extra_args: dict[str, Any]) -> dict[str, Any]:
     """extra_args (Python objects) -> vllm_xargs (strings, numbers, lists of them)."""
     xargs = dict(extra_args)
-    if STEERING_KEY in xargs:
-        vectors = xargs[STEERING_KEY]
-        if isinstance(vectors, (SteeringVector, dict, str)):
-            vectors = [vectors]
-        xargs[STEERING_KEY] = [v if isinstance(v, str) else SteeringVector.from_wire(v).to_json() for v in vectors]
+    for key, model in ((STEERING_KEY, SteeringVector), (PROBE_KEY, LinearProbe)):
+        if key in xargs:
+            items = xargs[key]
+            if isinstance(items, (model, dict, str)):
+                items = [items]
+            xargs[key] = [item if isinstance(item, str) else model.from_wire(item).to_json() for item in items]
     if CAPTURE_KEY in xargs:
         xargs[CAPTURE_KEY] = [int(layer) for layer in xargs[CAPTURE_KEY]]
     return xargs
@@ -62,7 +63,10 @@ def decode_activations(raw: dict[str, Any]) -> dict[str, Any]:
     decoded = activations_from_response({"activations": raw})
     if isinstance(decoded, list):
         decoded = decoded[0]
-    return {name: torch.from_numpy(array) for name, array in (decoded or {}).items()}
+    out: dict[str, Any] = {}
+    for name, value in (decoded or {}).items():  # "probe_scores" is {probe name: array}
+        out[name] = {k: torch.from_numpy(v) for k, v in value.items()} if isinstance(value, dict) else torch.from_numpy(value)
+    return out
 
 
 @modelapi(name=PROVIDER_NAME)

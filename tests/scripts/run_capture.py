@@ -1,4 +1,4 @@
-"""Run captures and steering in a fresh process (offline LLM or AsyncLLM) and save them.
+"""Run captures, steering and probes in a fresh process (offline LLM or AsyncLLM) and save them.
 
 Usage: python run_capture.py MODEL_DIR OUT.safetensors {offline,async}
 Environment decides the engine mode (e.g. VLLM_ENABLE_V1_MULTIPROCESSING=1)."""
@@ -19,12 +19,15 @@ LAYERS = [0, 2, 3]
 def params(i: int):
     from vllm import SamplingParams
 
-    from lens_evals import SteeringVector
+    from lens_evals import LinearProbe, SteeringVector
 
     extra: dict = {"output_residual_stream": LAYERS}
     if i == 1:
         acts = np.random.default_rng(4).normal(size=(1, 128)).astype(np.float32)
         extra["apply_steering_vectors"] = [SteeringVector(activations=acts, layer_indices=[1], scale=3.0)]
+    if i >= 1:
+        weights = np.random.default_rng(5).normal(size=128).astype(np.float32)
+        extra["output_probe_scores"] = [LinearProbe(name="p", layer=2, weights=weights, bias=1.0)]
     return SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, extra_args=extra)
 
 
@@ -64,6 +67,8 @@ def main() -> None:
     for i, out in enumerate(outputs):
         tensors[f"capture_{i}"] = out.activations["residual_stream"].contiguous()
         tensors[f"tokens_{i}"] = torch.tensor(list(out.outputs[0].token_ids))
+        for name, scores in out.activations.get("probe_scores", {}).items():
+            tensors[f"probe_{name}_{i}"] = scores.contiguous()
     save_file(tensors, out_path)
 
 
