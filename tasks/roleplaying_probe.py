@@ -28,6 +28,7 @@ def roleplaying_probe(
     grader: str | None = None,
     tokenizer: str | None = None,
     max_tokens: int = 48,
+    on_worker: bool = True,
 ) -> Task:
     """``probe`` defaults to the default model's Instructed-Pairs probe (trained if missing)."""
     if probe is None:
@@ -36,4 +37,4 @@ def roleplaying_probe(
         os.environ.setdefault("LENS_EVALS_PROBE_DIR", str(PROBE_DIR))
         probe = str(ensure_default_probe())
     return roleplaying_task(probe, mode=mode, dataset=dataset, grader=grader, tokenizer=tokenizer,  # type: ignore[arg-type]
-                            max_tokens=max_tokens)
+                            max_tokens=max_tokens, on_worker=on_worker)

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 from inspect_ai import eval as inspect_eval
+from inspect_ai.model import ModelOutput, ModelUsage, get_model
 
 from lens_evals.evals.roleplaying import roleplaying_task
 from lens_evals.probing import datasets
@@ -30,10 +31,37 @@ def test_roleplaying_eval_scores_equal_offline(smollm2_path, tmp_path) -> None:
     assert card.n_control == 20 and card.layer == 15 and card.n_train_dialogues + card.n_val_dialogues <= 62
     assert math.isfinite(card.threshold) and 0.0 <= card.validation_auroc <= 1.0
 
-    log = inspect_eval(roleplaying_task(tmp_path / "subset.joblib", tokenizer=str(smollm2_path)),
-                       model="vllm-lens/smollm2-135m-instruct", limit=N_SAMPLES, log_dir=str(tmp_path / "logs"),
-                       display="none")[0]
-    assert log.status == "success", log.error
+    tasks = [roleplaying_task(tmp_path / "subset.joblib", tokenizer=str(smollm2_path), on_worker=on_worker)
+             for on_worker in (True, False)]  # probe-on-worker, and capture + score here
+    verdicts = ["DECEPTIVE", "HONEST", "AMBIGUOUS", "I think HONEST."] * 2
+    grader = get_model("mockllm/model", custom_outputs=[
+        ModelOutput.from_content("mockllm/model", v).model_copy(update={"usage": ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)})
+        for v in verdicts])
+    tasks.append(roleplaying_task(tmp_path / "subset.joblib", mode="on_policy", grader=grader, tokenizer=str(smollm2_path),
+                                  max_tokens=8))
+    logs = inspect_eval(tasks, model="vllm-lens/smollm2-135m-instruct", limit=N_SAMPLES,
+                        log_dir=str(tmp_path / "logs"), display="none", max_tasks=1)
+    assert [log.status for log in logs] == ["success"] * 3, [log.error for log in logs]
+    for log in logs[:2]:
+        check_log(log, expected)
+    check_on_policy(logs[2], verdicts)
+
+
+def check_on_policy(log, verdicts) -> None:
+    """The model answers after the prefix; its generated tokens (all but the last) are scored."""
+    samples = sorted(log.samples, key=lambda s: int(s.id))
+    labels = [s.scores["probe_scorer"].metadata["label"] for s in samples]
+    # Inspect scores samples in completion order, so grader verdicts land in some order: count them.
+    assert sorted(labels, key=str) == sorted([{"DECEPTIVE": 1, "HONEST": 0}.get(v.split()[-1].strip(".")) for v in verdicts], key=str)
+    for sample in samples:
+        probe = sample.metadata["probe"]
+        answer = sample.messages[-1]
+        assert answer.role == "assistant" and answer.text.startswith(sample.metadata["answer_prefix"].strip())
+        assert 1 <= probe["n_tokens"] <= 7 and len(probe["token_scores"]) == probe["n_tokens"]
+        assert sample.scores["probe_scorer"].value == pytest.approx(np.mean(probe["token_scores"]), abs=1e-3)
+
+
+def check_log(log, expected) -> None:
     samples = sorted(log.samples, key=lambda s: (int(str(s.id).split("-")[0]), str(s.id).endswith("deceptive")))
     got = [s.scores["probe_scorer"].value for s in samples]
     np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3)
