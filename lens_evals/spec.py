@@ -39,7 +39,7 @@ def _as_float32(value: Any) -> np.ndarray:
         value = value.detach().float().cpu().numpy()
     try:
         return np.asarray(value, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"activations must be a numeric array: {exc}") from None
 
 
