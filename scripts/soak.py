@@ -95,18 +95,22 @@ def one_request(url: str, index: int) -> str:
     return f"ok-{kind}"
 
 
+def sample(completed: int, pid: int, memory: dict[str, int]) -> dict[str, int]:
+    return {"completed": completed, "rss_bytes": tree_rss(pid), "held_bytes": memory["held_bytes"], "held_requests": memory["requests"]}
+
+
 def run_soak(url: str, pid: int, n_requests: int, concurrency: int = 8, sample_every: int = 25) -> dict[str, Any]:
     samples: list[dict[str, Any]] = []
     kinds: dict[str, int] = {}
     start = time.monotonic()
     with httpx.Client() as client, ThreadPoolExecutor(concurrency) as pool:
-        samples.append({"requests": 0, "rss_bytes": tree_rss(pid), **worker_memory(client, url)})
+        samples.append(sample(0, pid, worker_memory(client, url)))
         for batch_start in range(0, n_requests, sample_every):
             indices = range(batch_start, min(batch_start + sample_every, n_requests))
             for kind in pool.map(lambda i: one_request(url, i), indices):
                 kinds[kind] = kinds.get(kind, 0) + 1
             memory = wait_released(client, url)
-            samples.append({"requests": indices[-1] + 1, "rss_bytes": tree_rss(pid), **memory})
+            samples.append(sample(indices[-1] + 1, pid, memory))
     return {"requests": n_requests, "concurrency": concurrency, "seconds": time.monotonic() - start, "kinds": kinds, "samples": samples}
 
 
@@ -116,7 +120,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    xs = [s["requests"] for s in result["samples"]]
+    xs = [s["completed"] for s in result["samples"]]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(xs, [s["rss_bytes"] / 2**20 for s in result["samples"]], marker="o", label="server process tree RSS")
     ax.plot(xs, [s["held_bytes"] / 2**20 for s in result["samples"]], marker="x", label="worker held capture")

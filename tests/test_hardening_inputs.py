@@ -67,7 +67,7 @@ BAD: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "capture huge layer list": ({"output_residual_stream": list(range(5000))}, {}, "too many layers"),
     "capture 100 layers": ({"output_residual_stream": list(range(100))}, {}, "out of range"),
     "capture over per-request cap": ({"output_residual_stream": [0, 1, 2, 3]}, {"max_tokens": 1000}, "per-request limit"),
-    "capture with n=2": ({"output_residual_stream": [0]}, {"n": 2}, "need n=1"),
+    "capture with n=2": ({"output_residual_stream": [0]}, {"n": 2, "temperature": 1.0}, "need n=1"),
     # steering vectors
     "steer wrong hidden size": ({"apply_steering_vectors": [steer(activations=[[1.0] * 64])]}, {}, "hidden size 64"),
     "steer oversize vector": ({"apply_steering_vectors": [steer(activations=wire.encode_array(np.ones((1, 200_000), np.float32)))]}, {}, "hidden size 200000"),
@@ -174,7 +174,7 @@ def test_every_bad_request_raises_value_error_offline(llm, monkeypatch) -> None:
     monkeypatch.setenv("LENS_EVALS_MAX_CAPTURE_GIB", CAP_GIB)
     failures = []
     for name, (xargs, body, message) in BAD.items():
-        params = SamplingParams(max_tokens=body.get("max_tokens", 6), n=body.get("n", 1), temperature=0.0, extra_args=dict(xargs))
+        params = SamplingParams(max_tokens=body.get("max_tokens", 6), n=body.get("n", 1), temperature=body.get("temperature", 0.0), extra_args=dict(xargs))
         TRIED["offline"] += 1
         try:
             llm.generate([PROMPT], params, use_tqdm=False)

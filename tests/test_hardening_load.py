@@ -160,7 +160,7 @@ def test_aborts_release_captures_and_rss_stays_flat(server) -> None:
     assert result["kinds"].get("aborted-stream", 0) == 30
     assert result["kinds"].get("aborted-timeout", 0) >= 20  # a few may finish inside the client's timeout
     for sample in result["samples"]:
-        assert sample["held_bytes"] == 0 and sample["requests"] == 0, sample
+        assert sample["held_bytes"] == 0 and sample["held_requests"] == 0, sample
     rss = [s["rss_bytes"] for s in result["samples"]]
     # each capture request holds >= 0.6 MiB (4 layers x >= 290 rows x 512 B): leaking the 90
     # captured or aborted requests would add > 50 MiB; allow 32 MiB of allocator noise.
