@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import numpy as np
@@ -99,7 +99,8 @@ def sample(completed: int, pid: int, memory: dict[str, int]) -> dict[str, int]:
     return {"completed": completed, "rss_bytes": tree_rss(pid), "held_bytes": memory["held_bytes"], "held_requests": memory["requests"]}
 
 
-def run_soak(url: str, pid: int, n_requests: int, concurrency: int = 8, sample_every: int = 25) -> dict[str, Any]:
+def run_soak(url: str, pid: int, n_requests: int, concurrency: int = 8, sample_every: int = 25, on_sample: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """``on_sample(result so far)`` after every batch, so a run cut short still leaves its data."""
     samples: list[dict[str, Any]] = []
     kinds: dict[str, int] = {}
     start = time.monotonic()
@@ -111,6 +112,8 @@ def run_soak(url: str, pid: int, n_requests: int, concurrency: int = 8, sample_e
                 kinds[kind] = kinds.get(kind, 0) + 1
             memory = wait_released(client, url)
             samples.append(sample(indices[-1] + 1, pid, memory))
+            if on_sample is not None:
+                on_sample({"requests": indices[-1] + 1, "concurrency": concurrency, "seconds": time.monotonic() - start, "kinds": kinds, "samples": samples})
     return {"requests": n_requests, "concurrency": concurrency, "seconds": time.monotonic() - start, "kinds": kinds, "samples": samples}
 
 
@@ -149,20 +152,24 @@ def main() -> None:
 
         server = LensServer(str(model_path("tiny-llama")), served_name="test", server_args=SERVER_ARGS, env=SERVER_ENV).start()
         args.url, args.pid = server.url, server.pid
+    args.out.mkdir(parents=True, exist_ok=True)
     try:
-        result = run_soak(args.url, args.pid, args.requests, args.concurrency)
+        result = run_soak(args.url, args.pid, args.requests, args.concurrency, on_sample=lambda partial: write(partial, args.out, args.requests))
     finally:
         if server is not None:
             server.stop()
-    result["machine"] = f"{platform.node()} {psutil.cpu_count()} CPUs"
+    write(result, args.out, args.requests)
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
+
+
+def write(result: dict[str, Any], out: Path, planned: int) -> None:
+    result["machine"] = f"{platform.node()} {psutil.cpu_count()} CPUs, load average {psutil.getloadavg()[0]:.1f}"
     result["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     rss = [s["rss_bytes"] for s in result["samples"]]
     result["rss_mib"] = {"start": rss[0] / 2**20, "after_first_batch": rss[1] / 2**20, "end": rss[-1] / 2**20, "max": max(rss) / 2**20}
     result["max_held_bytes_after_batches"] = max(s["held_bytes"] for s in result["samples"])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"soak-{args.requests}.json").write_text(json.dumps(result, indent=1))
-    plot(result, args.out / f"soak-{args.requests}.png")
-    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
+    (out / f"soak-{planned}.json").write_text(json.dumps(result, indent=1))
+    plot(result, out / f"soak-{planned}.png")
 
 
 if __name__ == "__main__":
