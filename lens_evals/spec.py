@@ -13,6 +13,7 @@ A request asks for features through ``SamplingParams.extra_args`` (offline) or
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from typing import Annotated, Any, ClassVar, Mapping, Self, Sequence
@@ -39,7 +40,7 @@ def _as_float32(value: Any) -> np.ndarray:
         value = value.detach().float().cpu().numpy()
     try:
         return np.asarray(value, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"activations must be a numeric array: {exc}") from None
 
 
@@ -295,6 +296,17 @@ def parse_lens_args(extra_args: Mapping[str, Any] | None) -> LensRequest:
         return LensRequest(capture_layers=layers, steering=steering, probes=probes)
     except ValidationError as exc:
         raise ValueError("; ".join(str(err["msg"]).removeprefix("Value error, ") for err in exc.errors())) from None
+
+
+def refuse_misspelled_keys(extra_args: Mapping[str, Any]) -> None:
+    """A key close to one of ours but not it (``output_residual_streams``) would silently ask for
+    nothing; refuse it. Other keys belong to other plugins and pass."""
+    for key in extra_args:
+        if key in LENS_KEYS or key == INTERNAL_KEY or not isinstance(key, str):
+            continue
+        close = difflib.get_close_matches(key, LENS_KEYS, n=1, cutoff=0.8)
+        if close:
+            raise ValueError(f"unknown extra_args key {key!r}; did you mean {close[0]!r}?")
 
 
 def _parse_items(raw: Any, model: Any, key: str, what: str) -> list[Any]:

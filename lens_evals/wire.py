@@ -95,6 +95,15 @@ def _check_header(raw: bytes) -> None:
         dtype = {"f32": "float32", "f16": "float16", "f64": "float64"}.get(dtype, dtype)
         if dtype not in _ALLOWED_DTYPES:
             raise WireError(f"tensor {name!r}: dtype {info['dtype']!r} not allowed (floating point only)")
-        start, end = info["data_offsets"]
+        offsets, shape = info["data_offsets"], info["shape"]
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(x) for x in offsets)):
+            raise WireError(f"tensor {name!r}: data_offsets must be two integers")
+        if not (isinstance(shape, list) and all(_is_int(x) and x >= 0 for x in shape)):
+            raise WireError(f"tensor {name!r}: shape must be a list of non-negative integers")
+        start, end = offsets
         if not (0 <= start <= end <= body):
             raise WireError(f"tensor {name!r}: data offsets outside payload (truncated?)")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -74,3 +74,18 @@ def capture(output: Any) -> Any:
     activations = getattr(output, "activations", None)
     assert activations is not None, "no activations attached to the output"
     return activations["residual_stream"]
+
+
+@contextmanager
+def lens_server(path: Path, env: dict[str, str] | None = None) -> Iterator[Any]:
+    """A LensServer for ``path`` served as "test", with the tests' engine options."""
+    from lens_evals.evals.server_process import LensServer
+
+    args: dict[str, Any] = {"dtype": "float32", "max_model_len": 1024, "seed": 0}
+    if on_gpu():
+        args["gpu_memory_utilization"] = GPU_MEMORY_FRACTION
+    server = LensServer(str(path), served_name="test", server_args=args, env=env).start()
+    try:
+        yield server
+    finally:
+        server.stop()

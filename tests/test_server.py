@@ -13,8 +13,7 @@ import torch
 
 from lens_evals import LinearProbe, SteeringVector
 from lens_evals.client import activations_from_response, lens_xargs
-from tests.conftest import GPU_MEMORY_FRACTION, on_gpu, engine_tolerance, capture, greedy, make_llm
-from lens_evals.evals.server_process import LensServer
+from tests.conftest import engine_tolerance, capture, greedy, lens_server, make_llm
 
 PROMPT = "the cat reads a book."
 MESSAGES = [{"role": "user", "content": "a model finds the truth."}]
@@ -30,14 +29,8 @@ TOL = engine_tolerance()
 
 @pytest.fixture(scope="module")
 def server(tiny_path):
-    args = {"dtype": "float32", "max_model_len": 1024, "seed": 0}
-    if on_gpu():
-        args["gpu_memory_utilization"] = GPU_MEMORY_FRACTION
-    proc = LensServer(str(tiny_path), served_name="test", server_args=args).start()
-    try:
+    with lens_server(tiny_path) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

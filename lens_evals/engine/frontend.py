@@ -15,7 +15,7 @@ from safetensors.torch import load as st_load
 
 from lens_evals.engine import compat
 from lens_evals.engine.worker import FETCH_METHOD
-from lens_evals.spec import INTERNAL_KEY, LENS_KEYS, parse_lens_args
+from lens_evals.spec import INTERNAL_KEY, LENS_KEYS, parse_lens_args, refuse_misspelled_keys
 
 REGISTRY_ATTR = "_lens_evals_pending"
 DEFAULT_MAX_CAPTURE_GIB = 4.0
@@ -62,6 +62,7 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
         return
     if INTERNAL_KEY in extra:
         raise ValueError(f"extra_args key {INTERNAL_KEY!r} is reserved for lens_evals")
+    refuse_misspelled_keys(extra)
     if not any(key in extra for key in LENS_KEYS):
         return
     lens = parse_lens_args(extra)
