@@ -1,0 +1,103 @@
+"""Pure vLLM and our plugin's features, on the same engine settings. The plugin is switched off
+for pure vLLM by ``LENS_EVALS_DISABLE=1`` in that process's environment (see ``runner``)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lens_evals.bench.config import BenchConfig
+from lens_evals.bench.measure import Measured, Stopwatch, SystemUnavailable
+from lens_evals.bench.systems import System
+from lens_evals.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector
+
+PROBE_NAME = "bench"
+
+
+def has_tokenizer(model_dir: str) -> bool:
+    return any((Path(model_dir) / name).exists() for name in ("tokenizer.json", "tokenizer.model"))
+
+
+def lens_extra_args(system: System, cfg: BenchConfig) -> dict[str, Any] | None:
+    rng = np.random.default_rng(7)
+    if system.lens is None:
+        return None
+    if system.lens == "capture-1":
+        return {CAPTURE_KEY: [cfg.layer]}
+    if system.lens == "capture-all":
+        return {CAPTURE_KEY: list(range(cfg.num_layers))}
+    if system.lens == "steer-1":
+        direction = rng.standard_normal((1, cfg.hidden_size)).astype(np.float32)
+        direction /= np.linalg.norm(direction)
+        vector = SteeringVector(activations=direction, layer_indices=[cfg.layer], scale=cfg.steer_scale)
+        return {STEERING_KEY: [vector]}
+    if system.lens == "probe":
+        try:
+            from lens_evals.spec import PROBE_KEY, LinearProbe
+        except ImportError:
+            raise SystemUnavailable(
+                "not available: lens_evals.spec has no LinearProbe / PROBE_KEY on this branch (probe-on-worker not merged)"
+            ) from None
+        weights = rng.standard_normal(cfg.hidden_size).astype(np.float32)
+        return {PROBE_KEY: [LinearProbe(name=PROBE_NAME, layer=cfg.layer, weights=weights, bias=0.0)]}
+    raise ValueError(f"unknown lens feature {system.lens!r}")
+
+
+def _sampling_params(cfg: BenchConfig, max_tokens: int, extra: dict[str, Any] | None) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False, seed=0, extra_args=extra
+    )
+
+
+def _probe_scores_returned(output: Any) -> bool:
+    for holder in (output, getattr(output, "activations", None) or {}):
+        value = holder.get("probe_scores") if isinstance(holder, dict) else getattr(holder, "probe_scores", None)
+        if value:
+            return True
+    return False
+
+
+def run_vllm(system: System, cfg: BenchConfig) -> Measured:
+    extra = lens_extra_args(system, cfg)  # before the engine starts: an unavailable feature costs nothing
+    from vllm import LLM
+
+    options: dict[str, Any] = {
+        "model": cfg.model_dir,
+        "dtype": cfg.dtype,
+        "max_model_len": cfg.max_model_len,
+        "seed": 0,
+        "enforce_eager": not system.cuda_graphs,
+        # Off for every system: lens requests are salted (never cached), plain ones would be.
+        "enable_prefix_caching": False,
+        "skip_tokenizer_init": not has_tokenizer(cfg.model_dir),
+    }
+    if cfg.device == "cuda":
+        options["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    started = time.perf_counter()
+    llm = LLM(**options)
+    start_seconds = time.perf_counter() - started
+
+    prompts = [{"prompt_token_ids": list(p)} for p in cfg.prompts]
+    warm = Stopwatch()
+    with warm.timing():
+        llm.generate(prompts[: min(4, len(prompts))], _sampling_params(cfg, cfg.warmup_tokens, extra), use_tqdm=False)
+    timed = Stopwatch()
+    with timed.timing():
+        outputs = llm.generate(prompts, _sampling_params(cfg, cfg.max_tokens, extra), use_tqdm=False)
+
+    measured = Measured(start_seconds, warm.seconds, timed.seconds, [list(o.outputs[0].token_ids) for o in outputs])
+    if system.captures_layer:
+        index = cfg.layer if system.lens == "capture-all" else 0
+        for i, output in enumerate(outputs[: cfg.check_prompts]):
+            measured.samples[i] = output.activations["residual_stream"][index].float()
+    if system.lens == "probe":
+        returned = sum(_probe_scores_returned(o) for o in outputs)
+        measured.notes.append(f"probe scores on {returned}/{len(outputs)} outputs")
+    if system.lens == "steer-1":
+        measured.notes.append(f"steering scale {cfg.steer_scale}")
+    return measured
