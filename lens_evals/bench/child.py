@@ -48,6 +48,7 @@ def run(config_path: Path, name: str, result_path: Path) -> dict:
             start_seconds=measured.start_seconds,
             warmup_seconds=measured.warmup_seconds,
             seconds=measured.seconds,
+            all_seconds=measured.all_seconds,
             generated_tokens=sum(len(t) for t in measured.token_ids),
             token_ids=measured.token_ids,
             notes=measured.notes,

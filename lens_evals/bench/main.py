@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=("inprocess", "multiprocess"), default=None, help="vLLM engine (CPU inprocess, GPU multiprocess)")
     parser.add_argument("--steer-scale", type=float, default=0.0, help="0 keeps the work of steering and the tokens of pure vLLM")
     parser.add_argument("--check-prompts", type=int, default=2, help="prompts whose captured layer is compared with HF")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs per system (the best is reported)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed per system")
 
 
@@ -71,6 +72,7 @@ def build_config(args: argparse.Namespace) -> tuple[BenchConfig, str]:
         steer_scale=args.steer_scale,
         engine=args.engine or ("multiprocess" if args.gpu else "inprocess"),
         timeout_s=args.timeout,
+        repeats=args.repeats,
     )
     return cfg, label
 

@@ -8,9 +8,11 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 class SystemUnavailable(RuntimeError):
@@ -21,10 +23,22 @@ class SystemUnavailable(RuntimeError):
 class Measured:
     start_seconds: float  # load / engine start, not timed with the work
     warmup_seconds: float
-    seconds: float  # the timed generate call(s) over every prompt
+    seconds: float  # the best timed run over every prompt
     token_ids: list[list[int]]  # generated ids per prompt, in prompt order
     samples: dict[int, torch.Tensor] = field(default_factory=dict)  # prompt -> (positions, hidden) at the layer
     notes: list[str] = field(default_factory=list)
+    all_seconds: list[float] = field(default_factory=list)  # every timed run
+
+
+def best_of(repeats: int, run: Callable[[], T]) -> tuple[float, list[float], T]:
+    """Run ``repeats`` times (at least once): (best seconds, every run's seconds, last result)."""
+    times: list[float] = []
+    result: T | None = None
+    for _ in range(max(1, repeats)):
+        started = time.perf_counter()
+        result = run()
+        times.append(time.perf_counter() - started)
+    return min(times), times, result  # type: ignore[return-value]
 
 
 class Stopwatch:

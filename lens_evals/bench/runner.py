@@ -38,7 +38,7 @@ def system_env(system: System, cfg: BenchConfig) -> dict[str, str]:
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if cfg.engine == "inprocess" else "1"
-    if system.kind == "vllm" and system.lens is None:
+    if system.lens is None:  # pure vLLM and the other tools run without our plugin
         env["LENS_EVALS_DISABLE"] = "1"
     else:
         env.pop("LENS_EVALS_DISABLE", None)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from lens_evals.bench.config import BenchConfig
-from lens_evals.bench.measure import Measured, Stopwatch, SystemUnavailable
+from lens_evals.bench.measure import Measured, Stopwatch, SystemUnavailable, best_of
 from lens_evals.bench.systems import System
 from lens_evals.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector
 
@@ -86,11 +86,10 @@ def run_vllm(system: System, cfg: BenchConfig) -> Measured:
     warm = Stopwatch()
     with warm.timing():
         llm.generate(prompts[: min(4, len(prompts))], _sampling_params(cfg, cfg.warmup_tokens, extra), use_tqdm=False)
-    timed = Stopwatch()
-    with timed.timing():
-        outputs = llm.generate(prompts, _sampling_params(cfg, cfg.max_tokens, extra), use_tqdm=False)
+    params = _sampling_params(cfg, cfg.max_tokens, extra)
+    best, times, outputs = best_of(cfg.repeats, lambda: llm.generate(prompts, params, use_tqdm=False))
 
-    measured = Measured(start_seconds, warm.seconds, timed.seconds, [list(o.outputs[0].token_ids) for o in outputs])
+    measured = Measured(start_seconds, warm.seconds, best, [list(o.outputs[0].token_ids) for o in outputs], all_seconds=times)
     if system.captures_layer:
         index = cfg.layer if system.lens == "capture-all" else 0
         for i, output in enumerate(outputs[: cfg.check_prompts]):
