@@ -57,6 +57,22 @@ def capture_check(result: dict, reference: dict | None, cfg: BenchConfig, out_di
     return {"capture_max_abs_diff": worst, "capture_positions": compared, "capture_ref_max_abs": scale}
 
 
+def probe_check(result: dict, capture: dict | None, cfg: BenchConfig, out_dir: Path) -> dict:
+    """Probe scores on the worker against ``w . h + b`` computed from our captured stream."""
+    from lens_evals.bench.vllm_systems import PROBE_BIAS, probe_weights
+
+    scores, streams = _samples(result, out_dir), (_samples(capture, out_dir) if capture else None)
+    if scores is None or streams is None:
+        return {}
+    weights = torch.from_numpy(probe_weights(cfg.hidden_size))
+    worst = 0.0
+    for index in sorted(set(scores) & set(streams)):
+        n = min(scores[index].shape[0], streams[index].shape[0])
+        expected = streams[index][:n] @ weights + PROBE_BIAS
+        worst = max(worst, (scores[index][:n] - expected).abs().max().item())
+    return {"probe_max_abs_diff": worst}
+
+
 def annotate(results: list[dict], cfg: BenchConfig, out_dir: Path) -> None:
     """Add the checks to each result in place."""
     by_name = {r["system"]: r for r in results}
@@ -66,6 +82,9 @@ def annotate(results: list[dict], cfg: BenchConfig, out_dir: Path) -> None:
         reference = by_name.get("lens-capture-1")
     for result in results:
         result.update(token_check(result, baseline, cfg))
-        result.update(capture_check(result, reference, cfg, out_dir))
+        if ALL_SYSTEMS[result["system"]].lens == "probe":
+            result.update(probe_check(result, by_name.get("lens-capture-1"), cfg, out_dir))
+        elif ALL_SYSTEMS[result["system"]].captures_layer:
+            result.update(capture_check(result, reference, cfg, out_dir))
         if result.get("capture_max_abs_diff") is not None and reference is not None:
             result["capture_reference"] = reference["system"]

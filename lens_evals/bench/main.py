@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steer-scale", type=float, default=0.0, help="0 keeps the work of steering and the tokens of pure vLLM")
     parser.add_argument("--check-prompts", type=int, default=2, help="prompts whose captured layer is compared with HF")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per system (the best is reported)")
+    parser.add_argument("--resume", action="store_true", help="keep results in --out from an earlier run of the same work")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed per system")
 
 
@@ -84,11 +85,11 @@ def run_bench(args: argparse.Namespace) -> int:
     systems = resolve(args.systems.split(",") if args.systems else None, args.gpu)
     cfg, label = build_config(args)
     print(f"[bench] {label}: {len(cfg.prompts)} prompts ({cfg.prompt_tokens} tokens) x {cfg.max_tokens} new tokens, layer {cfg.layer}", flush=True)
-    results = run_systems(systems, cfg, args.out)
+    results = run_systems(systems, cfg, args.out, resume=args.resume)
     checks.annotate(results, cfg, args.out)
     text, png = report.write(results, cfg, label, args.out)
     print(text)
-    print(f"[bench] wrote {args.out / 'bench.json'}, {args.out / 'bench.md'}, {png}")
+    print(f"[bench] wrote {args.out / 'bench.json'}, {args.out / 'bench.md'}" + (f", {png}" if png else ""))
     failed = [r["system"] for r in results if r["status"] == "failed"]
     wrong = [r["system"] for r in results if r.get("tokens_equal") is False and ALL_SYSTEMS[r["system"]].kind == "vllm"]
     if failed or wrong:

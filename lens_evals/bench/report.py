@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib.util
 import json
 import os
 import platform
@@ -119,7 +120,7 @@ def _check_cell(row: dict) -> str:
 def markdown(meta: dict, table: list[dict], goals: list[dict]) -> str:
     has_graphs = any(r.get("x_graphs") is not None for r in table)
     head = ["system", "seconds", "x eager vLLM"] + (["x graphs vLLM"] if has_graphs else [])
-    head += ["start s", "tok/s", "peak host GiB", "tokens = vLLM", f"max abs diff vs {REFERENCE}", "note"]
+    head += ["start s", "tok/s", "peak host GiB", "tokens = vLLM", "max abs diff (against)", "note"]
     lines = [
         f"{meta['model']} on {meta['device']} ({meta['dtype']}), {meta['prompts']} prompts ({meta['prompt_tokens']} prompt tokens), "
         f"{meta['max_tokens']} generated tokens each (greedy, ignore_eos), layer {meta['layer']} of {meta['num_layers']}, "
@@ -135,6 +136,7 @@ def markdown(meta: dict, table: list[dict], goals: list[dict]) -> str:
             cells = [r["system"], r["status"]] + ["-"] * (len(head) - 3) + [r.get("reason", "")[:200].replace("|", "/")]
         else:
             diff = r.get("capture_max_abs_diff")
+            probe = r.get("probe_max_abs_diff")
             cells = [r["system"], _fmt(r["seconds"], ".2f"), _fmt(r.get("x_eager"), ".2f", "x")]
             cells += [_fmt(r.get("x_graphs"), ".2f", "x")] if has_graphs else []
             cells += [
@@ -142,7 +144,8 @@ def markdown(meta: dict, table: list[dict], goals: list[dict]) -> str:
                 _fmt(r.get("tokens_per_s"), ".0f"),
                 _fmt(r["peak_rss_bytes"] / 2**30, ".2f"),
                 _check_cell({**r, "prompts": meta["prompts"]}),
-                "-" if diff is None else f"{diff:.2e} ({r.get('capture_reference')})",
+                (f"probe vs w.h+b of lens-capture-1: {probe:.2e}" if probe is not None
+                 else "-" if diff is None else f"{diff:.2e} ({r.get('capture_reference')})"),
                 "; ".join(r.get("notes", [])).replace("|", "/"),
             ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -184,13 +187,17 @@ def bar_chart(table: list[dict], meta: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write(results: list[dict], cfg: BenchConfig, model_label: str, out_dir: Path) -> tuple[str, Path]:
+def write(results: list[dict], cfg: BenchConfig, model_label: str, out_dir: Path) -> tuple[str, Path | None]:
     meta = metadata(cfg, model_label)
     table = rows(results)
     goals = targets(table, cfg.device)
     text = markdown(meta, table, goals)
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": table, "targets": goals}, indent=2))
     (out_dir / "bench.md").write_text(text)
-    png = out_dir / "bench.png"
-    bar_chart(table, meta, png)
+    png: Path | None = out_dir / "bench.png"
+    if importlib.util.find_spec("matplotlib") is None:
+        print("[bench] matplotlib is not installed: no chart (pip install 'lens-evals[bench]')")
+        png = None
+    else:
+        bar_chart(table, meta, png)
     return text, png

@@ -9,12 +9,14 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import psutil
 
 from lens_evals.bench.config import BenchConfig
-from lens_evals.bench.systems import BASELINE, System
+from lens_evals.bench.measure import write_result
+from lens_evals.bench.systems import ALL_SYSTEMS, BASELINE, System
 
 logger = logging.getLogger("lens_evals.bench")
 POLL_SECONDS = 0.2
@@ -108,20 +110,43 @@ def launch(system: System, cfg: BenchConfig, cfg_path: Path, out_dir: Path) -> d
         reason = f"timed out after {cfg.timeout_s:.0f} s" if timed_out else f"exited {proc.returncode} without a result"
         result = {"system": system.name, "status": "failed", "reason": f"{reason}: {' | '.join(tail)}"[:800]}
     result.update(peak_rss_bytes=max(peak, int(result.get("child_max_rss_bytes", 0))), process_seconds=wall, log=str(log_path))
+    write_result(result_path, result)  # with the memory seen from outside, so --resume keeps it
     return result
 
 
-def run_systems(systems: list[System], cfg: BenchConfig, out_dir: Path) -> list[dict]:
+def _same_work(saved: Path, cfg: BenchConfig) -> bool:
+    if not saved.exists():
+        return False
+    before = json.loads(saved.read_text())
+    now = json.loads(json.dumps(asdict(cfg)))
+    return all(before.get(k) == v for k, v in now.items() if k != "timeout_s")
+
+
+def run_systems(systems: list[System], cfg: BenchConfig, out_dir: Path, resume: bool = False) -> list[dict]:
+    """Run each system; with ``resume``, keep results already in ``out_dir`` from a run of the same
+    work (same config) instead of rerunning them, and report those of other systems too."""
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = out_dir / "config.json"
+    kept: dict[str, dict] = {}
+    if resume and _same_work(cfg_path, cfg):
+        for path in sorted((out_dir / "systems").glob("*.json")):
+            result = json.loads(path.read_text())
+            if result.get("system") in ALL_SYSTEMS and "peak_rss_bytes" in result:
+                kept[result["system"]] = result
+    elif resume:
+        print("[bench] --resume: no earlier run of the same work here; running everything asked", flush=True)
     cfg.save(cfg_path)
-    results = []
+    results = dict(kept)
     for system in systems:
+        if system.name in kept and kept[system.name]["status"] == "ok":
+            print(f"[bench] {system.name}: kept from the earlier run", flush=True)
+            continue
         print(f"[bench] {system.name}: {system.label} ...", flush=True)
         result = launch(system, cfg, cfg_path, out_dir)
         detail = f"{result['seconds']:.2f} s" if result["status"] == "ok" else result.get("reason", "")
         print(f"[bench] {system.name}: {result['status']} {detail}", flush=True)
         if system.name == BASELINE and result["status"] != "ok":
             logger.warning("the baseline %s did not run: ratios will be missing", BASELINE)
-        results.append(result)
-    return results
+        results[system.name] = result
+    order = list(ALL_SYSTEMS)
+    return [results[name] for name in sorted(results, key=order.index)]

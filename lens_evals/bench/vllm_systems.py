@@ -15,10 +15,15 @@ from lens_evals.bench.systems import System
 from lens_evals.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector
 
 PROBE_NAME = "bench"
+PROBE_BIAS = 0.5
 
 
 def has_tokenizer(model_dir: str) -> bool:
     return any((Path(model_dir) / name).exists() for name in ("tokenizer.json", "tokenizer.model"))
+
+
+def probe_weights(hidden_size: int) -> np.ndarray:
+    return (np.random.default_rng(11).standard_normal(hidden_size) / np.sqrt(hidden_size)).astype(np.float32)
 
 
 def lens_extra_args(system: System, cfg: BenchConfig) -> dict[str, Any] | None:
@@ -41,8 +46,8 @@ def lens_extra_args(system: System, cfg: BenchConfig) -> dict[str, Any] | None:
             raise SystemUnavailable(
                 "not available: lens_evals.spec has no LinearProbe / PROBE_KEY on this branch (probe-on-worker not merged)"
             ) from None
-        weights = rng.standard_normal(cfg.hidden_size).astype(np.float32)
-        return {PROBE_KEY: [LinearProbe(name=PROBE_NAME, layer=cfg.layer, weights=weights, bias=0.0)]}
+        probe = LinearProbe(name=PROBE_NAME, layer=cfg.layer, weights=probe_weights(cfg.hidden_size), bias=PROBE_BIAS)
+        return {PROBE_KEY: [probe]}
     raise ValueError(f"unknown lens feature {system.lens!r}")
 
 
@@ -54,12 +59,8 @@ def _sampling_params(cfg: BenchConfig, max_tokens: int, extra: dict[str, Any] | 
     )
 
 
-def _probe_scores_returned(output: Any) -> bool:
-    for holder in (output, getattr(output, "activations", None) or {}):
-        value = holder.get("probe_scores") if isinstance(holder, dict) else getattr(holder, "probe_scores", None)
-        if value:
-            return True
-    return False
+def _probe_scores(output: Any) -> Any:
+    return ((getattr(output, "activations", None) or {}).get("probe_scores") or {}).get(PROBE_NAME)
 
 
 def run_vllm(system: System, cfg: BenchConfig) -> Measured:
@@ -95,8 +96,11 @@ def run_vllm(system: System, cfg: BenchConfig) -> Measured:
         for i, output in enumerate(outputs[: cfg.check_prompts]):
             measured.samples[i] = output.activations["residual_stream"][index].float()
     if system.lens == "probe":
-        returned = sum(_probe_scores_returned(o) for o in outputs)
+        returned = sum(_probe_scores(o) is not None for o in outputs)
         measured.notes.append(f"probe scores on {returned}/{len(outputs)} outputs")
+        for i, output in enumerate(outputs[: cfg.check_prompts]):
+            if _probe_scores(output) is not None:
+                measured.samples[i] = _probe_scores(output).float()
     if system.lens == "steer-1":
         measured.notes.append(f"steering scale {cfg.steer_scale}")
     return measured
