@@ -24,6 +24,7 @@ class BenchConfig:
     gpu_memory_utilization: float = 0.85
     warmup_tokens: int = 4
     repeats: int = 1  # timed runs per system; the best one is reported
+    sync_debug: bool = False  # vLLM systems: count host-GPU syncs in one extra, untimed run
     timeout_s: float = 3600.0
     versions: dict[str, str] = field(default_factory=dict)
 

@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steer-scale", type=float, default=0.0, help="0 keeps the work of steering and the tokens of pure vLLM")
     parser.add_argument("--check-prompts", type=int, default=2, help="prompts whose captured layer is compared with HF")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per system (the best is reported)")
+    parser.add_argument("--sync-debug", action="store_true", help="GPU, --engine inprocess: count host-GPU syncs of each vLLM system (one extra untimed run)")
     parser.add_argument("--resume", action="store_true", help="keep results in --out from an earlier run of the same work")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed per system")
 
@@ -74,6 +75,7 @@ def build_config(args: argparse.Namespace) -> tuple[BenchConfig, str]:
         engine=args.engine or ("multiprocess" if args.gpu else "inprocess"),
         timeout_s=args.timeout,
         repeats=args.repeats,
+        sync_debug=args.sync_debug,
     )
     return cfg, label
 

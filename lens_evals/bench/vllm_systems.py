@@ -4,6 +4,8 @@ for pure vLLM by ``LENS_EVALS_DISABLE=1`` in that process's environment (see ``r
 from __future__ import annotations
 
 import time
+import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -103,4 +105,25 @@ def run_vllm(system: System, cfg: BenchConfig) -> Measured:
                 measured.samples[i] = _probe_scores(output).float()
     if system.lens == "steer-1":
         measured.notes.append(f"steering scale {cfg.steer_scale}")
+    if cfg.sync_debug:
+        measured.notes.append(_count_syncs(cfg, lambda: llm.generate(prompts, params, use_tqdm=False)))
     return measured
+
+
+def _count_syncs(cfg: BenchConfig, run: Any) -> str:
+    """One more (untimed) run under torch.cuda.set_sync_debug_mode("warn"): how many calls made
+    the host wait for the GPU, by the Python line that made them."""
+    if cfg.device != "cuda" or cfg.engine != "inprocess":
+        return "sync debug needs --gpu --engine inprocess (the workers must be in this process)"
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sites = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
+    top = ", ".join(f"{site} x{n}" for site, n in sites.most_common(6))
+    return f"{sum(sites.values())} synchronizing CUDA calls in one run ({top})"
