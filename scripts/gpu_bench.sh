@@ -19,6 +19,10 @@
 #   bash scripts/gpu_bench.sh lens-probe,hf-hook
 #   bash scripts/gpu_bench.sh lens-capture-all
 #   bash scripts/gpu_bench.sh nnsight-hf,nnsight-vllm,tl-bridge
+# Where our time goes (host-GPU syncs by Python line, one extra untimed run per vLLM system; a
+# separate BENCH_DIR because the config differs):
+#   BENCH_DIR=/tmp/lens-evals-syncs bash scripts/gpu_bench.sh vllm-eager,lens-capture-1,lens-steer-1 \
+#     --engine inprocess --sync-debug --prompts 64 --max-tokens 16
 # Extra arguments go to `lens-evals bench` (e.g. --prompts 64 --max-tokens 32 --gpu-layers 8 for
 # a quick smoke run; use the same ones in every call, or the earlier results are not reused).
 set -uo pipefail
