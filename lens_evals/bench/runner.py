@@ -1,0 +1,152 @@
+"""Launch each system in its own process, watch its process tree's memory, collect its result."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import psutil
+
+from lens_evals.bench.config import BenchConfig
+from lens_evals.bench.measure import write_result
+from lens_evals.bench.systems import ALL_SYSTEMS, BASELINE, System
+
+logger = logging.getLogger("lens_evals.bench")
+POLL_SECONDS = 0.2
+KV_CACHE_GIB = "2"
+
+
+def _package_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+def child_env() -> dict[str, str]:
+    """This environment, with this checkout of lens_evals first on the path."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def system_env(system: System, cfg: BenchConfig) -> dict[str, str]:
+    """The child's environment: the plugin off for pure vLLM, on (forcing eager) for ours."""
+    env = child_env()
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if cfg.engine == "inprocess" else "1"
+    if system.lens is None:  # pure vLLM and the other tools run without our plugin
+        env["LENS_EVALS_DISABLE"] = "1"
+    else:
+        env.pop("LENS_EVALS_DISABLE", None)
+    if system.lens == "capture-all":
+        # Every request's rows of every layer are held until the offline call returns.
+        positions = cfg.prompt_tokens + len(cfg.prompts) * cfg.max_tokens
+        need_gib = positions * cfg.num_layers * cfg.hidden_size * 4 / 2**30
+        env["LENS_EVALS_MAX_HELD_CAPTURE_GIB"] = str(max(8.0, round(need_gib * 1.5, 1)))
+    return env
+
+
+def _tree_rss(proc: psutil.Process) -> int:
+    """Summed RSS of a process and its descendants (shared pages counted once per process)."""
+    total = 0
+    try:
+        members = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    for member in members:
+        try:
+            total += member.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        return
+
+
+def launch(system: System, cfg: BenchConfig, cfg_path: Path, out_dir: Path) -> dict:
+    """Run one system's process to the end; its result JSON plus the peak host memory seen."""
+    result_path = out_dir / "systems" / f"{system.name}.json"
+    result_path.unlink(missing_ok=True)
+    log_path = out_dir / "logs" / f"{system.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "lens_evals.bench.child", str(cfg_path), system.name, str(result_path)]
+    started = time.perf_counter()
+    peak = 0
+    timed_out = False
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=system_env(system, cfg), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        watched = psutil.Process(proc.pid)
+        try:
+            while proc.poll() is None:
+                peak = max(peak, _tree_rss(watched))
+                if time.perf_counter() - started > cfg.timeout_s:
+                    timed_out = True
+                    _stop_group(proc)
+                    break
+                time.sleep(POLL_SECONDS)
+        finally:
+            if proc.poll() is None:
+                _stop_group(proc)
+    wall = time.perf_counter() - started
+    if result_path.exists():
+        result = json.loads(result_path.read_text())
+    else:
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
+        reason = f"timed out after {cfg.timeout_s:.0f} s" if timed_out else f"exited {proc.returncode} without a result"
+        result = {"system": system.name, "status": "failed", "reason": f"{reason}: {' | '.join(tail)}"[:800]}
+    result.update(peak_rss_bytes=max(peak, int(result.get("child_max_rss_bytes", 0))), process_seconds=wall, log=str(log_path))
+    write_result(result_path, result)  # with the memory seen from outside, so --resume keeps it
+    return result
+
+
+def _same_work(saved: Path, cfg: BenchConfig) -> bool:
+    if not saved.exists():
+        return False
+    before = json.loads(saved.read_text())
+    now = json.loads(json.dumps(asdict(cfg)))
+    return all(before.get(k) == v for k, v in now.items() if k != "timeout_s")
+
+
+def run_systems(systems: list[System], cfg: BenchConfig, out_dir: Path, resume: bool = False) -> list[dict]:
+    """Run each system; with ``resume``, keep results already in ``out_dir`` from a run of the same
+    work (same config) instead of rerunning them, and report those of other systems too."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = out_dir / "config.json"
+    kept: dict[str, dict] = {}
+    if resume and _same_work(cfg_path, cfg):
+        for path in sorted((out_dir / "systems").glob("*.json")):
+            result = json.loads(path.read_text())
+            if result.get("system") in ALL_SYSTEMS and "peak_rss_bytes" in result:
+                kept[result["system"]] = result
+    elif resume:
+        print("[bench] --resume: no earlier run of the same work here; running everything asked", flush=True)
+    cfg.save(cfg_path)
+    results = dict(kept)
+    for system in systems:
+        if system.name in kept and kept[system.name]["status"] == "ok":
+            print(f"[bench] {system.name}: kept from the earlier run", flush=True)
+            continue
+        print(f"[bench] {system.name}: {system.label} ...", flush=True)
+        result = launch(system, cfg, cfg_path, out_dir)
+        detail = f"{result['seconds']:.2f} s" if result["status"] == "ok" else result.get("reason", "")
+        print(f"[bench] {system.name}: {result['status']} {detail}", flush=True)
+        if system.name == BASELINE and result["status"] != "ok":
+            logger.warning("the baseline %s did not run: ratios will be missing", BASELINE)
+        results[system.name] = result
+    order = list(ALL_SYSTEMS)
+    return [results[name] for name in sorted(results, key=order.index)]

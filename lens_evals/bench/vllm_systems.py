@@ -1,0 +1,129 @@
+"""Pure vLLM and our plugin's features, on the same engine settings. The plugin is switched off
+for pure vLLM by ``LENS_EVALS_DISABLE=1`` in that process's environment (see ``runner``)."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lens_evals.bench.config import BenchConfig
+from lens_evals.bench.measure import Measured, Stopwatch, SystemUnavailable, best_of
+from lens_evals.bench.systems import System
+from lens_evals.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector
+
+PROBE_NAME = "bench"
+PROBE_BIAS = 0.5
+
+
+def has_tokenizer(model_dir: str) -> bool:
+    return any((Path(model_dir) / name).exists() for name in ("tokenizer.json", "tokenizer.model"))
+
+
+def probe_weights(hidden_size: int) -> np.ndarray:
+    return (np.random.default_rng(11).standard_normal(hidden_size) / np.sqrt(hidden_size)).astype(np.float32)
+
+
+def lens_extra_args(system: System, cfg: BenchConfig) -> dict[str, Any] | None:
+    rng = np.random.default_rng(7)
+    if system.lens is None:
+        return None
+    if system.lens == "capture-1":
+        return {CAPTURE_KEY: [cfg.layer]}
+    if system.lens == "capture-all":
+        return {CAPTURE_KEY: list(range(cfg.num_layers))}
+    if system.lens == "steer-1":
+        direction = rng.standard_normal((1, cfg.hidden_size)).astype(np.float32)
+        direction /= np.linalg.norm(direction)
+        vector = SteeringVector(activations=direction, layer_indices=[cfg.layer], scale=cfg.steer_scale)
+        return {STEERING_KEY: [vector]}
+    if system.lens == "probe":
+        try:
+            from lens_evals.spec import PROBE_KEY, LinearProbe
+        except ImportError:
+            raise SystemUnavailable(
+                "not available: lens_evals.spec has no LinearProbe / PROBE_KEY on this branch (probe-on-worker not merged)"
+            ) from None
+        probe = LinearProbe(name=PROBE_NAME, layer=cfg.layer, weights=probe_weights(cfg.hidden_size), bias=PROBE_BIAS)
+        return {PROBE_KEY: [probe]}
+    raise ValueError(f"unknown lens feature {system.lens!r}")
+
+
+def _sampling_params(cfg: BenchConfig, max_tokens: int, extra: dict[str, Any] | None) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False, seed=0, extra_args=extra
+    )
+
+
+def _probe_scores(output: Any) -> Any:
+    return ((getattr(output, "activations", None) or {}).get("probe_scores") or {}).get(PROBE_NAME)
+
+
+def run_vllm(system: System, cfg: BenchConfig) -> Measured:
+    extra = lens_extra_args(system, cfg)  # before the engine starts: an unavailable feature costs nothing
+    from vllm import LLM
+
+    options: dict[str, Any] = {
+        "model": cfg.model_dir,
+        "dtype": cfg.dtype,
+        "max_model_len": cfg.max_model_len,
+        "seed": 0,
+        "enforce_eager": not system.cuda_graphs,
+        # Off for every system: lens requests are salted (never cached), plain ones would be.
+        "enable_prefix_caching": False,
+        "skip_tokenizer_init": not has_tokenizer(cfg.model_dir),
+    }
+    if cfg.device == "cuda":
+        options["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    started = time.perf_counter()
+    llm = LLM(**options)
+    start_seconds = time.perf_counter() - started
+
+    prompts = [{"prompt_token_ids": list(p)} for p in cfg.prompts]
+    warm = Stopwatch()
+    with warm.timing():
+        llm.generate(prompts[: min(4, len(prompts))], _sampling_params(cfg, cfg.warmup_tokens, extra), use_tqdm=False)
+    params = _sampling_params(cfg, cfg.max_tokens, extra)
+    best, times, outputs = best_of(cfg.repeats, lambda: llm.generate(prompts, params, use_tqdm=False))
+
+    measured = Measured(start_seconds, warm.seconds, best, [list(o.outputs[0].token_ids) for o in outputs], all_seconds=times)
+    if system.captures_layer:
+        index = cfg.layer if system.lens == "capture-all" else 0
+        for i, output in enumerate(outputs[: cfg.check_prompts]):
+            measured.samples[i] = output.activations["residual_stream"][index].float()
+    if system.lens == "probe":
+        returned = sum(_probe_scores(o) is not None for o in outputs)
+        measured.notes.append(f"probe scores on {returned}/{len(outputs)} outputs")
+        for i, output in enumerate(outputs[: cfg.check_prompts]):
+            if _probe_scores(output) is not None:
+                measured.samples[i] = _probe_scores(output).float()
+    if system.lens == "steer-1":
+        measured.notes.append(f"steering scale {cfg.steer_scale}")
+    if cfg.sync_debug:
+        measured.notes.append(_count_syncs(cfg, lambda: llm.generate(prompts, params, use_tqdm=False)))
+    return measured
+
+
+def _count_syncs(cfg: BenchConfig, run: Any) -> str:
+    """One more (untimed) run under torch.cuda.set_sync_debug_mode("warn"): how many calls made
+    the host wait for the GPU, by the Python line that made them."""
+    if cfg.device != "cuda" or cfg.engine != "inprocess":
+        return "sync debug needs --gpu --engine inprocess (the workers must be in this process)"
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sites = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
+    top = ", ".join(f"{site} x{n}" for site, n in sites.most_common(6))
+    return f"{sum(sites.values())} synchronizing CUDA calls in one run ({top})"

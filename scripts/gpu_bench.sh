@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# `lens-evals bench --gpu` on the lent GPU machine (one H200), in calls of at most 10 minutes.
+#
+# vLLM 0.26 comes from ../shared/tools/gpu-wheelhouse (see its header): it lays wheel chunks under
+# .gpu/ that are carried in back-to-back device calls; the last call runs `. .gpu/install.sh`
+# (vLLM into /tmp/site). For the chart add matplotlib, and for the nnsight rows nnsight, to the
+# wheels when building the chunks:
+#   GPU_EXTRA_PKGS="matplotlib==3.11.2 contourpy==1.3.3 cycler==0.12.1 fonttools==4.68.0 \
+#     kiwisolver==1.5.1 pyparsing==3.3.3 nnsight==0.8.1 greenlet==3.5.6 websocket-client==1.9.2" \
+#     bash ../shared/tools/gpu-wheelhouse
+# (TransformerLens 4.3 needs transformers>=5.9 and pulls wandb/pandas/pyarrow/datasets: its row
+# says "not installed" unless you add those too.) Without matplotlib the PNG is skipped.
+#
+# One system set per call (each vLLM engine start loads the 16 GB model; the machine keeps /tmp
+# between calls while it stays warm, so the model is built once and results accumulate in
+# $BENCH_DIR; every call copies the report so far to $OUT/bench):
+#   ... last chunk call: cp .gpu/cNN/* /tmp/w/ && . .gpu/install.sh && bash scripts/gpu_bench.sh vllm-graphs,vllm-eager
+#   bash scripts/gpu_bench.sh lens-capture-1,lens-steer-1
+#   bash scripts/gpu_bench.sh lens-probe,hf-hook
+#   bash scripts/gpu_bench.sh lens-capture-all
+#   bash scripts/gpu_bench.sh nnsight-hf,nnsight-vllm,tl-bridge
+# Where our time goes (host-GPU syncs by Python line, one extra untimed run per vLLM system; a
+# separate BENCH_DIR because the config differs):
+#   BENCH_DIR=/tmp/lens-evals-syncs bash scripts/gpu_bench.sh vllm-eager,lens-capture-1,lens-steer-1 \
+#     --engine inprocess --sync-debug --prompts 64 --max-tokens 16
+# Extra arguments go to `lens-evals bench` (e.g. --prompts 64 --max-tokens 32 --gpu-layers 8 for
+# a quick smoke run; use the same ones in every call, or the earlier results are not reused).
+set -uo pipefail
+systems=${1:?usage: gpu_bench.sh SYSTEMS [lens-evals bench args]}
+shift
+BENCH_DIR=${BENCH_DIR:-/tmp/lens-evals-bench}
+python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site . >/dev/null || exit 1
+export PYTHONPATH=/tmp/site:$PWD LENS_EVALS_MODEL_DIR=/tmp/lens-models PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+python3 -c "import torch, vllm, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+# Stop each system well inside the call's 10 minutes, so the report still gets written.
+python3 -m lens_evals.cli bench --gpu --resume --systems "$systems" --out "$BENCH_DIR" \
+  --gpu-model-dir /tmp/lens-evals-bench-llama8b --timeout "${BENCH_SYSTEM_TIMEOUT:-420}" "$@" 2>&1 | tee "$BENCH_DIR.log"
+status=${PIPESTATUS[0]}
+mkdir -p "${OUT:-/tmp/out}/bench"
+cp "$BENCH_DIR.log" "$BENCH_DIR"/bench.* "$BENCH_DIR"/config.json "${OUT:-/tmp/out}/bench/" 2>/dev/null
+cp -r "$BENCH_DIR"/logs "${OUT:-/tmp/out}/bench/" 2>/dev/null
+mkdir -p "${OUT:-/tmp/out}/bench/systems" && cp "$BENCH_DIR"/systems/*.json "${OUT:-/tmp/out}/bench/systems/" 2>/dev/null
+exit "$status"

@@ -1,0 +1,62 @@
+"""``lens-evals bench`` end to end on the tiny Llama (each system in its own process), and the
+pieces that need no engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lens_evals import spec
+from lens_evals.bench.config import BenchConfig
+from lens_evals.bench.measure import SystemUnavailable
+from lens_evals.bench.prompts import MAX_TOKENS, MIN_TOKENS, make_prompts
+from lens_evals.bench.systems import ALL_SYSTEMS
+from lens_evals.bench.vllm_systems import lens_extra_args
+from lens_evals.cli import main
+
+
+def test_bench_end_to_end(tiny_path, tmp_path) -> None:
+    out = tmp_path / "bench"
+    systems = ["vllm-eager", "lens-capture-1", "hf-hook"]
+    code = main(["bench", "--model", str(tiny_path), "--prompts", "2", "--max-tokens", "2", "--systems", ",".join(systems), "--out", str(out)])
+    report = json.loads((out / "bench.json").read_text())
+    rows = {row["system"]: row for row in report["rows"]}
+    assert list(rows) == systems
+    for name in systems:
+        assert rows[name]["status"] == "ok", rows[name].get("reason")
+        assert rows[name]["seconds"] > 0 and rows[name]["peak_rss_bytes"] > 0
+        assert rows[name]["generated_tokens"] == 4
+        assert rows[name]["tokens_equal"] is True, f"{name}: generated tokens differ from pure vLLM"
+    assert rows["vllm-eager"]["x_eager"] == pytest.approx(1.0)
+    # Our capture of the hooked layer against the HF forward hook on the same positions.
+    assert rows["lens-capture-1"]["capture_reference"] == "hf-hook"
+    assert rows["lens-capture-1"]["capture_positions"] == sum(len(p) + 2 - 1 for p in _prompts(out))
+    assert rows["lens-capture-1"]["capture_max_abs_diff"] < 1e-3
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| lens-capture-1 |" in (out / "bench.md").read_text()
+    assert code == 0
+
+
+def _prompts(out) -> list[list[int]]:
+    return BenchConfig.load(out / "config.json").prompts
+
+
+def test_prompt_set_is_deterministic_and_varied(tiny_path) -> None:
+    first = make_prompts(32, tiny_path, vocab_size=512)
+    assert first == make_prompts(32, tiny_path, vocab_size=512)
+    lengths = [len(p) for p in first]
+    assert min(lengths) >= MIN_TOKENS and max(lengths) <= MAX_TOKENS and len(set(lengths)) > 8
+    assert len({tuple(p) for p in first}) == 32
+    no_tokenizer = make_prompts(8, tiny_path / "missing", vocab_size=128256)
+    assert all(1000 <= t < 128256 for p in no_tokenizer for t in p)
+
+
+def test_probe_system_says_why_when_the_spec_lacks_probes() -> None:
+    cfg = BenchConfig(model_dir="", prompts=[[1]], max_tokens=1, layer=1, num_layers=2, hidden_size=8)
+    if hasattr(spec, "LinearProbe"):
+        (probe,) = lens_extra_args(ALL_SYSTEMS["lens-probe"], cfg)[spec.PROBE_KEY]
+        assert probe.layer == 1 and probe.weights.shape == (8,)
+    else:
+        with pytest.raises(SystemUnavailable, match="LinearProbe"):
+            lens_extra_args(ALL_SYSTEMS["lens-probe"], cfg)
