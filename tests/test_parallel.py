@@ -24,7 +24,7 @@ import requests
 import torch
 from safetensors.torch import load as st_load
 
-from lens_evals import SteeringVector
+from lens_evals import LinearProbe, SteeringVector
 from lens_evals.client import activations_from_response, lens_xargs
 from lens_evals.engine import compat
 from lens_evals.evals.server_process import LensServer
@@ -54,25 +54,49 @@ POSITION_STEER = SteeringVector(  # position 1 (prompt) and 4 (a decode step) of
 )
 
 
+PROBES = [  # one on each pipeline stage; requests 0 and 1 ask for both
+    LinearProbe(name=f"probe_at_{layer}", layer=layer, weights=np.random.default_rng(layer).normal(size=HIDDEN).astype(np.float32), bias=0.5)
+    for layer in (1, 3)
+]
+
+
+def request_features(i: int) -> dict[str, Any]:
+    steer = list(STEERING[i] or []) + ([POSITION_STEER] if i == 2 else [])
+    return {"capture_layers": CAPTURE, "steering": steer or None, "probes": PROBES if i < 2 else None}
+
+
 def lens_params(i: int) -> Any:
-    steer = list(STEERING[i] or [])
-    if i == 2:
-        steer.append(POSITION_STEER)
-    return greedy(MAX_TOKENS, output_residual_stream=CAPTURE, apply_steering_vectors=steer or None)
+    features = request_features(i)
+    return greedy(
+        MAX_TOKENS,
+        output_residual_stream=features["capture_layers"],
+        apply_steering_vectors=features["steering"],
+        output_probe_scores=features["probes"],
+    )
 
 
 def run_lens_requests(llm: Any) -> list[Any]:
     return llm.generate(PROMPTS, [lens_params(i) for i in range(len(PROMPTS))])
 
 
+def assert_same_activations(tokens: list[int], activations: dict[str, Any], want: Any) -> float:
+    """Tokens exact, captures and probe scores within the engine tolerance; returns the largest
+    capture difference."""
+    assert tokens == list(want.outputs[0].token_ids)
+    got_stream = torch.as_tensor(activations["residual_stream"])
+    torch.testing.assert_close(got_stream, capture(want), atol=TOL, rtol=TOL)
+    want_scores = want.activations.get("probe_scores", {})
+    assert set(activations.get("probe_scores", {})) == set(want_scores)
+    for name, scores in want_scores.items():
+        torch.testing.assert_close(torch.as_tensor(activations["probe_scores"][name]), scores, atol=TOL, rtol=TOL)
+    return float((got_stream - capture(want)).abs().max())
+
+
 def assert_same_as_single_worker(outputs: list[Any], reference: list[Any]) -> float:
-    """Tokens exact, captures within the engine tolerance; returns the largest capture difference."""
-    worst = 0.0
-    for i, (got, want) in enumerate(zip(outputs, reference)):
-        assert got.outputs[0].token_ids == want.outputs[0].token_ids, f"request {i} tokens differ"
-        torch.testing.assert_close(capture(got), capture(want), atol=TOL, rtol=TOL)
-        worst = max(worst, float((capture(got) - capture(want)).abs().max()))
-    return worst
+    return max(
+        assert_same_activations(list(got.outputs[0].token_ids), got.activations, want)
+        for got, want in zip(outputs, reference)
+    )
 
 
 def cpu_bind(world_size: int) -> str:
@@ -113,16 +137,23 @@ def rank_replies(monkeypatch) -> list[list[dict[str, dict[str, Any]]]]:
     return calls
 
 
-def layers_by_rank(replies: list[dict[str, dict[str, Any]]]) -> list[list[int]]:
-    """For each worker: the layers it returned, request after request, as one flat list."""
+def returned_by_rank(replies: list[dict[str, dict[str, Any]]]) -> list[dict[str, list[int]]]:
+    """For each worker: the capture layers and probe indices it returned, request after request."""
     per_rank = []
     for reply in replies:
-        layers: list[int] = []
+        returned: dict[str, list[int]] = {"layers": [], "probes": []}
         for result in reply.values():
             assert "error" not in result, result
-            layers += st_load(result["safetensors"])["layers"].tolist()
-        per_rank.append(layers)
+            tensors = st_load(result["safetensors"])
+            returned["layers"] += tensors.get("layers", torch.empty(0)).tolist()
+            returned["probes"] += tensors.get("probe_index", torch.empty(0)).tolist()
+        per_rank.append(returned)
     return per_rank
+
+
+NOTHING = {"layers": [], "probes": []}
+# Every request captures CAPTURE; requests 0 and 1 ask for probes 0 (layer 1) and 1 (layer 3).
+ALL_FROM_ONE_RANK = {"layers": sorted(CAPTURE) * len(PROMPTS), "probes": [0, 1, 0, 1]}
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +166,7 @@ def single_worker(tiny_path) -> dict[str, list[Any]]:
     return {"lens": lens, "plain": plain}
 
 
-def run_parallel(path: Path, reference: list[Any], rank_replies: list, label: str, **engine_args: Any) -> list[list[int]]:
+def run_parallel(path: Path, reference: list[Any], rank_replies: list, label: str, **engine_args: Any) -> list[dict[str, list[int]]]:
     """Run the lens requests on a parallel engine, compare with the single-worker run, and
     return the layers each worker sent back."""
     with make_llm(path, max_model_len=512, **engine_args) as llm:
@@ -143,20 +174,23 @@ def run_parallel(path: Path, reference: list[Any], rank_replies: list, label: st
     worst = assert_same_as_single_worker(outputs, reference)
     print(f"{label} vs single worker: max abs capture difference {worst:.3g}")
     (replies,) = rank_replies
-    return layers_by_rank(replies)
+    return returned_by_rank(replies)
 
 
 @two_workers
 def test_tensor_parallel_2_equals_single_worker(tiny_path, single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(tiny_path, single_worker["lens"], rank_replies, "TP=2", tensor_parallel_size=2)
-    assert per_rank == [sorted(CAPTURE) * len(PROMPTS), []]  # rank 0 keeps captures, rank 1 none
+    assert per_rank == [ALL_FROM_ONE_RANK, NOTHING]  # rank 0 keeps captures and scores, rank 1 nothing
 
 
 @pytest.mark.slow
 @two_workers
 def test_pipeline_parallel_2_equals_single_worker(tiny_path, single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(tiny_path, single_worker["lens"], rank_replies, "PP=2", pipeline_parallel_size=2)
-    assert per_rank == [[0, 1] * len(PROMPTS), [2, 3] * len(PROMPTS)]  # each stage its own layers
+    assert per_rank == [  # each stage its own layers and probes
+        {"layers": [0, 1] * len(PROMPTS), "probes": [0, 0]},
+        {"layers": [2, 3] * len(PROMPTS), "probes": [1, 1]},
+    ]
 
 
 @pytest.mark.slow
@@ -169,9 +203,8 @@ def test_data_parallel_2_server_each_engine_returns_its_own_requests(tiny_path, 
     try:
         def one(n: int) -> tuple[int, requests.Response]:
             i = n % len(PROMPTS)
-            steer = list(STEERING[i] or []) + ([POSITION_STEER] if i == 2 else [])
             body = {"model": "dp", "prompt": PROMPTS[i], "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
-                    "return_token_ids": True, "vllm_xargs": lens_xargs(CAPTURE, steer or None)}
+                    "return_token_ids": True, "vllm_xargs": lens_xargs(**request_features(i))}
             return i, requests.post(f"{server.url}/v1/completions", json=body, timeout=300)
 
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -182,10 +215,7 @@ def test_data_parallel_2_server_each_engine_returns_its_own_requests(tiny_path, 
     for i, resp in replies:
         assert resp.status_code == 200, resp.text
         body = resp.json()
-        want = single_worker["lens"][i]
-        assert body["choices"][0]["token_ids"] == list(want.outputs[0].token_ids)
-        got = torch.from_numpy(activations_from_response(body)["residual_stream"])
-        torch.testing.assert_close(got, capture(want), atol=TOL, rtol=TOL)
+        assert_same_activations(body["choices"][0]["token_ids"], activations_from_response(body), single_worker["lens"][i])
     served = {
         engine: float(count)
         for engine, count in re.findall(r'vllm:request_success_total\{engine="(\d+)",finished_reason="length"[^}]*\} (\S+)', metrics)
@@ -208,7 +238,7 @@ def moe_single_worker(tiny_moe_path) -> list[Any]:
 @two_workers
 def test_moe_tensor_parallel_2_equals_single_worker(tiny_moe_path, moe_single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(tiny_moe_path, moe_single_worker, rank_replies, "MoE TP=2", tensor_parallel_size=2)
-    assert per_rank == [sorted(CAPTURE) * len(PROMPTS), []]
+    assert per_rank == [ALL_FROM_ONE_RANK, NOTHING]
 
 
 @pytest.mark.slow
@@ -218,4 +248,4 @@ def test_moe_expert_parallel_2_equals_single_worker(tiny_moe_path, moe_single_wo
     per_rank = run_parallel(
         tiny_moe_path, moe_single_worker, rank_replies, "MoE EP=2", tensor_parallel_size=2, enable_expert_parallel=True
     )
-    assert per_rank == [sorted(CAPTURE) * len(PROMPTS), []]
+    assert per_rank == [ALL_FROM_ONE_RANK, NOTHING]
