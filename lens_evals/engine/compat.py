@@ -234,6 +234,40 @@ def add_worker_methods(methods: dict[str, Callable[..., Any]]) -> None:
             setattr(WorkerBase, name, fn)
 
 
+# --------------------------------------------------------------------------- LoRA
+_LORA_ROW_OPS = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")
+
+
+def mask_lora_for_base_rows() -> None:
+    """Base-model rows next to LoRA rows must get no adapter.
+
+    vLLM's PyTorch LoRA ops (the CPU punica wrapper, vLLM 0.32) pick each row's adapter with
+    ``weights[lora_indices]``; a base-model row has index -1, which Python reads as the LAST
+    slot. When every slot holds an adapter, base rows in a batch with LoRA rows silently get
+    that adapter. Zero those rows' inputs so their LoRA term is exactly 0. The GPU (Triton)
+    kernels skip index -1 and are left alone."""
+    try:
+        from vllm.lora.ops.torch_ops import lora_ops
+        from vllm.lora.punica_wrapper import punica_cpu
+    except ImportError:  # a build without the PyTorch LoRA ops
+        logger.debug("no PyTorch LoRA ops in this vLLM build")
+        return
+
+    def make(original: Callable) -> Callable:
+        def masked(inputs: torch.Tensor, weights: torch.Tensor, output: torch.Tensor, indices: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            base_rows = indices < 0
+            if base_rows.shape[0] == inputs.shape[0] and bool(base_rows.any()):
+                inputs = inputs.masked_fill(base_rows.unsqueeze(-1), 0)
+            return original(inputs, weights, output, indices, *args, **kwargs)
+
+        return masked
+
+    # sgmv_* call the bgmv_* of lora_ops; the CPU wrapper imported bgmv_* by name: patch both.
+    for module in (lora_ops, punica_cpu):
+        for name in _LORA_ROW_OPS:
+            _patch(module, name, make)
+
+
 # --------------------------------------------------------------------------- worker
 def patch_model_runner(
     on_load: Callable[[Any], None],
