@@ -55,6 +55,28 @@ def _bench(args: argparse.Namespace) -> int:
 
     return run_bench(args)
 
+def _oracle(args: argparse.Namespace) -> int:
+    import json
+
+    from lens_evals.oracle.store import RECIPES, oracle_path, read_card
+
+    if args.oracle_command == "path":
+        print(oracle_path(args.name))
+    elif args.oracle_command == "card":
+        print(json.dumps(read_card(args.name), indent=2))
+    elif args.oracle_command == "train":
+        from lens_evals.oracle.build import build_oracle
+
+        if args.name not in RECIPES:
+            raise SystemExit(f"unknown oracle recipe {args.name!r}; known: {', '.join(sorted(RECIPES))}")
+        overrides = {key: value for key, value in (("train_per_family", args.train_per_family),
+                     ("eval_per_family", args.eval_per_family), ("epochs", args.epochs)) if value is not None}
+        config = RECIPES[args.name].model_copy(update=overrides)
+        path, card = build_oracle(args.name, config)
+        print(json.dumps({"path": str(path), "heldout": {k: card["heldout"][k] for k in ("n", "oracle", "zero_vector")},
+                          "timings_s": card["timings_s"]}, indent=2))
+    return 0
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lens-evals", description=__doc__)
@@ -98,6 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(bench)
     bench.set_defaults(func=_bench)
+
+    oracle = sub.add_parser("oracle", help="activation oracles: train one, find it")
+    oracle_sub = oracle.add_subparsers(dest="oracle_command", required=True)
+    oracle_train = oracle_sub.add_parser("train", help="train an oracle adapter (CPU, minutes) into the oracle cache")
+    oracle_train.add_argument("--name", default="smollm2-135m-oracle")
+    oracle_train.add_argument("--train-per-family", type=int)
+    oracle_train.add_argument("--eval-per-family", type=int)
+    oracle_train.add_argument("--epochs", type=int)
+    for command in ("path", "card"):
+        sub_command = oracle_sub.add_parser(command, help=f"print a trained oracle's {'directory' if command == 'path' else 'card'}")
+        sub_command.add_argument("name", nargs="?", default="smollm2-135m-oracle")
+    oracle.set_defaults(func=_oracle)
     return parser
 
 

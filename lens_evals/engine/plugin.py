@@ -41,3 +41,4 @@ def register() -> None:
     compat.patch_model_runner(on_load, on_step_start, around_forward)
     compat.patch_http_app(server.add_middleware, server.MIDDLEWARE_PATH)
     compat.add_worker_methods(WORKER_METHODS)
+    compat.use_grouped_lora_ops()

@@ -20,6 +20,7 @@ from inspect_ai.model import GenerateConfig, ModelOutput, modelapi
 from inspect_ai.model._providers.openai_compatible import OpenAICompatibleAPI
 
 from lens_evals.client import activations_from_response
+from lens_evals.evals.lora_args import lora_server_args
 from lens_evals.evals.server_process import LensServer, acquire_server, release_server, stop_shared_servers
 from lens_evals.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
 
@@ -93,7 +94,7 @@ class VLLMLensAPI(OpenAICompatibleAPI):
                 # Embedded models are stored in fp32; vLLM's "auto" would downcast them, and probes
                 # trained offline on fp32 activations must see the same numbers.
                 model_args.setdefault("dtype", "float32")
-            self._server_spec = (resolve_model(model_name), model_name, dict(model_args), server_timeout)
+            self._server_spec = (resolve_model(model_name), model_name, lora_server_args(model_args), server_timeout)
             self.server = acquire_server(*self._server_spec[:3], timeout=server_timeout)
             base_url = f"{self.server.url}/v1"
         else:
@@ -142,6 +143,30 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         if raw is not None and isinstance(output, ModelOutput):
             output.metadata = {**(output.metadata or {}), "activations": decode_activations(raw)}
         return result
+
+    async def tokenize(self, text: str | None = None, messages: list[dict[str, str]] | None = None) -> list[int]:
+        """Token ids as this server makes them: ``text`` without special tokens, or ``messages``
+        through the chat template with the generation prompt (what a chat request sends)."""
+        self._ensure_server()
+        body: dict[str, Any] = {"model": self.model_name}
+        if messages is not None:
+            body.update(messages=messages, add_generation_prompt=True)
+        else:
+            body.update(prompt=text, add_special_tokens=False)
+        return [int(t) for t in (await self._server_json("post", "/tokenize", body))["tokens"]]
+
+    async def served_models(self) -> list[str]:
+        """Names this server answers to: the model and its LoRA adapters."""
+        self._ensure_server()
+        return [str(entry["id"]) for entry in (await self._server_json("get", "/v1/models"))["data"]]
+
+    async def _server_json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        root = str(self.base_url).rstrip("/").removesuffix("/v1")
+        async with httpx.AsyncClient(timeout=60) as client:
+            response = await client.request(method, f"{root}{path}", json=body)
+        if response.status_code != 200:
+            raise RuntimeError(f"{method.upper()} {path} failed with HTTP {response.status_code}: {response.text[:500]}")
+        return response.json()
 
     def _ensure_server(self) -> None:
         """Servers stop when an Inspect run ends; a memoised model used again restarts its own."""

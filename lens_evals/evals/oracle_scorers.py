@@ -1,0 +1,36 @@
+"""Scorers for oracle answers: the first word of the answer is the target (case and
+punctuation aside), for the oracle and for its zero-vector baseline, overall and per
+``metadata["family"]``."""
+
+from __future__ import annotations
+
+from inspect_ai.scorer import CORRECT, INCORRECT, Score, Scorer, Target, accuracy, grouped, scorer, stderr
+from inspect_ai.solver import TaskState
+
+from lens_evals.evals.oracle_solver import ORACLE_STORE_KEY
+from lens_evals.oracle.datasets import answer_matches
+
+
+def _score(answer: str | None, target: Target) -> Score:
+    if answer is None:
+        return Score(value=INCORRECT, explanation="no answer")
+    hit = any(answer_matches(answer, t) for t in target.target)
+    return Score(value=CORRECT if hit else INCORRECT, answer=answer)
+
+
+@scorer(metrics=[accuracy(), stderr(), grouped(accuracy(), "family", all=False)])
+def oracle_answer_match() -> Scorer:
+    async def score(state: TaskState, target: Target) -> Score:
+        return _score(state.store.get(ORACLE_STORE_KEY, {}).get("answer"), target)
+
+    return score
+
+
+@scorer(metrics=[accuracy(), stderr(), grouped(accuracy(), "family", all=False)])
+def zero_vector_match() -> Scorer:
+    """The same question with nothing injected (``activation_oracle(zero_vector_baseline=True)``)."""
+
+    async def score(state: TaskState, target: Target) -> Score:
+        return _score(state.store.get(ORACLE_STORE_KEY, {}).get("zero_vector_answer"), target)
+
+    return score

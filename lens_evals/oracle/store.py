@@ -1,0 +1,59 @@
+"""Trained oracles on disk: ``~/.cache/lens-evals/oracles/<name>/`` holds the peft adapter
+(``adapter_config.json``, ``adapter_model.safetensors``) and ``card.json`` (what it was trained
+on, how, and its held-out accuracy). ``LENS_EVALS_ORACLE_DIR`` moves the cache.
+
+Adapters are not committed: ``lens-evals oracle train`` makes one in minutes on a CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from lens_evals.oracle.train import OracleTrainConfig
+
+CARD_NAME = "card.json"
+ADAPTER_CONFIG = "adapter_config.json"
+DEFAULT_ORACLE = "smollm2-135m-oracle"
+# Named recipes: `lens-evals oracle train --name NAME` trains one of these.
+RECIPES: dict[str, OracleTrainConfig] = {
+    DEFAULT_ORACLE: OracleTrainConfig(),
+}
+
+
+def oracle_root() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lens-evals" / "oracles"
+    return Path(os.environ.get("LENS_EVALS_ORACLE_DIR", default))
+
+
+def is_oracle_dir(path: Path) -> bool:
+    return (path / ADAPTER_CONFIG).is_file() and (path / CARD_NAME).is_file()
+
+
+def oracle_path(name_or_path: str) -> Path:
+    """The directory of a trained oracle: a cache name or a directory with adapter and card."""
+    candidate = Path(name_or_path).expanduser()
+    if candidate.is_dir() and is_oracle_dir(candidate):
+        return candidate
+    cached = oracle_root() / name_or_path
+    if is_oracle_dir(cached):
+        return cached
+    hint = f"`lens-evals oracle train --name {name_or_path}`" if name_or_path in RECIPES else f"one of {sorted(RECIPES)}"
+    raise FileNotFoundError(f"no trained oracle {name_or_path!r} (looked in {cached}); train it with {hint}")
+
+
+def read_card(name_or_path: str) -> dict[str, Any]:
+    with open(oracle_path(name_or_path) / CARD_NAME, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_card(directory: Path, card: dict[str, Any]) -> Path:
+    path = directory / CARD_NAME
+    path.write_text(json.dumps(card, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def adapter_rank(directory: Path) -> int:
+    with open(directory / ADAPTER_CONFIG, encoding="utf-8") as f:
+        return int(json.load(f)["r"])
