@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (train, sweep):
         command.add_argument("--model", default="smollm2-135m-instruct")
         command.add_argument("--dataset", default="instructed-pairs",
-                             help="instructed-pairs, geometry-of-truth, or geometry-of-truth:SET[,SET]")
+                             help="instructed-pairs, geometry-of-truth, geometry-of-truth:SET[,SET], or coup")
         command.add_argument("--C", type=float, default=0.1, help="inverse L2 strength of the logistic regression")
         command.add_argument("--limit", type=int, default=None, help="use about this many dialogues")
     probes.set_defaults(func=_probes)

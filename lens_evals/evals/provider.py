@@ -1,6 +1,7 @@
 """Inspect AI model API ``vllm-lens/<model>``: a lens-enabled vLLM OpenAI server, started per
-eval (or reached with ``-M base_url=...``), whose activations land in
-``ModelOutput.metadata["activations"]["residual_stream"]`` as a torch tensor.
+eval (or reached with ``-M base_url=...`` or the ``VLLM_LENS_BASE_URL`` environment variable),
+whose activations land in ``ModelOutput.metadata["activations"]["residual_stream"]`` as a torch
+tensor (a numpy array in a client-only install without torch).
 
 Lens requests go through ``GenerateConfig(extra_body={"extra_args": {...}})``; they are sent as
 ``vllm_xargs`` (SteeringVector objects as JSON strings). ``"lora_request": {"lora_name": ...}``
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextvars
 import importlib.metadata
 import logging
+import os
 from typing import Any
 
 import httpx
@@ -26,6 +28,7 @@ from lens_evals.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, S
 
 logger = logging.getLogger("lens_evals")
 PROVIDER_NAME = "vllm-lens"
+BASE_URL_ENV = "VLLM_LENS_BASE_URL"  # Inspect's SERVICE_BASE_URL convention: reach a running server
 _RAW_ACTIVATIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("lens_raw_activations", default=None)
 # model args that configure the provider itself, not the server
 _PROVIDER_ARGS = {"base_url", "api_key", "server_timeout"}
@@ -59,11 +62,14 @@ def to_vllm_xargs(extra_args: dict[str, Any]) -> dict[str, Any]:
 
 
 def decode_activations(raw: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
+    """Torch tensors; numpy arrays in a client-only install without torch."""
     decoded = activations_from_response({"activations": raw})
     if isinstance(decoded, list):
         decoded = decoded[0]
+    try:
+        import torch
+    except ImportError:  # client-only install: numpy arrays
+        return dict(decoded or {})
     out: dict[str, Any] = {}
     for name, value in (decoded or {}).items():  # "probe_scores" is {probe name: array}
         out[name] = {k: torch.from_numpy(v) for k, v in value.items()} if isinstance(value, dict) else torch.from_numpy(value)
@@ -81,6 +87,7 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         **model_args: Any,
     ) -> None:
         check_no_conflicting_provider()
+        base_url = base_url or os.environ.get(BASE_URL_ENV) or None
         self.server: LensServer | None = None
         self._server_spec: tuple[str, str, dict[str, Any], float] | None = None
         server_timeout = float(model_args.pop("server_timeout", 600))

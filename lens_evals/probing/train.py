@@ -39,8 +39,11 @@ def default_probe_name(model: str = DEFAULT_MODEL, training_set: str = DEFAULT_T
 
 
 def selection_for(training_set: str) -> tuple[TokenSelection, int]:
-    """Token selection and words excluded per training set (Instructed-Pairs: all but the last 5)."""
-    return ("all", 5) if training_set == "instructed-pairs" else ("last", 0)
+    """Token selection and words excluded per training set (Instructed-Pairs: all but the last 5;
+    coup intents: every token of the action; Geometry of Truth: the last token)."""
+    if training_set == "instructed-pairs":
+        return "all", 5
+    return ("all", 0) if training_set == "coup" else ("last", 0)
 
 
 def fit_pipeline(features: Sequence[np.ndarray], labels: Sequence[int], C: float = 0.1) -> Pipeline:
@@ -138,10 +141,10 @@ def train_probe(
     return probe
 
 
-def ensure_default_probe(model: str = DEFAULT_MODEL) -> Path:
-    """Path of the default model's Instructed-Pairs probe, training it if it is missing."""
-    path = probe_dir() / f"{default_probe_name(model)}.joblib"
+def ensure_default_probe(model: str = DEFAULT_MODEL, training_set: str = DEFAULT_TRAINING_SET) -> Path:
+    """Path of the model's probe on ``training_set`` (Instructed-Pairs by default), trained if missing."""
+    path = probe_dir() / f"{default_probe_name(model, training_set)}.joblib"
     if not path.is_file() or not path.with_suffix(".json").is_file():
         logger.warning("no probe at %s: training it (a few minutes on CPU)", path)
-        train_probe(model)
+        train_probe(model, training_set=training_set)
     return path

@@ -1,0 +1,1 @@
+"""Integrations with other evaluation frameworks (each imports its framework on use)."""
