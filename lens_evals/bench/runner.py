@@ -137,6 +137,21 @@ def run_systems(systems: list[System], cfg: BenchConfig, out_dir: Path, resume: 
         print("[bench] --resume: no earlier run of the same work here; running everything asked", flush=True)
     cfg.save(cfg_path)
     results = dict(kept)
+    # A SIGTERM to this process unwinds through launch(), which stops the system's process group.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        _run_each(systems, kept, results, cfg, cfg_path, out_dir)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    order = list(ALL_SYSTEMS)
+    return [results[name] for name in sorted(results, key=order.index)]
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run_each(systems: list[System], kept: dict[str, dict], results: dict[str, dict], cfg: BenchConfig, cfg_path: Path, out_dir: Path) -> None:
     for system in systems:
         if system.name in kept and kept[system.name]["status"] == "ok":
             print(f"[bench] {system.name}: kept from the earlier run", flush=True)
@@ -148,5 +163,3 @@ def run_systems(systems: list[System], cfg: BenchConfig, out_dir: Path, resume: 
         if system.name == BASELINE and result["status"] != "ok":
             logger.warning("the baseline %s did not run: ratios will be missing", BASELINE)
         results[system.name] = result
-    order = list(ALL_SYSTEMS)
-    return [results[name] for name in sorted(results, key=order.index)]
