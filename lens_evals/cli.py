@@ -60,11 +60,17 @@ def _oracle(args: argparse.Namespace) -> int:
 
     from lens_evals.oracle.store import RECIPES, oracle_path, read_card
 
-    if args.oracle_command == "path":
-        print(oracle_path(args.name))
-    elif args.oracle_command == "card":
-        print(json.dumps(read_card(args.name), indent=2))
-    elif args.oracle_command == "train":
+    try:
+        if args.oracle_command == "path":
+            print(oracle_path(args.name))
+            return 0
+        if args.oracle_command == "card":
+            print(json.dumps(read_card(args.name), indent=2))
+            return 0
+    except FileNotFoundError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if args.oracle_command == "train":
         from lens_evals.oracle.build import build_oracle
 
         if args.name not in RECIPES:

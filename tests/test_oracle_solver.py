@@ -83,14 +83,18 @@ def test_zero_vector_oracle_equals_plain_lora_generation(tiny_path, adapter, tok
     real = [rng.normal(size=(k, 128)).astype(np.float32) * 50 for k in (3, 5)]
     zeros = [np.zeros_like(a) for a in real]
     lora = LoRARequest("oracle", 1, str(adapter))
+    from vllm import SamplingParams
+
+    prompts = [oracle_prompt_ids(tokenizer, SETTINGS, acts.shape[0], QUESTION)[0] for acts in real]
     with make_llm(tiny_path, enable_lora=True, max_loras=2, max_lora_rank=8) as llm:
         with_zeros = oracle_answers(llm, tokenizer, lora, SETTINGS, zeros, [QUESTION] * 2, max_tokens=6)
         baseline = oracle_answers(llm, tokenizer, lora, SETTINGS, real, [QUESTION] * 2, max_tokens=6, inject=False)
         injected = oracle_answers(llm, tokenizer, lora, SETTINGS, real, [QUESTION] * 2, max_tokens=6)
-    assert with_zeros == baseline
-    for acts, answer in zip(real, with_zeros):
-        ids, _ = oracle_prompt_ids(tokenizer, SETTINGS, acts.shape[0], QUESTION)
-        assert answer == tokenizer.decode(hf_peft_greedy(tiny_path, adapter, ids, 6), skip_special_tokens=True)
+        plain = llm.generate([{"prompt_token_ids": ids} for ids in prompts], SamplingParams(max_tokens=6, temperature=0.0),
+                             lora_request=lora, use_tqdm=False)
+    assert with_zeros == baseline == [output.outputs[0].text for output in plain]
+    for ids, output in zip(prompts, plain):
+        assert list(output.outputs[0].token_ids) == hf_peft_greedy(tiny_path, adapter, ids, 6)
     assert injected != baseline
 
 
@@ -106,11 +110,11 @@ def test_task_end_to_end_with_a_trained_tiny_oracle(tiny_path, tokenizer, tmp_pa
     from lens_evals.oracle.build import build_oracle
     from lens_evals.oracle.datasets import all_items, sample_mix
     from lens_evals.oracle.offline import capture_conversations
-    from tasks.activation_oracle import activation_oracle_heldout
+    from lens_evals.evals.oracle_tasks import oracle_heldout_task
 
     oracle_dir, card = build_oracle("tiny-oracle", TINY_ORACLE, tmp_path / "tiny-oracle")
     assert card["train"]["steps"] == 2 and set(card["heldout"]["oracle"]) >= {"truth", "word", "all"}
-    task = activation_oracle_heldout(oracle=str(oracle_dir), per_family=2)
+    task = oracle_heldout_task(str(oracle_dir), per_family=2)
     logs = inspect_eval(task, model="vllm-lens/tiny-llama", model_args={"lora_modules": f"oracle={oracle_dir}", "dtype": "float32",
                         "max_model_len": 512, "seed": 0}, log_dir=str(tmp_path / "logs"), display="none")
     log = logs[0]

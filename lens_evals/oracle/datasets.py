@@ -3,7 +3,8 @@
 Each item is a target conversation (one user message, ``context``), a question about it and a
 one-word answer. Families:
 
-* ``truth``: Geometry of Truth statements (cities, Spanish-English translations), True/False;
+* ``truth``: Geometry of Truth statements (cities, Spanish-English translations; shipped in
+  ``lens_evals/data/geometry_of_truth``), True/False;
 * ``sentiment``, ``topic``, ``language``, ``word``: written for this project
   (``lens_evals/data/oracle/*.yaml``).
 
@@ -16,9 +17,9 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import os
 import random
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Iterable, Literal, Sequence
 
@@ -34,7 +35,6 @@ QUESTIONS = {
     "word": "What word is the text about?",
 }
 HELDOUT_EVERY = 5
-DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "oracle"
 GOT_FILES = ("cities.csv", "sp_en_trans.csv")
 
 
@@ -48,13 +48,8 @@ class OracleItem:
     split: Split = "train"
 
 
-def shared_data_dir() -> Path:
-    """``$LENS_EVALS_SHARED_DATA``, else ``../shared/data`` beside the repository."""
-    env = os.environ.get("LENS_EVALS_SHARED_DATA")
-    path = Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
-    if not path.is_dir():
-        raise FileNotFoundError(f"shared data not found at {path}; set LENS_EVALS_SHARED_DATA to the folder holding geometry_of_truth/")
-    return path
+def data_file(*parts: str) -> Path:
+    return Path(str(resources.files("lens_evals").joinpath("data", *parts)))
 
 
 def answer_matches(generated: str, answer: str) -> bool:
@@ -85,15 +80,14 @@ def assign_splits(items: Iterable[OracleItem]) -> list[OracleItem]:
 
 
 def _yaml(name: str) -> dict:
-    with open(DATA_DIR / name, encoding="utf-8") as f:
+    with open(data_file("oracle", name), encoding="utf-8") as f:
         return yaml.safe_load(f)
 
 
-def truth_items(data_dir: Path | None = None) -> list[OracleItem]:
-    folder = (data_dir or shared_data_dir()) / "geometry_of_truth"
+def truth_items() -> list[OracleItem]:
     items = []
     for name in GOT_FILES:
-        with open(folder / name, encoding="utf-8") as f:
+        with open(data_file("geometry_of_truth", name), encoding="utf-8") as f:
             for row in csv.DictReader(f):
                 # cities: both statements about one city share a group; translations: the Spanish word
                 group = row.get("city") or row["statement"].split("'")[1]
@@ -141,8 +135,8 @@ def word_items() -> list[OracleItem]:
     ]
 
 
-def all_items(data_dir: Path | None = None) -> list[OracleItem]:
-    items = truth_items(data_dir) + sentiment_items() + topic_items() + language_items() + word_items()
+def all_items() -> list[OracleItem]:
+    items = truth_items() + sentiment_items() + topic_items() + language_items() + word_items()
     return assign_splits(items)
 
 
@@ -168,3 +162,9 @@ def sample_mix(
         mix.extend(picked)
     rng.shuffle(mix)
     return mix
+
+
+def taboo_prompts(name: str = "taboo_standard_test") -> list[str]:
+    """User prompts of the Taboo secret-keeping benchmark (``data/activation_oracles_secret_keeping``)."""
+    lines = data_file("activation_oracles_secret_keeping", f"{name}.txt").read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip()]

@@ -133,7 +133,7 @@ def answer_loss(model: Any, batch: dict[str, torch.Tensor], hook: InjectionHook)
     cache = prefix.past_key_values
     cache.batch_repeat_interleave(rows)
     keep = int(answer_mask.sum(-1).max()) + 1
-    attention = torch.cat([torch.ones((rows, prefix_len), dtype=torch.long), batch["attention_mask"]], dim=1)
+    attention = torch.cat([torch.ones((rows, prefix_len), dtype=torch.long, device=answer_mask.device), batch["attention_mask"]], dim=1)
     hook.positions, hook.vectors = batch["inject_positions"], batch["inject_vectors"]
     try:
         logits = model(input_ids=batch["input_ids"], attention_mask=attention, position_ids=batch["position_ids"],
@@ -145,8 +145,9 @@ def answer_loss(model: Any, batch: dict[str, torch.Tensor], hook: InjectionHook)
     return torch.nn.functional.cross_entropy(logits[:, :-1][mask], targets[mask])
 
 
-def train_lora(model_dir: str, examples: list[TrainExample], config: OracleTrainConfig, pad_id: int) -> tuple[Any, list[float]]:
-    """Train the adapter; returns the peft model and the per-step losses."""
+def train_lora(model_dir: str, examples: list[TrainExample], config: OracleTrainConfig, pad_id: int,
+               device: str = "cpu") -> tuple[Any, list[float]]:
+    """Train the adapter; returns the peft model (on the CPU) and the per-step losses."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, get_linear_schedule_with_warmup
 
@@ -154,7 +155,7 @@ def train_lora(model_dir: str, examples: list[TrainExample], config: OracleTrain
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=list(config.lora_targets),
                       lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
-    model = get_peft_model(model, lora)
+    model = get_peft_model(model, lora).to(device)
     model.train()
     hook = InjectionHook(config.coefficient)
     handle = decoder_layers(model)[config.injection_layer].register_forward_hook(hook)
@@ -171,7 +172,8 @@ def train_lora(model_dir: str, examples: list[TrainExample], config: OracleTrain
             order = rng.sample(range(len(examples)), len(examples))
             for step in range(steps_per_epoch):
                 chunk = [examples[i] for i in order[step * config.batch_size:(step + 1) * config.batch_size]]
-                loss = answer_loss(model, collate(chunk, pad_id), hook)
+                batch = {key: value.to(device) for key, value in collate(chunk, pad_id).items()}
+                loss = answer_loss(model, batch, hook)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 optimizer.step()
@@ -184,4 +186,4 @@ def train_lora(model_dir: str, examples: list[TrainExample], config: OracleTrain
     finally:
         handle.remove()
     model.eval()
-    return model, losses
+    return model.to("cpu"), losses
