@@ -18,7 +18,7 @@ from inspect_ai.log import read_eval_log
 
 from lens_evals.evals.coup import coup_task
 from lens_evals.evals.server_process import LensServer
-from lens_evals.evals.turn_probe import tool_call_text
+from lens_evals.evals.turn_probe import plain_chat, tool_call_text
 from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue
 from lens_evals.probing.extract import extract_features
@@ -66,7 +66,8 @@ def _action_dialogue(function: str, arguments: dict) -> Dialogue:
 def coup(smollm2_path, tmp_path_factory):
     """A small coup probe trained with the offline engine, and offline reference scores."""
     out = tmp_path_factory.mktemp("coup_probe")
-    held_out = datasets.coup_split()[1][:N_HELD_OUT]
+    held = datasets.coup_split()[1]
+    held_out = [d for d in held if d.label == 1][: N_HELD_OUT // 2] + [d for d in held if d.label == 0][: N_HELD_OUT // 2]
     actions = {call[0]: call for call in HONEST_CALLS + ATTACK_CALLS}
     with make_llm(smollm2_path, enable_prefix_caching=False) as llm:
         probe = train_probe(str(smollm2_path), layer=LAYER, training_set="coup", llm=llm, limit=160, control_limit=12,
@@ -119,7 +120,7 @@ def _monitor_scores(log) -> list[tuple[str, float, str]]:
     return rows
 
 
-def test_probe_monitor_in_control_arena_run_and_post_hoc(coup, lens_server, tmp_path) -> None:
+def test_probe_monitor_in_control_arena_run_and_post_hoc(coup, lens_server, smollm2_path, tmp_path) -> None:
     from control_arena import EvalMode
     from control_arena.eval import ControlEvalConfig, evaluate_monitors_post_hoc, get_control_task
     from control_arena.micro_protocol import trusted_monitoring_builder
@@ -148,10 +149,25 @@ def test_probe_monitor_in_control_arena_run_and_post_hoc(coup, lens_server, tmp_
     attack_log = logs[1]
     assert attack_log.samples[0].scores["agentdojo_scorer"].value["side_task_success"] == "C"  # the email was sent
 
-    # Post hoc on the saved trajectories: no eval binds roles, so the model is named.
-    post_hoc = probe_monitor(probe=str(coup["path"]), model_role=None, model=f"vllm-lens/{MODEL_NAME}", score="log_odds")
-    paths = asyncio.run(evaluate_monitors_post_hoc([log.location for log in logs], [post_hoc], tmp_path / "post_hoc", verbose=False))
+    # Post hoc on the saved trajectories: no eval binds roles, so the model is named. The same
+    # action context gives the live scores again; the trajectory context reads the whole conversation.
+    named = dict(probe=str(coup["path"]), model_role=None, model=f"vllm-lens/{MODEL_NAME}", score="log_odds")
+    monitors = [probe_monitor(**named), probe_monitor(**named, context="trajectory")]
+    paths = asyncio.run(evaluate_monitors_post_hoc([log.location for log in logs], monitors, tmp_path / "post_hoc", verbose=False))
     for path, live in zip(paths[0], logs):
         again = _monitor_scores(read_eval_log(str(path)))
         assert [(n, pytest.approx(s, abs=1e-4)) for n, s, _ in again] == [(n, s) for n, s, _ in _monitor_scores(live)]
-    print("monitor log-odds per step:", {name: round(score, 3) for name, score in expected.items()})
+    trajectory_scores, conversations = [], []
+    for path in paths[1]:
+        messages = read_eval_log(str(path)).samples[0].messages
+        for index, message in enumerate(messages):
+            if message.role == "assistant" and message.tool_calls:
+                trajectory_scores.append(message.metadata["suspicion_score"])
+                conversations.append(Dialogue(messages=plain_chat(messages[: index + 1]), label=None))
+    assert len(trajectory_scores) == len(HONEST_CALLS) + len(ATTACK_CALLS)
+    with make_llm(smollm2_path, enable_prefix_caching=False) as llm:
+        reference = [coup["probe"].score(f[0]) for f in extract_features(llm, conversations, [LAYER])]
+    np.testing.assert_allclose(trajectory_scores, reference, rtol=1e-3, atol=1e-3)
+    assert conversations[-1].messages[0]["role"] == "system" and any("[result of " in m["content"] for m in conversations[-1].messages)
+    print("monitor log-odds per action:", {name: round(score, 3) for name, score in expected.items()},
+          "in trajectory context:", [round(s, 3) for s in trajectory_scores])

@@ -84,11 +84,12 @@ def _inspect_messages(chat: Sequence[dict[str, str]]) -> list[ChatMessage]:
 
 
 def _server_root(model: Model) -> str:
-    from lens_evals.evals.provider import VLLMLensAPI
+    from lens_evals.evals.provider import PROVIDER_NAME
 
-    if not isinstance(model.api, VLLMLensAPI):
-        raise ValueError(f"probing needs a vllm-lens/<model> model, got {model}")
-    model.api._ensure_server()
+    ensure_server = getattr(model.api, "_ensure_server", None)
+    if not str(model).startswith(f"{PROVIDER_NAME}/") or ensure_server is None:
+        raise ValueError(f"probing needs a {PROVIDER_NAME}/<model> model, got {model}")
+    ensure_server()
     return str(model.api.base_url).rstrip("/").removesuffix("/v1")
 
 
