@@ -98,7 +98,7 @@ def test_coup_task_scores_equal_offline(coup, lens_server, smollm2_path, tmp_pat
     card = coup["probe"].card
     assert card.training_set == "coup" and card.token_selection == "all" and card.exclude_last_words == 0
     log = inspect_eval(coup_task(coup["path"], tokenizer=str(smollm2_path)), model=f"vllm-lens/{MODEL_NAME}",
-                       limit=N_HELD_OUT, log_dir=str(tmp_path), display="none")[0]
+                       sample_id=[d.group for d in coup["held_out"]], log_dir=str(tmp_path), display="none")[0]
     assert log.status == "success", log.error
     by_id = {s.id: s for s in log.samples}
     got = [by_id[d.group].scores["probe_scorer"].value for d in coup["held_out"]]

@@ -151,13 +151,16 @@ class VLLMLensAPI(OpenAICompatibleAPI):
             output.metadata = {**(output.metadata or {}), "activations": decode_activations(raw)}
         return result
 
-    async def tokenize(self, text: str | None = None, messages: list[dict[str, str]] | None = None) -> list[int]:
+    async def tokenize(self, text: str | None = None, messages: list[dict[str, str]] | None = None,
+                       continue_final_message: bool = False) -> list[int]:
         """Token ids as this server makes them: ``text`` without special tokens, or ``messages``
-        through the chat template with the generation prompt (what a chat request sends)."""
+        through the chat template with the generation prompt (what a chat request sends) or, with
+        ``continue_final_message``, ending inside the final (assistant) message."""
         self._ensure_server()
         body: dict[str, Any] = {"model": self.model_name}
         if messages is not None:
-            body.update(messages=messages, add_generation_prompt=True)
+            body.update(messages=messages, add_generation_prompt=not continue_final_message,
+                        continue_final_message=continue_final_message)
         else:
             body.update(prompt=text, add_special_tokens=False)
         return [int(t) for t in (await self._server_json("post", "/tokenize", body))["tokens"]]

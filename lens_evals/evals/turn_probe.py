@@ -1,9 +1,10 @@
 """Score a conversation's final assistant turn with a linear probe, through a ``vllm-lens`` model.
 
-The conversation is sent once with ``continue_final_message`` and one generated token while the
-probe's layer is captured; the probe reads the final turn's tokens. Their positions come from the
-server's own ``/tokenize`` (the chat without the final turn, with the generation prompt, is the
-prefix), so no local tokenizer, torch or vllm is needed: this runs in a client-only install
+The conversation is sent once with ``continue_final_message`` and one generated token, with the
+probe computed on the worker (probe-on-worker: only per-token scores come back); the final turn's
+scores are averaged. Its token positions come from the server's own ``/tokenize`` (the chat
+without the final turn, with the generation prompt, is the prefix), so no local tokenizer, torch
+or vllm is needed: this runs in a client-only install
 (ControlArena monitors, Petri auditor tools). The tokens read are those of training's ``Dialogue``
 rules with ``score_from=0`` and no excluded words.
 """
@@ -15,14 +16,13 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-import httpx
 import numpy as np
 from inspect_ai.model import (
     ChatMessage, ChatMessageAssistant, ChatMessageSystem, ChatMessageTool, ChatMessageUser, GenerateConfig, Model,
 )
 
 from lens_evals.probing.probe import Probe
-from lens_evals.spec import CAPTURE_KEY
+from lens_evals.spec import PROBE_KEY
 
 
 @dataclass(frozen=True)
@@ -83,32 +83,20 @@ def _inspect_messages(chat: Sequence[dict[str, str]]) -> list[ChatMessage]:
     return [kinds[m["role"]](content=m["content"]) for m in chat]
 
 
-def _server_root(model: Model) -> str:
+def _lens_api(model: Model) -> Any:
     from lens_evals.evals.provider import PROVIDER_NAME
 
-    ensure_server = getattr(model.api, "_ensure_server", None)
-    if not str(model).startswith(f"{PROVIDER_NAME}/") or ensure_server is None:
+    if not str(model).startswith(f"{PROVIDER_NAME}/") or not hasattr(model.api, "tokenize"):
         raise ValueError(f"probing needs a {PROVIDER_NAME}/<model> model, got {model}")
-    ensure_server()
-    return str(model.api.base_url).rstrip("/").removesuffix("/v1")
-
-
-async def _tokenize(client: httpx.AsyncClient, root: str, model_name: str, chat: Sequence[dict[str, str]],
-                    continue_final: bool) -> list[int]:
-    body = {"model": model_name, "messages": list(chat), "add_special_tokens": False,
-            "add_generation_prompt": not continue_final, "continue_final_message": continue_final}
-    response = await client.post(f"{root}/tokenize", json=body)
-    if response.status_code != 200:
-        raise RuntimeError(f"{root}/tokenize answered HTTP {response.status_code}: {response.text[:300]}")
-    return list(response.json()["tokens"])
+    return model.api
 
 
 async def final_turn_positions(model: Model, chat: Sequence[dict[str, str]]) -> tuple[int, np.ndarray]:
-    """(number of prompt tokens, positions of the final assistant turn's tokens) on the server."""
-    root = _server_root(model)
-    async with httpx.AsyncClient(timeout=60) as client:
-        full = await _tokenize(client, root, model.api.model_name, chat, continue_final=True)
-        prefix = await _tokenize(client, root, model.api.model_name, chat[:-1], continue_final=False)
+    """(number of prompt tokens, positions of the final assistant turn's tokens) on the server:
+    the tokens past what the chat without that turn (plus the generation prompt) shares with it."""
+    api = _lens_api(model)
+    full = await api.tokenize(messages=list(chat), continue_final_message=True)
+    prefix = await api.tokenize(messages=list(chat[:-1]))
     shared = 0
     while shared < min(len(full), len(prefix)) and full[shared] == prefix[shared]:
         shared += 1
@@ -124,15 +112,15 @@ async def probe_last_turn(model: Model, probe: Probe, messages: Sequence[ChatMes
         raise ValueError("the conversation must end with a non-empty assistant turn to score")
     n_tokens, positions = await final_turn_positions(model, chat)
     config = GenerateConfig(max_tokens=1, temperature=0.0, extra_body={
-        "extra_args": {CAPTURE_KEY: [probe.layer]}, "continue_final_message": True, "add_generation_prompt": False})
+        "extra_args": {PROBE_KEY: [probe.linear_probe()]}, "continue_final_message": True, "add_generation_prompt": False})
     output = await model.generate(_inspect_messages(chat), config=config)
     activations = (output.metadata or {}).pop("activations", None)
-    if not activations or "residual_stream" not in activations:
-        raise RuntimeError("the model returned no activations: is it a vllm-lens/<model> model?")
-    rows = np.asarray(activations["residual_stream"][0], dtype=np.float32)  # (n_tokens, hidden)
-    if rows.shape[0] != n_tokens:
-        raise RuntimeError(f"the chat request covered {rows.shape[0]} tokens, /tokenize counted {n_tokens}")
-    token_scores = probe.token_scores(rows[positions])
+    if not activations or probe.card.name not in activations.get("probe_scores", {}):
+        raise RuntimeError("the model returned no probe scores: is it a vllm-lens/<model> model?")
+    all_scores = np.asarray(activations["probe_scores"][probe.card.name], dtype=np.float64)  # one per token
+    if all_scores.shape[0] != n_tokens:
+        raise RuntimeError(f"the chat request covered {all_scores.shape[0]} tokens, /tokenize counted {n_tokens}")
+    token_scores = all_scores[positions]
     return TurnScore(probe=probe.card.name, layer=probe.layer, score=float(token_scores.mean()),
                      threshold=float(probe.card.threshold), n_tokens=int(len(positions)),
                      token_scores=[round(float(s), 4) for s in token_scores])
