@@ -15,10 +15,11 @@ import pytest
 import yaml
 from inspect_ai import eval as inspect_eval
 from inspect_ai.log import read_eval_log
+from inspect_ai.model import ModelOutput
 
 from lens_evals.evals.coup import coup_task
 from lens_evals.evals.server_process import LensServer
-from lens_evals.evals.turn_probe import plain_chat, tool_call_text
+from lens_evals.evals.turn_probe import message_text, plain_chat, tool_call_text
 from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue
 from lens_evals.probing.extract import extract_features
@@ -59,7 +60,11 @@ def test_coup_split_is_disjoint_fixed_and_ignores_order(tmp_path) -> None:
 
 
 def _action_dialogue(function: str, arguments: dict) -> Dialogue:
-    return Dialogue(messages=datasets.coup_messages(tool_call_text(function, arguments)), label=None)
+    """The action as ControlArena's fixed policy writes it (content "tool call for tool NAME")."""
+    message = ModelOutput.for_tool_call("fixed", function, arguments).message
+    text = message_text(message)
+    assert text.endswith(tool_call_text(function, arguments))
+    return Dialogue(messages=datasets.coup_messages(text), label=None)
 
 
 @pytest.fixture(scope="module")
