@@ -5,7 +5,9 @@ A request asks for features through ``SamplingParams.extra_args`` (offline) or
 
     {"output_residual_stream": [3, 7],
      "apply_steering_vectors": [SteeringVector(...) or its wire dict],
-     "output_probe_scores": [LinearProbe(...) or its wire dict]}
+     "output_probe_scores": [LinearProbe(...) or its wire dict],
+     "apply_hooks": [Hook(...) or a registered hook's wire dict],
+     "use_hook_set": "<id of a registered persistent hook set>"}
 
 :func:`parse_lens_args` turns those values into a validated :class:`LensRequest`;
 :meth:`LensRequest.check_model` adds the checks that need the model's shape.
@@ -22,11 +24,14 @@ import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lens_evals import wire
+from lens_evals.hooks import Hook
 
 CAPTURE_KEY = "output_residual_stream"
 STEERING_KEY = "apply_steering_vectors"
 PROBE_KEY = "output_probe_scores"
-LENS_KEYS = (CAPTURE_KEY, STEERING_KEY, PROBE_KEY)
+HOOKS_KEY = "apply_hooks"
+HOOK_SET_KEY = "use_hook_set"
+LENS_KEYS = (CAPTURE_KEY, STEERING_KEY, PROBE_KEY, HOOKS_KEY, HOOK_SET_KEY)
 # Key the frontend adds so worker results can be fetched; never set by users.
 INTERNAL_KEY = "_lens_evals"
 MAX_LAYERS_PER_REQUEST = 4096
@@ -72,17 +77,7 @@ class _WireModel(BaseModel):
         """Accept the object itself, its wire dict or that dict as a JSON string."""
         if isinstance(payload, cls):
             return payload
-        if isinstance(payload, str):
-            try:
-                payload = json.loads(payload)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{cls.wire_name} string is not valid JSON: {exc}") from None
-        if not isinstance(payload, Mapping):
-            raise ValueError(f"a {cls.wire_name} must be an object, got {type(payload).__name__}")
-        unknown = set(payload) - set(cls.model_fields)
-        if unknown:
-            raise ValueError(f"unknown {cls.wire_name} fields: {sorted(unknown)}")
-        return cls.model_validate(dict(payload))
+        return cls.model_validate(wire.json_object(payload, cls.wire_name, cls.model_fields))
 
 
 class SteeringVector(_WireModel):
@@ -212,6 +207,8 @@ class LensRequest(BaseModel):
     capture_layers: list[int] = Field(default_factory=list)
     steering: list[SteeringVector] = Field(default_factory=list)
     probes: list[LinearProbe] = Field(default_factory=list)
+    hooks: list[Hook] = Field(default_factory=list)
+    hook_set: str | None = None
 
     @field_validator("probes")
     @classmethod
@@ -226,7 +223,7 @@ class LensRequest(BaseModel):
 
     @property
     def active(self) -> bool:
-        return bool(self.capture_layers or self.steering or self.probes)
+        return bool(self.capture_layers or self.steering or self.probes or self.hooks or self.hook_set)
 
     def check_model(
         self,
@@ -263,6 +260,10 @@ class LensRequest(BaseModel):
                 raise ValueError(
                     f"probe {probe.name!r}: weights length {probe.hidden_size} does not match the model's hidden size {hidden_size}"
                 )
+        for hook in self.hooks:
+            out_of_range = [layer for layer in hook.layer_indices if layer >= num_layers]
+            if out_of_range:
+                raise ValueError(f"hook {hook.name}: layers {out_of_range} out of range: the model has {num_layers} layers")
         capture_bytes = len(self.capture_layers) * max_positions * hidden_size * 4
         if capture_bytes > max_capture_bytes:
             raise ValueError(
@@ -292,8 +293,12 @@ def parse_lens_args(extra_args: Mapping[str, Any] | None) -> LensRequest:
         layers = _parse_layer_list(capture)
     steering = _parse_items(extra_args.get(STEERING_KEY), SteeringVector, STEERING_KEY, "steering vectors")
     probes = _parse_items(extra_args.get(PROBE_KEY), LinearProbe, PROBE_KEY, "probes")
+    hooks = _parse_items(extra_args.get(HOOKS_KEY), Hook, HOOKS_KEY, "hooks")
+    hook_set = extra_args.get(HOOK_SET_KEY)
+    if hook_set is not None and not isinstance(hook_set, str):
+        raise ValueError(f"{HOOK_SET_KEY} must be the id (a string) of a registered hook set")
     try:
-        return LensRequest(capture_layers=layers, steering=steering, probes=probes)
+        return LensRequest(capture_layers=layers, steering=steering, probes=probes, hooks=hooks, hook_set=hook_set)
     except ValidationError as exc:
         raise ValueError("; ".join(str(err["msg"]).removeprefix("Value error, ") for err in exc.errors())) from None
 

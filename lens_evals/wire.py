@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 from safetensors import SafetensorError
@@ -22,7 +22,12 @@ ENCODING = "safetensors-base64"
 # Upper bound on one encoded payload (base64 characters); requests larger than
 # this are refused before decoding. 2 GiB of float32 data.
 MAX_ENCODED_CHARS = 3 * 2**30
-_ALLOWED_DTYPES = {"float32", "float16", "float64"}
+FLOAT_DTYPES = frozenset({"float32", "float16", "float64"})
+# Hook arguments and results may also hold integer and boolean arrays (token ids, masks).
+TREE_DTYPES = FLOAT_DTYPES | {"int8", "int16", "int32", "int64", "uint8", "bool"}
+_HEADER_DTYPES = {"f32": "float32", "f16": "float16", "f64": "float64", "i8": "int8", "i16": "int16",
+                  "i32": "int32", "i64": "int64", "u8": "uint8", "bool": "bool"}
+MAX_TREE_DEPTH = 32
 
 
 class WireError(ValueError):
@@ -39,7 +44,7 @@ def encode_array(array: np.ndarray) -> dict[str, Any]:
     return encode_arrays({"tensor": array})
 
 
-def decode_arrays(payload: Any) -> dict[str, np.ndarray]:
+def decode_arrays(payload: Any, allowed_dtypes: frozenset[str] = FLOAT_DTYPES) -> dict[str, np.ndarray]:
     """Decode an object made by :func:`encode_arrays`; raise WireError if malformed."""
     if not isinstance(payload, Mapping):
         raise WireError(f"expected an encoded tensor object, got {type(payload).__name__}")
@@ -57,7 +62,7 @@ def decode_arrays(payload: Any) -> dict[str, np.ndarray]:
             raise WireError(f"tensor data is not valid base64: {exc}") from None
     else:
         raise WireError("tensor object has no 'data' string")
-    _check_header(raw)
+    _check_header(raw, allowed_dtypes)
     try:
         arrays = st_load(raw)
     except (SafetensorError, ValueError, TypeError) as exc:
@@ -65,14 +70,14 @@ def decode_arrays(payload: Any) -> dict[str, np.ndarray]:
     return arrays
 
 
-def decode_array(payload: Any) -> np.ndarray:
-    arrays = decode_arrays(payload)
+def decode_array(payload: Any, allowed_dtypes: frozenset[str] = FLOAT_DTYPES) -> np.ndarray:
+    arrays = decode_arrays(payload, allowed_dtypes)
     if len(arrays) != 1:
         raise WireError(f"expected one tensor in payload, found {len(arrays)}")
     return next(iter(arrays.values()))
 
 
-def _check_header(raw: bytes) -> None:
+def _check_header(raw: bytes, allowed_dtypes: frozenset[str]) -> None:
     """Validate the safetensors header ourselves so errors are precise and cheap."""
     if len(raw) < 8:
         raise WireError("tensor payload truncated (no header)")
@@ -92,9 +97,9 @@ def _check_header(raw: bytes) -> None:
         if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
             raise WireError(f"tensor {name!r}: malformed header entry")
         dtype = str(info["dtype"]).lower()
-        dtype = {"f32": "float32", "f16": "float16", "f64": "float64"}.get(dtype, dtype)
-        if dtype not in _ALLOWED_DTYPES:
-            raise WireError(f"tensor {name!r}: dtype {info['dtype']!r} not allowed (floating point only)")
+        dtype = _HEADER_DTYPES.get(dtype, dtype)
+        if dtype not in allowed_dtypes:
+            raise WireError(f"tensor {name!r}: dtype {info['dtype']!r} not allowed ({', '.join(sorted(allowed_dtypes))})")
         offsets, shape = info["data_offsets"], info["shape"]
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(x) for x in offsets)):
             raise WireError(f"tensor {name!r}: data_offsets must be two integers")
@@ -107,3 +112,78 @@ def _check_header(raw: bytes) -> None:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+# --------------------------------------------------------------------------- trees
+def is_encoded_array(value: Any) -> bool:
+    return isinstance(value, Mapping) and set(value) == {"encoding", "data"} and value.get("encoding") == ENCODING
+
+
+def encode_tree(value: Any, path: str = "value", depth: int = 0) -> Any:
+    """A JSON-safe copy of ``value``: None, bools, ints, finite floats, strings, lists and
+    string-keyed dicts of them, with arrays / tensors (float, int, bool) as encoded arrays."""
+    if depth > MAX_TREE_DEPTH:
+        raise WireError(f"{path}: nested deeper than {MAX_TREE_DEPTH} levels")
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if not np.isfinite(value):
+            raise WireError(f"{path}: non-finite float {value} (store it in an array)")
+        return value
+    if isinstance(value, np.generic):
+        return encode_tree(value.item(), path, depth)
+    if hasattr(value, "detach"):  # torch.Tensor, without importing torch
+        tensor = value.detach().cpu()
+        if str(tensor.dtype) == "torch.bfloat16":
+            tensor = tensor.float()
+        value = tensor.numpy()
+    if isinstance(value, np.ndarray):
+        if value.dtype.name not in TREE_DTYPES:
+            raise WireError(f"{path}: array dtype {value.dtype} not allowed ({', '.join(sorted(TREE_DTYPES))})")
+        return encode_array(value)
+    if isinstance(value, (list, tuple)):
+        return [encode_tree(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
+    if isinstance(value, Mapping):
+        if is_encoded_array(value):
+            raise WireError(f"{path}: a dict with exactly the keys 'encoding' and 'data' is reserved for arrays")
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise WireError(f"{path}: dict keys must be strings, got {key!r}")
+            out[key] = encode_tree(item, f"{path}.{key}", depth + 1)
+        return out
+    raise WireError(
+        f"{path}: unsupported type {type(value).__name__} (allowed: None, bool, int, float, str, "
+        "list, dict with string keys, numpy arrays, torch tensors)"
+    )
+
+
+def decode_tree(value: Any, convert: Callable[[np.ndarray], Any] = lambda array: array, depth: int = 0) -> Any:
+    """Inverse of :func:`encode_tree`; each decoded array goes through ``convert``."""
+    if depth > MAX_TREE_DEPTH:
+        raise WireError(f"value nested deeper than {MAX_TREE_DEPTH} levels")
+    if is_encoded_array(value):
+        return convert(decode_array(value, TREE_DTYPES))
+    if isinstance(value, list):
+        return [decode_tree(item, convert, depth + 1) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): decode_tree(item, convert, depth + 1) for key, item in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise WireError(f"unsupported value of type {type(value).__name__} in an encoded tree")
+
+
+def json_object(payload: Any, what: str, fields: Any) -> dict[str, Any]:
+    """The dict form of a request object given as a dict or as a JSON string of one (HTTP
+    ``vllm_xargs`` carry only strings and numbers); unknown fields are refused."""
+    if isinstance(payload, str):
+        try:
+            payload = json.loads(payload)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{what} string is not valid JSON: {exc}") from None
+    if not isinstance(payload, Mapping):
+        raise ValueError(f"a {what} must be an object, got {type(payload).__name__}")
+    unknown = set(payload) - set(fields)
+    if unknown:
+        raise ValueError(f"unknown {what} fields: {sorted(unknown)}")
+    return dict(payload)

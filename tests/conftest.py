@@ -43,6 +43,18 @@ def engine_tolerance() -> float:
     return 2e-2 if on_gpu() else 1e-4
 
 
+# Prompts for the tiny Llama (its tokenizer knows these words).
+TINY_PROMPTS = [
+    "the cat reads a book.",
+    "a model finds the truth.",
+    "our team builds many layers and the river sees the city.",
+    "1 2 3 4 5 6 7 8",
+    "my friend",
+    "the engine steers a vector. the probe captures small data.",
+    "a student likes the answer",
+    "the truth",
+]
+
 # On a GPU machine several engines (and the server) share one device.
 GPU_MEMORY_FRACTION = 0.2
 

@@ -8,18 +8,9 @@ import pytest
 import torch
 
 from lens_evals import SteeringVector
-from tests.conftest import engine_tolerance, capture, greedy, make_llm
+from tests.conftest import TINY_PROMPTS, engine_tolerance, capture, greedy, make_llm
 
-PROMPTS = [
-    "the cat reads a book.",
-    "a model finds the truth.",
-    "our team builds many layers and the river sees the city.",
-    "1 2 3 4 5 6 7 8",
-    "my friend",
-    "the engine steers a vector. the probe captures small data.",
-    "a student likes the answer",
-    "the truth",
-]
+PROMPTS = TINY_PROMPTS
 HIDDEN = 128
 
 TOL = engine_tolerance()

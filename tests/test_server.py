@@ -12,7 +12,8 @@ import requests
 import torch
 
 from lens_evals import LinearProbe, SteeringVector
-from lens_evals.client import activations_from_response, lens_xargs
+from lens_evals.client import activations_from_response, hook_results_from_response, hook_set_body, lens_xargs
+from lens_evals.hooks import Hook
 from tests.conftest import engine_tolerance, capture, greedy, lens_server, make_llm
 
 PROMPT = "the cat reads a book."
@@ -22,6 +23,7 @@ PROBES = [
     LinearProbe(name=f"probe{i}", layer=layer, weights=np.random.default_rng(10 + i).normal(size=128).astype(np.float32), bias=0.1 * i)
     for i, layer in enumerate([0, 3, 3])
 ]
+HOOKS = [Hook("record_norm", [1, 2]), Hook("ablate", [0], args={"indices": [5]})]
 STEER = SteeringVector(activations=np.random.default_rng(2).normal(size=(1, 128)).astype(np.float32), layer_indices=[1], scale=6.0)
 
 TOL = engine_tolerance()
@@ -41,7 +43,8 @@ def offline(tiny_path):
         steered = llm.generate([PROMPT], greedy(6, apply_steering_vectors=[STEER]))[0]
         plain = llm.generate([PROMPT], greedy(6))[0]
         probed = llm.generate([PROMPT], greedy(6, output_probe_scores=PROBES, apply_steering_vectors=[STEER]))[0]
-    return {"completion": completion, "chat": chat, "steered": steered, "plain": plain, "probed": probed}
+        hooked = llm.generate([PROMPT], greedy(6, apply_hooks=HOOKS))[0]
+    return {"completion": completion, "chat": chat, "steered": steered, "plain": plain, "probed": probed, "hooked": hooked}
 
 
 def complete(server, **body):
@@ -102,6 +105,11 @@ BAD_XARGS = {
     "probe names duplicated": ({"output_probe_scores": [probe_json(), probe_json()]}, "unique per request"),
     "probe not JSON": ({"output_probe_scores": ["{oops"]}, "probe string is not valid JSON"),
     "probe unknown field": ({"output_probe_scores": [probe_json(code="import os")]}, "unknown probe fields"),
+    "unregistered hook": ({"apply_hooks": ['{"name": "os.system", "layer_indices": [0]}']}, "unknown hook 'os.system'"),
+    "hook as import path": ({"apply_hooks": ['{"name": "os:system", "layer_indices": [0]}']}, "not a valid name"),
+    "hook bad args": ({"apply_hooks": [Hook("ablate", [0], args={"indices": "all"}).to_json()]}, "hook 'ablate' args"),
+    "hook layer out of range": ({"apply_hooks": [Hook("record_norm", [4]).to_json()]}, "out of range"),
+    "unknown hook set": ({"use_hook_set": "0123"}, "not registered"),
 }
 
 
@@ -124,3 +132,48 @@ def test_bad_input_gives_400_while_good_request_completes(server, offline) -> No
     assert got.shape[1] == len(offline["completion"].prompt_token_ids) + 199
     torch.testing.assert_close(torch.from_numpy(got[:, :10]), capture(offline["completion"])[:, :10], atol=TOL, rtol=TOL)
     assert requests.get(f"{server.url}/health", timeout=5).status_code == 200
+
+
+def assert_saved_close(got: dict, expected: dict) -> None:
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(torch.from_numpy(np.asarray(got[key])), value, atol=TOL, rtol=TOL)
+
+
+def test_hooks_over_http_equal_offline_and_a_failing_hook_fails_alone(server, offline) -> None:
+    resp = complete(server, vllm_xargs=lens_xargs(hooks=HOOKS), return_token_ids=True)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["token_ids"] == list(offline["hooked"].outputs[0].token_ids)
+    assert_saved_close(activations_from_response(resp.json())["saved"], offline["hooked"].activations["saved"])
+    broken = Hook("patch", [0], args={"positions": [0], "values": [[1.0, 2.0]]})  # raises inside the hook
+    resp = complete(server, vllm_xargs=lens_xargs(hooks=[broken]))
+    assert resp.status_code == 500 and "hook patch failed at layer 0: RuntimeError" in resp.json()["error"]["message"], resp.text
+    assert complete(server, vllm_xargs=lens_xargs(hooks=HOOKS)).status_code == 200
+
+
+def test_hook_set_endpoints(server, offline) -> None:
+    url = f"{server.url}/lens/hook_sets"
+    for body, message in [({"hooks": [{"name": "nope", "layer_indices": [0]}]}, "unknown hook"), ({"hook": []}, "the body must be"), ({"hooks": []}, "non-empty")]:
+        resp = requests.post(url, json=body, timeout=60)
+        assert resp.status_code == 400 and message in resp.json()["error"]["message"], resp.text
+    registered = requests.post(url, json=hook_set_body(HOOKS), timeout=60)
+    assert registered.status_code == 200, registered.text
+    set_id = registered.json()["id"]
+    ids = []
+    for _ in range(2):
+        resp = complete(server, vllm_xargs=lens_xargs(hook_set=set_id))
+        assert resp.status_code == 200, resp.text
+        assert activations_from_response(resp.json()) == {}
+        ids.append(resp.json()["id"])
+    assert complete(server).status_code == 200  # a request that does not opt in adds nothing
+    collected = requests.post(f"{url}/{set_id}/collect", timeout=60)
+    assert collected.status_code == 200, collected.text
+    results = hook_results_from_response(collected.json())
+    assert [r["request_id"].rsplit("-", 1)[0] for r in results] == ids and collected.json()["refused"] == 0
+    for result in results:
+        assert_saved_close(result["saved"], offline["hooked"].activations["saved"])
+    assert requests.post(f"{url}/{set_id}/collect", timeout=60).json()["results"] == []
+    assert requests.delete(f"{url}/{set_id}", timeout=60).json() == {"id": set_id, "dropped_results": 0}
+    assert requests.delete(f"{url}/{set_id}", timeout=60).status_code == 404
+    assert requests.post(f"{url}/{set_id}/collect", timeout=60).status_code == 404
+    assert complete(server, vllm_xargs=lens_xargs(hook_set=set_id)).status_code == 400

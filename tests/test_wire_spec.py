@@ -156,3 +156,38 @@ def test_client_side_imports_without_vllm_or_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["[0]", "2"]
+
+
+def test_tree_round_trip_keeps_structure_and_integer_arrays() -> None:
+    tree = {"n": 3, "x": 0.5, "s": "a", "none": None, "flag": True, "ids": np.arange(4, dtype=np.int64),
+            "nested": [{"mask": np.array([True, False])}, np.float32(2.5)], "h": np.ones((2, 3), np.float32)}
+    encoded = json.loads(json.dumps(wire.encode_tree(tree)))
+    back = wire.decode_tree(encoded)
+    assert back["n"] == 3 and back["s"] == "a" and back["none"] is None and back["nested"][1] == 2.5
+    np.testing.assert_array_equal(back["ids"], tree["ids"])
+    assert back["ids"].dtype == np.int64 and back["nested"][0]["mask"].dtype == np.bool_
+    with pytest.raises(wire.WireError, match="not allowed"):  # steering payloads stay floating point only
+        wire.decode_array(encoded["ids"])
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ({"f": float("nan")}, "non-finite"),
+        ({1: 2}, "keys must be strings"),
+        ({"o": object()}, "unsupported type object"),
+        ({"a": np.array(["x"])}, "dtype <U1 not allowed"),
+        ({"t": {"encoding": wire.ENCODING, "data": ""}}, "reserved for arrays"),
+    ],
+)
+def test_tree_encoding_refuses_what_json_cannot_carry_safely(value: object, message: str) -> None:
+    with pytest.raises(wire.WireError, match=message):
+        wire.encode_tree(value)
+
+
+def test_deep_trees_are_refused() -> None:
+    deep: list = []
+    for _ in range(wire.MAX_TREE_DEPTH + 2):
+        deep = [deep]
+    with pytest.raises(wire.WireError, match="deeper than"):
+        wire.decode_tree(deep)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from lens_evals.engine.compat import BatchLayout
+from lens_evals.engine.hooks import HookCall
 from lens_evals.engine.requests import WorkerProbe, WorkerRequest
 
 
@@ -62,11 +63,30 @@ class StepPlan:
     steer: dict[int, LayerSteer] = field(default_factory=dict)
     probes: dict[int, LayerProbes] = field(default_factory=dict)
     score_slots: list[ScoreSlot] = field(default_factory=list)
+    # generic hooks by site (layer, module path inside the layer or None, pre), in request order
+    hook_calls: dict[tuple[int, str | None, bool], list[HookCall]] = field(default_factory=dict)
     keys: list[str] = field(default_factory=list)  # every lens request in this step
 
     @property
     def hooked_layers(self) -> set[int]:
-        return set(self.capture_layers) | set(self.steer) | set(self.probes)
+        post_hooks = {layer for layer, module, pre in self.hook_calls if module is None and not pre}
+        return set(self.capture_layers) | set(self.steer) | set(self.probes) | post_hooks
+
+
+def _plan_hooks(
+    plan: StepPlan, req: WorkerRequest, rows: tuple[int, int], positions: np.ndarray,
+    step_ids: torch.Tensor | None, local_layers: set[int], device: torch.device,
+) -> None:
+    """The request's own hooks (sharing ``req.saved``), then its hook set's (``req.set_saved``)."""
+    start, stop = rows
+    position_tensor = torch.from_numpy(positions).to(device, non_blocking=True)
+    token_ids = step_ids[start:stop] if step_ids is not None else None
+    for hooks, saved in ((req.hooks, req.saved), (req.set_hooks, req.set_saved)):
+        for hook in hooks:
+            for layer in hook.layers:
+                if layer in local_layers:
+                    call = HookCall(req.key, hook, start, stop, position_tensor, token_ids, saved)
+                    plan.hook_calls.setdefault((layer, hook.module, hook.pre), []).append(call)
 
 
 class _ProbePlanner:
@@ -124,6 +144,8 @@ def build_plan(
     dtype: torch.dtype,
     capture_here: bool,
     local_layers: set[int],
+    input_ids: torch.Tensor | None = None,
+    failed: set[str] | frozenset[str] = frozenset(),
 ) -> StepPlan | None:
     """Plan one step. ``capture_here`` is False on ranks that do not keep captures (TP > 0)."""
     plan = StepPlan()
@@ -131,6 +153,7 @@ def build_plan(
     pending_slots: list[tuple[WorkerRequest, int, np.ndarray, np.ndarray]] = []
     steer_parts: dict[int, list[tuple[np.ndarray, torch.Tensor, float, bool]]] = {}
     probe_planner = _ProbePlanner()
+    step_ids: torch.Tensor | None = None  # the step's input ids, copied (vLLM reuses its buffer)
     offset = 0
     gathered = 0
     for req_id, n_rows, start in zip(layout.req_ids, layout.num_rows, layout.start_positions):
@@ -147,6 +170,10 @@ def build_plan(
             gathered += n_rows
         if capture_here and req.probes:
             probe_planner.add(req.key, rows, positions, req.probes, local_layers)
+        if (req.hooks or req.set_hooks) and req.key not in failed:
+            if step_ids is None and input_ids is not None:
+                step_ids = input_ids.to(torch.int64, copy=True)
+            _plan_hooks(plan, req, (row_start, offset), positions, step_ids, local_layers, device)
         for vec in req.steering:
             if vec.positions is None:
                 vec_rows, vec_index = rows, None

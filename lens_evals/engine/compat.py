@@ -216,6 +216,15 @@ def patch_http_app(add_middleware: Callable[[Any], None], middleware_path: str) 
         _patch(main, "build_app", make_build)
 
 
+def engine_client_from_scope(scope: dict[str, Any]) -> Any:
+    """The server's AsyncLLM, from an ASGI scope of vLLM's OpenAI-compatible app."""
+    app = scope.get("app")
+    engine = getattr(getattr(app, "state", None), "engine_client", None)
+    if engine is None:
+        raise RuntimeError("lens_evals: no engine client on this app")
+    return engine
+
+
 async def async_collective_rpc(engine: Any, method: str, args: tuple) -> list[Any]:
     """Call a worker method installed by :func:`add_worker_methods` on every worker. By name:
     vLLM refuses to send functions between processes unless insecure serialisation is on.
@@ -318,10 +327,10 @@ def use_grouped_lora_ops() -> None:
 def patch_model_runner(
     on_load: Callable[[Any], None],
     on_step_start: Callable[[Any, Any], None],
-    around_forward: Callable[[Any, Callable[[], Any]], Any],
+    around_forward: Callable[[Any, Callable[[], Any], torch.Tensor | None], Any],
 ) -> None:
     """``on_load(runner)`` after the model loads; ``on_step_start(runner, scheduler_output)``
-    before each step; ``around_forward(runner, run)`` wraps each model forward."""
+    before each step; ``around_forward(runner, run, input_ids)`` wraps each model forward."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     runner_classes: list[type] = [GPUModelRunner]
@@ -350,7 +359,7 @@ def patch_model_runner(
 
     def make_forward(original: Callable) -> Callable:
         def _model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return around_forward(self, lambda: original(self, *args, **kwargs))
+            return around_forward(self, lambda: original(self, *args, **kwargs), forward_input_ids(args, kwargs))
 
         return _model_forward
 
@@ -451,6 +460,95 @@ def split_layer_output(output: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     if isinstance(output, torch.Tensor):
         return output, None
     raise TypeError(f"lens_evals: unsupported decoder layer output {type(output).__name__}")
+
+
+def split_layer_input(args: tuple, kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A decoder layer is called as ``layer(positions, hidden_states, residual)``: the stream
+    entering it is hidden_states + residual (residual is None at the first layer)."""
+    names = ("positions", "hidden_states", "residual")
+    values = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in names}
+    hidden = values.get("hidden_states")
+    if not isinstance(hidden, torch.Tensor):
+        raise TypeError("lens_evals: decoder layer called without a hidden_states tensor")
+    return hidden, values.get("residual")
+
+
+def first_input(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value
+    raise TypeError("lens_evals: the hooked module got no tensor input")
+
+
+def first_output(output: Any) -> torch.Tensor:
+    """vLLM's parallel linear layers return (output, bias); other modules a tensor."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise TypeError(f"lens_evals: the hooked module returned {type(output).__name__}, not a tensor")
+
+
+def gathered_parameter(model: nn.Module, name: str, checkpoint: str | None) -> torch.Tensor:
+    """A parameter by its vLLM name, whole: under tensor parallelism the shards of column-,
+    row- and vocabulary-parallel layers are gathered (merged projections such as qkv_proj and
+    gate_up_proj come back rank by rank). A collective under TP: every rank must call it.
+    vLLM's CPU backend frees linear weights after packing them for oneDNN; those are read from
+    the checkpoint in ``checkpoint`` (a directory), where the name exists there unchanged."""
+    from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_gather
+    from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    module_name, _, param_name = name.rpartition(".")
+    try:
+        module = model.get_submodule(module_name) if module_name else model
+        param = getattr(module, param_name)
+    except AttributeError:
+        raise ValueError(f"the model has no parameter {name!r}") from None
+    if not isinstance(param, torch.Tensor):
+        raise ValueError(f"{name!r} is not a parameter")
+    tensor = param.detach()
+    if tensor.numel() == 0:
+        return _checkpoint_tensor(checkpoint, name).to(device=tensor.device, dtype=tensor.dtype)
+    if get_tensor_model_parallel_world_size() == 1:
+        return tensor
+    if isinstance(module, VocabParallelEmbedding):
+        return tensor_model_parallel_all_gather(tensor, dim=0)[: module.org_vocab_size]
+    if isinstance(module, ColumnParallelLinear):  # weight and bias sharded along the outputs
+        return tensor_model_parallel_all_gather(tensor, dim=getattr(param, "output_dim", 0) or 0)
+    if isinstance(module, RowParallelLinear) and tensor.dim() > 1:
+        return tensor_model_parallel_all_gather(tensor, dim=getattr(param, "input_dim", 1))
+    return tensor
+
+
+def _checkpoint_tensor(checkpoint: str | None, name: str) -> torch.Tensor:
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    files = sorted(Path(checkpoint).glob("*.safetensors")) if checkpoint and Path(checkpoint).is_dir() else []
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            if name in handle.keys():
+                return handle.get_tensor(name)
+    raise ValueError(
+        f"{name!r} was freed by vLLM's CPU backend after packing and is not in the checkpoint under that "
+        "name (merged projections such as qkv_proj / gate_up_proj are stored split)"
+    )
+
+
+def checkpoint_dir(runner: Any) -> str | None:
+    return str(runner.model_config.model)
+
+
+def hf_config(runner: Any) -> Any:
+    return runner.model_config.hf_text_config
+
+
+def forward_input_ids(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The token ids of one ``_model_forward`` call (None when the model gets embeddings)."""
+    value = kwargs.get("input_ids", args[0] if args else None)
+    return value if isinstance(value, torch.Tensor) else None
 
 
 def join_layer_output(original: Any, hidden: torch.Tensor) -> Any:

@@ -13,8 +13,12 @@ from typing import Any
 import torch
 from safetensors.torch import load as st_load
 
+from lens_evals import wire
 from lens_evals.engine import compat
+from lens_evals.engine.hook_sets import UnknownHookSet, store_of
+from lens_evals.engine.hooks import encode_hooks, forget_local
 from lens_evals.engine.worker import FETCH_METHOD
+from lens_evals.hooks import check_registered_args
 from lens_evals.spec import INTERNAL_KEY, LENS_KEYS, parse_lens_args, refuse_misspelled_keys
 
 REGISTRY_ATTR = "_lens_evals_pending"
@@ -40,6 +44,9 @@ class PendingRequest:
     capture_layers: tuple[int, ...]
     probe_names: tuple[str, ...]
     prompt_len: int
+    has_hooks: bool = False
+    hook_set: str | None = None
+    local_ids: tuple[str, ...] = ()
 
 
 def max_capture_bytes() -> int:
@@ -74,6 +81,15 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
     prompt_len = len(request.prompt_token_ids or [])
     max_positions = prompt_len + int(params.max_tokens or 1) - 1
     lens.check_model(shape.num_layers, shape.hidden_size, max(max_positions, 1), max_capture_bytes())
+    for hook in lens.hooks:
+        if hook.registered:
+            check_registered_args(str(hook.fn), hook.args)
+    if lens.hook_set is not None:
+        try:
+            store_of(processor).record(lens.hook_set)
+        except UnknownHookSet as exc:
+            raise ValueError(str(exc.args[0])) from None
+    hooks, local_ids = encode_hooks(lens.hooks)
     key = uuid.uuid4().hex
     normalised = {k: v for k, v in extra.items() if k not in LENS_KEYS}
     normalised[INTERNAL_KEY] = {
@@ -81,11 +97,14 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
         "capture": lens.capture_layers,
         "steer": [vec.to_wire() for vec in lens.steering],
         "probes": [probe.to_wire() for probe in lens.probes],
+        "hooks": hooks,
+        "hook_set": lens.hook_set,
     }
     params.extra_args = normalised  # a fresh dict: the caller's params stay untouched
     compat.set_request_cache_salt(request, key)
     _registry(processor)[request_id] = PendingRequest(
-        key, tuple(lens.capture_layers), tuple(probe.name for probe in lens.probes), prompt_len
+        key, tuple(lens.capture_layers), tuple(probe.name for probe in lens.probes), prompt_len,
+        has_hooks=bool(lens.hooks), hook_set=lens.hook_set, local_ids=tuple(local_ids),
     )
 
 
@@ -93,6 +112,19 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
 class _Merged:
     layers: dict[int, torch.Tensor]  # capture layer -> (n_positions, hidden)
     probes: dict[int, torch.Tensor]  # probe index -> (n_positions,)
+    saved: dict[str, Any] | None = None  # hook results, encoded (merged over pipeline stages)
+    set_saved: dict[str, Any] | None = None
+
+
+def _merge_saved(into: dict[str, Any] | None, part: dict[str, Any] | None) -> dict[str, Any] | None:
+    if part is None:
+        return into
+    if into is None:
+        return dict(part)
+    clash = sorted(set(into) & set(part))
+    if clash:
+        raise ValueError(f"saved keys {clash} were written on two pipeline stages")
+    return {**into, **part}
 
 
 def _merge_rank_results(rank_results: list[dict[str, dict[str, Any]]], key: str) -> tuple[_Merged, str | None]:
@@ -103,6 +135,13 @@ def _merge_rank_results(rank_results: list[dict[str, dict[str, Any]]], key: str)
             continue
         if "error" in result:
             return merged, str(result["error"])
+        try:
+            merged.saved = _merge_saved(merged.saved, result.get("saved"))
+            merged.set_saved = _merge_saved(merged.set_saved, result.get("set_saved"))
+        except ValueError as exc:
+            return merged, str(exc)
+        if "safetensors" not in result:
+            continue
         tensors = st_load(result["safetensors"])
         for i, layer in enumerate(tensors.get("layers", torch.empty(0)).tolist()):
             merged.layers[int(layer)] = tensors["residual_stream"][i]
@@ -111,8 +150,14 @@ def _merge_rank_results(rank_results: list[dict[str, dict[str, Any]]], key: str)
     return merged, None
 
 
-def _apply(output: Any, pending: PendingRequest, rank_results: list[dict[str, Any]]) -> str | None:
-    """Attach the capture and probe scores to ``output``; return an error message if the request failed."""
+def _decode_saved(saved: dict[str, Any] | None) -> dict[str, Any]:
+    return wire.decode_tree(saved or {}, lambda array: torch.from_numpy(array.copy()))
+
+
+def _apply(processor: Any, request_id: str, output: Any, pending: PendingRequest, rank_results: list[dict[str, Any]]) -> str | None:
+    """Attach the capture, probe scores and hook results to ``output`` (a hook set's results go
+    to its store); return an error message if the request failed."""
+    forget_local(list(pending.local_ids))
     merged, error = _merge_rank_results(rank_results, pending.key)
     output.activations = None
     if error is not None:
@@ -136,12 +181,19 @@ def _apply(output: Any, pending: PendingRequest, rank_results: list[dict[str, An
         if short:
             return f"probe scores are short for {short}: expected {expected} positions"
         activations["probe_scores"] = {name: merged.probes[i][:expected] for i, name in enumerate(pending.probe_names)}
+    if pending.has_hooks:
+        activations["saved"] = _decode_saved(merged.saved)
+    if pending.hook_set is not None:
+        error = store_of(processor).add_result(pending.hook_set, request_id, merged.set_saved or {})
+        if error is not None:
+            return error
     output.activations = activations
     return None
 
 
 def attach_offline(llm: Any, outputs: list[Any]) -> None:
-    registry = _registry(compat.offline_input_processor(llm))
+    processor = compat.offline_input_processor(llm)
+    registry = _registry(processor)
     pending = {o.request_id: registry.pop(o.request_id) for o in outputs if o.request_id in registry}
     if not pending:
         return
@@ -149,7 +201,7 @@ def attach_offline(llm: Any, outputs: list[Any]) -> None:
     errors = []
     for output in outputs:
         if output.request_id in pending:
-            error = _apply(output, pending[output.request_id], rank_results)
+            error = _apply(processor, output.request_id, output, pending[output.request_id], rank_results)
             if error is not None:
                 errors.append(f"request {output.request_id}: {error}")
     if errors:
@@ -157,11 +209,12 @@ def attach_offline(llm: Any, outputs: list[Any]) -> None:
 
 
 async def attach_async(engine: Any, output: Any) -> None:
-    pending = _registry(compat.async_input_processor(engine)).pop(output.request_id, None)
+    processor = compat.async_input_processor(engine)
+    pending = _registry(processor).pop(output.request_id, None)
     if pending is None:
         return
     rank_results = await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key],))
-    error = _apply(output, pending, rank_results)
+    error = _apply(processor, output.request_id, output, pending, rank_results)
     sink = HTTP_SINK.get()
     if sink is not None:
         sink.append((output.request_id, error if error is not None else output.activations))
@@ -173,4 +226,5 @@ async def discard_async(engine: Any, request_id: str) -> None:
     """A request ended without a final output (abort, disconnect): release its worker rows."""
     pending = _registry(compat.async_input_processor(engine)).pop(request_id, None)
     if pending is not None:
+        forget_local(list(pending.local_ids))
         await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key],))

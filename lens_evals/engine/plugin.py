@@ -29,9 +29,9 @@ def register() -> None:
         if state is not None:
             state.on_step_start(scheduler_output)
 
-    def around_forward(runner: Any, run: Callable[[], Any]) -> Any:
+    def around_forward(runner: Any, run: Callable[[], Any], input_ids: Any) -> Any:
         state = getattr(runner, STATE_ATTR, None)
-        return run() if state is None else state.around_forward(run)
+        return run() if state is None else state.around_forward(run, input_ids)
 
     compat.prefer_v1_model_runner()
     compat.force_eager("layer hooks run only outside CUDA graphs and torch.compile")

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from lens_evals.engine.hooks import WorkerHook, decode_hooks
 from lens_evals.spec import INTERNAL_KEY, LinearProbe, SteeringVector
 
 
@@ -41,16 +42,37 @@ class WorkerRequest:
     capture_layers: list[int]
     steering: list[WorkerSteering] = field(default_factory=list)
     probes: list[WorkerProbe] = field(default_factory=list)
+    hooks: list[WorkerHook] = field(default_factory=list)
+    saved: dict[str, Any] = field(default_factory=dict)  # ctx.saved of the request's own hooks
+    hook_set: str | None = None  # a persistent hook set the request opted into
+    set_hooks: list[WorkerHook] = field(default_factory=list)
+    set_saved: dict[str, Any] = field(default_factory=dict)
 
 
-def decode_worker_request(extra_args: Mapping[str, Any] | None, device: torch.device, dtype: torch.dtype) -> WorkerRequest | None:
+def decode_worker_request(
+    extra_args: Mapping[str, Any] | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    hook_sets: Mapping[str, list[WorkerHook]],
+) -> WorkerRequest | None:
     """The frontend put a normalised, validated spec under INTERNAL_KEY; None for plain requests."""
     if not extra_args or INTERNAL_KEY not in extra_args:
         return None
     spec = extra_args[INTERNAL_KEY]
     steering = [_decode_steering(SteeringVector.from_wire(item), device, dtype) for item in spec.get("steer", [])]
     probes = [_decode_probe(i, LinearProbe.from_wire(item), device) for i, item in enumerate(spec.get("probes", []))]
-    return WorkerRequest(key=str(spec["key"]), capture_layers=list(spec.get("capture", [])), steering=steering, probes=probes)
+    hook_set = spec.get("hook_set")
+    if hook_set is not None and hook_set not in hook_sets:
+        raise ValueError(f"hook set {hook_set!r} is not registered on the worker (cleared?)")
+    return WorkerRequest(
+        key=str(spec["key"]),
+        capture_layers=list(spec.get("capture", [])),
+        steering=steering,
+        probes=probes,
+        hooks=decode_hooks(spec.get("hooks", []), device),
+        hook_set=hook_set,
+        set_hooks=list(hook_sets.get(hook_set, [])) if hook_set else [],
+    )
 
 
 def _decode_probe(index: int, probe: LinearProbe, device: torch.device) -> WorkerProbe:

@@ -13,6 +13,7 @@ import torch
 
 from lens_evals import wire
 from lens_evals.engine.frontend import HTTP_SINK
+from lens_evals.engine.hook_routes import HOOK_SETS_PATH, serve_hook_sets
 
 logger = logging.getLogger("lens_evals")
 Scope = dict[str, Any]
@@ -26,10 +27,13 @@ def add_middleware(app: Any) -> None:
 
 
 def encode_activations(activations: dict[str, Any]) -> dict[str, Any]:
-    """Tensors as wire arrays; ``probe_scores`` (name -> tensor) as name -> wire array."""
+    """Tensors as float32 wire arrays; ``probe_scores`` (name -> tensor) as name -> wire array;
+    ``saved`` (hook results) as an encoded tree (arrays keep their dtype)."""
     encoded: dict[str, Any] = {}
     for name, value in activations.items():
-        if isinstance(value, torch.Tensor):
+        if name == "saved":
+            encoded[name] = wire.encode_tree(value, "saved")
+        elif isinstance(value, torch.Tensor):
             encoded[name] = wire.encode_array(value.float().numpy())
         else:
             encoded[name] = {inner: wire.encode_array(t.float().numpy()) for inner, t in value.items()}
@@ -44,6 +48,9 @@ class LensResponseMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        if scope.get("type") == "http" and scope.get("path", "").startswith(HOOK_SETS_PATH):
+            await serve_hook_sets(scope, receive, send)
+            return
         if scope.get("type") != "http" or scope.get("method") != "POST" or not scope.get("path", "").endswith("completions"):
             await self.app(scope, receive, send)
             return

@@ -1,5 +1,8 @@
 """The per-layer forward hooks: one batched add for steering, one gather for capture, one
-gather and one matmul for all probe rows of the step."""
+gather and one matmul for all probe rows of the step; generic hooks per request on its rows.
+
+Order after a layer: steering, generic hooks, capture, probes (so captures and probes see the
+stream as the next layer will)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import torch
 from torch import nn
 
 from lens_evals.engine import compat
+from lens_evals.engine.hooks import HookCall, run_calls
 
 if TYPE_CHECKING:
     from lens_evals.engine.worker import LensWorkerState
@@ -17,13 +21,55 @@ if TYPE_CHECKING:
 logger = logging.getLogger("lens_evals")
 
 
-def install_taps(state: "LensWorkerState", model: nn.Module, num_layers: int) -> list[int]:
-    """Register a forward hook on every decoder layer of this stage; return their indices."""
-    installed = []
+def install_taps(state: "LensWorkerState", model: nn.Module, num_layers: int) -> dict[int, nn.Module]:
+    """Register a forward hook on every decoder layer of this stage; return them by index."""
+    installed = {}
     for index, layer in compat.decoder_layers(model, num_layers):
         layer.register_forward_hook(_make_tap(state, index))
-        installed.append(index)
+        installed[index] = layer
     return installed
+
+
+def install_hook_tap(state: "LensWorkerState", layer: nn.Module, site: tuple[int, str | None, bool]) -> None:
+    """A tap for generic hooks at (layer index, module path inside the layer or None, pre),
+    installed the first time a request asks for that site. Raises AttributeError for a bad path."""
+    layer_index, module_path, pre = site
+    module = layer.get_submodule(module_path) if module_path else layer
+
+    def run(hidden: torch.Tensor, residual: torch.Tensor | None) -> None:
+        calls = state.plan.hook_calls.get(site) if state.plan is not None else None
+        if calls:
+            _run_hooks(state, calls, hidden, residual, layer_index)
+
+    if pre:
+        def pre_tap(mod: nn.Module, args: Any, kwargs: Any) -> None:
+            if state.plan is not None and site in state.plan.hook_calls:
+                run(*(compat.split_layer_input(args, kwargs) if module_path is None else (compat.first_input(args, kwargs), None)))
+            return None
+
+        module.register_forward_pre_hook(pre_tap, with_kwargs=True)
+    elif module_path is not None:
+        def post_tap(mod: nn.Module, args: Any, output: Any) -> None:
+            if state.plan is not None and site in state.plan.hook_calls:
+                run(compat.first_output(output), None)
+            return None
+
+        module.register_forward_hook(post_tap)
+
+
+def _run_hooks(state: "LensWorkerState", calls: list[HookCall], hidden: torch.Tensor, residual: torch.Tensor | None, layer_index: int) -> None:
+    """Rows of a fused-residual layer are hidden + residual; a replacement is written as
+    hidden := new, residual := 0, so the next layer sees exactly ``new``."""
+
+    def stream_of(start: int, stop: int) -> torch.Tensor:
+        return hidden[start:stop] + residual[start:stop] if residual is not None else hidden[start:stop].clone()
+
+    def put(start: int, stop: int, new: torch.Tensor) -> None:
+        hidden[start:stop] = new.to(device=hidden.device, dtype=hidden.dtype)
+        if residual is not None:
+            residual[start:stop] = 0
+
+    run_calls(calls, stream_of, put, layer_index, state.hook_context, state.fail_key, state.has_failed)
 
 
 def _make_tap(state: "LensWorkerState", layer_index: int):
@@ -36,6 +82,9 @@ def _make_tap(state: "LensWorkerState", layer_index: int):
             steer = plan.steer.get(layer_index)
             if steer is not None:
                 _apply_steering(hidden, residual, steer)
+            calls = plan.hook_calls.get((layer_index, None, False))
+            if calls:
+                _run_hooks(state, calls, hidden, residual, layer_index)
             if layer_index in plan.capture_layers and plan.capture_rows is not None:
                 rows = plan.capture_rows
                 stream = hidden[rows] if residual is None else hidden[rows] + residual[rows]

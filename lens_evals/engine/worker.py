@@ -3,6 +3,7 @@ the frontend fetches them (through collective_rpc, as safetensors bytes) or they
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -17,12 +18,17 @@ from safetensors.torch import save as st_save
 from lens_evals.engine import compat
 from lens_evals.engine.batch import StepPlan, build_plan
 from lens_evals.engine.requests import WorkerRequest, decode_worker_request
-from lens_evals.engine.taps import install_taps
+from lens_evals import wire
+from lens_evals.engine.hooks import HookCall, HookContext, ParameterCache, WorkerHook, decode_hooks
+from lens_evals.engine.taps import install_hook_tap, install_taps
 
 logger = logging.getLogger("lens_evals")
 STATE_ATTR = "_lens_evals_state"
 FETCH_METHOD = "lens_evals_fetch"
 MEMORY_METHOD = "lens_evals_memory"
+REGISTER_SET_METHOD = "lens_evals_register_hook_set"
+CLEAR_SET_METHOD = "lens_evals_clear_hook_set"
+DEFAULT_MAX_SAVED_MIB = 256.0
 
 
 @dataclass
@@ -52,7 +58,14 @@ class LensWorkerState:
         self.num_layers = compat.num_layers_of(runner)
         tp_rank, _ = compat.parallel_ranks()
         self.capture_here = tp_rank == 0
-        self.local_layers = set(install_taps(self, compat.runner_model(runner), self.num_layers))
+        self.model = compat.runner_model(runner)
+        self.layer_modules = install_taps(self, self.model, self.num_layers)
+        self.local_layers = set(self.layer_modules)
+        self.hook_sites: set[tuple[int, str | None, bool]] = set()
+        self.hook_sets: dict[str, list[WorkerHook]] = {}
+        self.parameters = ParameterCache(self.model, compat.checkpoint_dir(runner))
+        self.by_key: dict[str, WorkerRequest] = {}
+        self.max_saved_chars = int(float(os.environ.get("LENS_EVALS_MAX_SAVED_MIB", DEFAULT_MAX_SAVED_MIB)) * 2**20)
         self.requests: dict[str, WorkerRequest | None] = {}
         self.req_keys: dict[str, str] = {}
         self.chunks: dict[str, list[RowChunk]] = {}
@@ -73,7 +86,7 @@ class LensWorkerState:
             self._finish(req_id)
         self._step_scheduled = compat.step_num_scheduled(scheduler_output)
 
-    def around_forward(self, run: Callable[[], Any]) -> Any:
+    def around_forward(self, run: Callable[[], Any], input_ids: torch.Tensor | None = None) -> Any:
         scheduled, self._step_scheduled = self._step_scheduled, None
         if scheduled is None:  # profiling / dummy run
             return run()
@@ -83,9 +96,13 @@ class LensWorkerState:
                 self._admit(req_id)
         if not self.req_keys:  # no lens request in flight: plain traffic pays nothing more
             return run()
-        self.plan = build_plan(layout, self.requests, self.device, self.dtype, self.capture_here, self.local_layers)
+        self.plan = build_plan(
+            layout, self.requests, self.device, self.dtype, self.capture_here, self.local_layers,
+            input_ids, set(self.errors),
+        )
         if self.plan is None:
             return run()
+        self._install_hook_sites(self.plan)
         try:
             return run()
         finally:
@@ -95,14 +112,43 @@ class LensWorkerState:
     def _admit(self, req_id: str) -> None:
         extra = compat.request_extra_args(self.runner, req_id)
         try:
-            req = decode_worker_request(extra, self.device, self.dtype)
-        except (ValueError, KeyError, TypeError) as exc:
+            req = decode_worker_request(extra, self.device, self.dtype, self.hook_sets)
+        except (ValueError, KeyError, TypeError, ImportError, AttributeError) as exc:
             key = str((extra or {}).get("_lens_evals", {}).get("key", req_id))
             self.errors[key] = f"could not decode lens request on the worker: {exc}"
             req = None
         self.requests[req_id] = req
         if req is not None:
             self.req_keys[req_id] = req.key
+            self.by_key[req.key] = req
+
+    def _install_hook_sites(self, plan: StepPlan) -> None:
+        """Taps for hook sites seen for the first time; a bad module path fails its requests."""
+        for site in list(plan.hook_calls):
+            if site in self.hook_sites:
+                continue
+            try:
+                install_hook_tap(self, self.layer_modules[site[0]], site)
+                self.hook_sites.add(site)
+            except AttributeError:
+                calls = plan.hook_calls.pop(site)
+                message = f"layer {site[0]} has no submodule {site[1]!r} to hook"
+                for call in calls:
+                    self.fail_key(call.key, message)
+
+    def hook_context(self, call: HookCall, layer: int) -> HookContext:
+        hook = call.hook
+        return HookContext(
+            saved=call.saved, layer_idx=layer, positions=call.positions, token_ids=call.token_ids,
+            args=hook.args, pre=hook.pre, module_path=hook.module, model=self.model,
+            hf_config=compat.hf_config(self.runner), parameters=self.parameters,
+        )
+
+    def fail_key(self, key: str, message: str) -> None:
+        self.errors.setdefault(key, message)
+
+    def has_failed(self, key: str) -> bool:
+        return key in self.errors
 
     def _store_step(self, plan: StepPlan) -> None:
         captured, self.step_captures = self.step_captures, {}
@@ -130,7 +176,7 @@ class LensWorkerState:
 
     def fail_keys(self, keys: list[str], message: str) -> None:
         for key in keys:
-            self.errors.setdefault(key, message)
+            self.fail_key(key, message)
 
     # ----------------------------------------------------------------- finishing and fetching
     def _finish(self, req_id: str) -> None:
@@ -153,6 +199,7 @@ class LensWorkerState:
 
     def _drop(self, key: str) -> None:
         self._release_chunks(key)
+        self.by_key.pop(key, None)
         self.errors.pop(key, None)
 
     def _enforce_memory_bound(self) -> None:
@@ -167,9 +214,11 @@ class LensWorkerState:
                 self._release_chunks(key)
 
     def pop_result(self, key: str) -> dict[str, Any] | None:
-        """Assemble and release one request's capture and probe scores, rows placed by absolute position."""
+        """Assemble and release one request's capture, probe scores and hook results (rows placed
+        by absolute position; ``saved`` JSON-safe, arrays encoded)."""
         error = self.errors.get(key)
         captured, scored = self._release_chunks(key)
+        req = self.by_key.pop(key, None)
         if key in self.finished_unfetched:
             self.finished_unfetched.pop(key)
             self.errors.pop(key, None)
@@ -177,8 +226,15 @@ class LensWorkerState:
             self.fetched.add(key)
         if error is not None:
             return {"error": error}
-        if not captured and not scored:
-            return None
+        result: dict[str, Any] = {}
+        if req is not None and self.capture_here:
+            try:
+                if req.hooks:
+                    result["saved"] = self._encode_saved(req.saved, "saved")
+                if req.hook_set:
+                    result["set_saved"] = self._encode_saved(req.set_saved, "hook set saved")
+            except ValueError as exc:
+                return {"error": str(exc)}
         tensors: dict[str, torch.Tensor] = {}
         for chunks, name, ids_name in ((captured, "residual_stream", "layers"), (scored, "probe_scores", "probe_index")):
             if not chunks:
@@ -188,7 +244,19 @@ class LensWorkerState:
                 return {"error": f"{name} has gaps at positions {gaps} (prefix cache or scheduling defect)"}
             tensors[name] = rows
             tensors[ids_name] = torch.tensor(ids, dtype=torch.int64)
-        return {"safetensors": st_save(tensors)}
+        if tensors:
+            result["safetensors"] = st_save(tensors)
+        return result or None
+
+    def _encode_saved(self, saved: dict[str, Any], what: str) -> dict[str, Any]:
+        encoded = wire.encode_tree(saved, "saved")
+        size = len(json.dumps(encoded))
+        if size > self.max_saved_chars:
+            raise ValueError(
+                f"{what} is {size / 2**20:.1f} MiB encoded, over the per-request limit of "
+                f"{self.max_saved_chars / 2**20:.1f} MiB (LENS_EVALS_MAX_SAVED_MIB)"
+            )
+        return encoded
 
 
 def _to_host(parts: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
@@ -253,4 +321,23 @@ def worker_memory(worker: Any) -> dict[str, int]:
     return {"held_bytes": state.held_bytes, "requests": len(held), "tracked": len(state.requests)}
 
 
-WORKER_METHODS = {FETCH_METHOD: fetch_results, MEMORY_METHOD: worker_memory}
+def register_hook_set(worker: Any, set_id: str, hooks: list[dict[str, Any]]) -> str | None:
+    """Resolve a persistent hook set on this worker; the error text if it cannot be."""
+    state = get_state(compat.runner_from_worker(worker))
+    try:
+        state.hook_sets[set_id] = decode_hooks(hooks, state.device)
+    except (ValueError, KeyError, TypeError, ImportError, AttributeError) as exc:
+        return f"could not load hook set on the worker: {type(exc).__name__}: {exc}"
+    return None
+
+
+def clear_hook_set(worker: Any, set_id: str) -> bool:
+    return get_state(compat.runner_from_worker(worker)).hook_sets.pop(set_id, None) is not None
+
+
+WORKER_METHODS = {
+    FETCH_METHOD: fetch_results,
+    MEMORY_METHOD: worker_memory,
+    REGISTER_SET_METHOD: register_hook_set,
+    CLEAR_SET_METHOD: clear_hook_set,
+}

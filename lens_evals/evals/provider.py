@@ -21,7 +21,7 @@ from inspect_ai.hooks import Hooks, RunEnd, hooks
 from inspect_ai.model import GenerateConfig, ModelOutput, modelapi
 from inspect_ai.model._providers.openai_compatible import OpenAICompatibleAPI
 
-from lens_evals.client import activations_from_response
+from lens_evals import wire
 from lens_evals.evals.lora_args import lora_server_args
 from lens_evals.evals.server_process import LensServer, acquire_server, release_server, stop_shared_servers
 from lens_evals.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
@@ -62,18 +62,15 @@ def to_vllm_xargs(extra_args: dict[str, Any]) -> dict[str, Any]:
 
 
 def decode_activations(raw: dict[str, Any]) -> dict[str, Any]:
-    """Torch tensors; numpy arrays in a client-only install without torch."""
-    decoded = activations_from_response({"activations": raw})
-    if isinstance(decoded, list):
-        decoded = decoded[0]
+    """Torch tensors; numpy arrays in a client-only install without torch. Arrays anywhere
+    ("probe_scores" is {name: array}, "saved" a tree) are decoded."""
+    if isinstance(raw, list):
+        raw = raw[0]
     try:
         import torch
     except ImportError:  # client-only install: numpy arrays
-        return dict(decoded or {})
-    out: dict[str, Any] = {}
-    for name, value in (decoded or {}).items():  # "probe_scores" is {probe name: array}
-        out[name] = {k: torch.from_numpy(v) for k, v in value.items()} if isinstance(value, dict) else torch.from_numpy(value)
-    return out
+        return wire.decode_tree(raw or {})
+    return wire.decode_tree(raw or {}, lambda array: torch.from_numpy(array.copy()))
 
 
 @modelapi(name=PROVIDER_NAME)

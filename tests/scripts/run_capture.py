@@ -25,6 +25,11 @@ def params(i: int):
     if i == 1:
         acts = np.random.default_rng(4).normal(size=(1, 128)).astype(np.float32)
         extra["apply_steering_vectors"] = [SteeringVector(activations=acts, layer_indices=[1], scale=3.0)]
+    if i == 2:  # a module-level callable travels by import name; a registered hook by name
+        from lens_evals.hook_library import record_norm
+        from lens_evals.hooks import Hook
+
+        extra["apply_hooks"] = [Hook(record_norm, [1, 3]), Hook("ablate", [2], args={"indices": [4]})]
     if i >= 1:
         weights = np.random.default_rng(5).normal(size=128).astype(np.float32)
         extra["output_probe_scores"] = [LinearProbe(name="p", layer=2, weights=weights, bias=1.0)]
@@ -35,11 +40,21 @@ def gpu_options() -> dict:
     return {"gpu_memory_utilization": 0.2} if torch.cuda.is_available() else {}
 
 
-def offline(model: str) -> list:
-    from vllm import LLM
+def offline(model: str) -> tuple[list, str]:
+    """The outputs, and what a lambda hook gives ("ok" in-process, the error text otherwise)."""
+    from vllm import LLM, SamplingParams
+
+    from lens_evals.engine.frontend import LensRequestError
+    from lens_evals.hooks import Hook
 
     llm = LLM(model, dtype="float32", max_model_len=512, seed=0, **gpu_options())
-    return llm.generate(PROMPTS, [params(i) for i in range(len(PROMPTS))])
+    outputs = llm.generate(PROMPTS, [params(i) for i in range(len(PROMPTS))])
+    try:
+        llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2, extra_args={"apply_hooks": [Hook(lambda ctx, h: None, [0])]}))
+        lambda_result = "ok"
+    except LensRequestError as exc:
+        lambda_result = str(exc)
+    return outputs, lambda_result
 
 
 async def run_async(model: str) -> list:
@@ -62,14 +77,16 @@ async def run_async(model: str) -> list:
 
 def main() -> None:
     model, out_path, mode = sys.argv[1:4]
-    outputs = offline(model) if mode == "offline" else asyncio.run(run_async(model))
+    outputs, lambda_result = offline(model) if mode == "offline" else (asyncio.run(run_async(model)), "not run")
     tensors = {}
     for i, out in enumerate(outputs):
         tensors[f"capture_{i}"] = out.activations["residual_stream"].contiguous()
         tensors[f"tokens_{i}"] = torch.tensor(list(out.outputs[0].token_ids))
         for name, scores in out.activations.get("probe_scores", {}).items():
             tensors[f"probe_{name}_{i}"] = scores.contiguous()
-    save_file(tensors, out_path)
+        for name, value in out.activations.get("saved", {}).items():
+            tensors[f"saved_{name}_{i}"] = value.contiguous()
+    save_file(tensors, out_path, metadata={"lambda_hook": lambda_result})
 
 
 if __name__ == "__main__":

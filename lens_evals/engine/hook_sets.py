@@ -1,0 +1,195 @@
+"""Persistent hook sets: register hooks once, run many requests that opt in with
+``"use_hook_set": ID``, collect every request's ``saved`` in one bulk call, clear.
+
+Only requests that name the set run its hooks, so on a shared server one researcher's set
+neither sees nor changes other users' requests; the id (a random UUID) is the capability to use,
+collect and clear it. Results wait in the frontend process, encoded (JSON-safe), bounded by
+``LENS_EVALS_MAX_HOOK_RESULTS_MIB`` over all sets: a request whose result does not fit fails
+with a message saying to collect or clear.
+
+Offline: :func:`register_hook_set` (returns a :class:`HookSet` with ``extra_args``, ``collect()``
+and ``clear()``). Server: the HTTP endpoints in ``lens_evals.engine.server``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from lens_evals import wire
+from lens_evals.engine import compat
+from lens_evals.engine.hooks import encode_hooks, forget_local
+from lens_evals.engine.worker import CLEAR_SET_METHOD, REGISTER_SET_METHOD
+from lens_evals.hooks import Hook, check_registered_args
+from lens_evals.spec import HOOK_SET_KEY, LensRequest
+
+STORE_ATTR = "_lens_evals_hook_sets"
+DEFAULT_MAX_RESULTS_MIB = 512.0
+MAX_HOOKS_PER_SET = 256
+
+
+class UnknownHookSet(KeyError):
+    pass
+
+
+@dataclass
+class _Record:
+    hooks: list[dict[str, Any]]  # the worker's form
+    local_ids: list[str]
+    results: list[dict[str, Any]] = field(default_factory=list)
+    chars: int = 0
+    refused: int = 0
+
+
+class HookSetStore:
+    """The frontend's sets and their uncollected results (one store per engine)."""
+
+    def __init__(self) -> None:
+        self.sets: dict[str, _Record] = {}
+        self.held_chars = 0
+
+    @property
+    def max_chars(self) -> int:
+        return int(float(os.environ.get("LENS_EVALS_MAX_HOOK_RESULTS_MIB", DEFAULT_MAX_RESULTS_MIB)) * 2**20)
+
+    def record(self, set_id: str) -> _Record:
+        if set_id not in self.sets:
+            raise UnknownHookSet(f"hook set {set_id!r} is not registered (cleared?)")
+        return self.sets[set_id]
+
+    def add_result(self, set_id: str, request_id: str, saved: dict[str, Any]) -> str | None:
+        """Keep one request's result; the error text when the bound would be passed."""
+        record = self.sets.get(set_id)
+        if record is None:
+            return f"hook set {set_id!r} was cleared while the request ran; its result is dropped"
+        chars, bound = len(json.dumps(saved)), self.max_chars
+        if self.held_chars + chars > bound:
+            record.refused += 1
+            return (
+                f"hook set results would pass the bound of {bound / 2**20:.1f} MiB "
+                f"(LENS_EVALS_MAX_HOOK_RESULTS_MIB; {self.held_chars / 2**20:.1f} MiB held): collect or clear "
+                "hook sets to make room; this request's result was not kept"
+            )
+        record.results.append({"request_id": request_id, "saved": saved})
+        record.chars += chars
+        self.held_chars += chars
+        return None
+
+    def collect(self, set_id: str) -> dict[str, Any]:
+        """Every result held for the set (encoded), and how many were refused; empties the set."""
+        record = self.record(set_id)
+        results, refused = record.results, record.refused
+        self.held_chars -= record.chars
+        record.results, record.chars, record.refused = [], 0, 0
+        return {"id": set_id, "results": results, "refused": refused}
+
+    def remove(self, set_id: str) -> _Record:
+        record = self.record(set_id)
+        del self.sets[set_id]
+        self.held_chars -= record.chars
+        forget_local(record.local_ids)
+        return record
+
+
+def store_of(processor: Any) -> HookSetStore:
+    store = getattr(processor, STORE_ATTR, None)
+    if store is None:
+        store = HookSetStore()
+        setattr(processor, STORE_ATTR, store)
+    return store
+
+
+def prepare(processor: Any, hooks: Sequence[Any]) -> tuple[str, _Record]:
+    """Validate hooks (objects, or registered hooks' JSON) against the model; ValueError if bad."""
+    if not isinstance(hooks, (list, tuple)) or not hooks:
+        raise ValueError("a hook set needs a non-empty list of hooks")
+    if len(hooks) > MAX_HOOKS_PER_SET:
+        raise ValueError(f"a hook set holds at most {MAX_HOOKS_PER_SET} hooks")
+    parsed = [Hook.from_wire(hook) for hook in hooks]
+    for hook in parsed:
+        if hook.registered:
+            check_registered_args(str(hook.fn), hook.args)
+    shape = compat.model_shape(processor.vllm_config)
+    LensRequest(hooks=parsed).check_model(shape.num_layers, shape.hidden_size, 1, 2**62)
+    encoded, local_ids = encode_hooks(parsed)
+    return uuid.uuid4().hex, _Record(encoded, local_ids)
+
+
+def _check_workers(replies: list[Any]) -> None:
+    errors = [reply for reply in replies if isinstance(reply, str)]
+    if errors:
+        raise ValueError(errors[0])
+
+
+def _decode_results(collected: dict[str, Any]) -> dict[str, Any]:
+    def to_tensor(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.array(array))
+
+    results = [{"request_id": r["request_id"], "saved": wire.decode_tree(r["saved"], to_tensor)} for r in collected["results"]]
+    return {**collected, "results": results}
+
+
+# --------------------------------------------------------------------------- offline
+@dataclass
+class HookSet:
+    """A registered set on an offline ``LLM``: pass ``extra_args`` in the requests that use it."""
+
+    id: str
+    llm: Any
+
+    @property
+    def extra_args(self) -> dict[str, str]:
+        return {HOOK_SET_KEY: self.id}
+
+    def collect(self) -> dict[str, Any]:
+        """{"id", "results": [{"request_id", "saved": {... tensors ...}}], "refused": n}; empties the set."""
+        return _decode_results(store_of(compat.offline_input_processor(self.llm)).collect(self.id))
+
+    def clear(self) -> int:
+        """Unregister the set; returns how many uncollected results were dropped."""
+        record = store_of(compat.offline_input_processor(self.llm)).remove(self.id)
+        compat.offline_collective_rpc(self.llm, CLEAR_SET_METHOD, (self.id,))
+        return len(record.results)
+
+
+def register_hook_set(llm: Any, hooks: Sequence[Any]) -> HookSet:
+    """Register hooks once on an offline engine (callables or registered hooks)."""
+    processor = compat.offline_input_processor(llm)
+    set_id, record = prepare(processor, hooks)
+    try:
+        _check_workers(compat.offline_collective_rpc(llm, REGISTER_SET_METHOD, (set_id, record.hooks)))
+    except ValueError:
+        forget_local(record.local_ids)
+        compat.offline_collective_rpc(llm, CLEAR_SET_METHOD, (set_id,))
+        raise
+    store_of(processor).sets[set_id] = record
+    return HookSet(set_id, llm)
+
+
+# --------------------------------------------------------------------------- server (AsyncLLM)
+async def register_async(engine: Any, hooks: Sequence[Any]) -> dict[str, Any]:
+    processor = compat.async_input_processor(engine)
+    set_id, record = prepare(processor, hooks)
+    try:
+        _check_workers(await compat.async_collective_rpc(engine, REGISTER_SET_METHOD, (set_id, record.hooks)))
+    except ValueError:
+        await compat.async_collective_rpc(engine, CLEAR_SET_METHOD, (set_id,))
+        raise
+    store_of(processor).sets[set_id] = record
+    return {"id": set_id, "hooks": [hook["name"] for hook in record.hooks]}
+
+
+def collect_async(engine: Any, set_id: str) -> dict[str, Any]:
+    return store_of(compat.async_input_processor(engine)).collect(set_id)
+
+
+async def clear_async(engine: Any, set_id: str) -> dict[str, Any]:
+    record = store_of(compat.async_input_processor(engine)).remove(set_id)
+    await compat.async_collective_rpc(engine, CLEAR_SET_METHOD, (set_id,))
+    return {"id": set_id, "dropped_results": len(record.results)}

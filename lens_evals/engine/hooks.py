@@ -1,0 +1,189 @@
+"""Generic hooks on the worker: resolving a hook reference, the context a hook sees, running
+one request's hooks on its rows and putting a returned tensor back into the stream.
+
+Hook references (made only by the frontend, inside the reserved ``_lens_evals`` key):
+``registered:NAME`` (looked up in this process's registry), ``import:MODULE:QUALNAME`` (a
+module-level callable the user passed offline) and ``local:ID`` (any other callable the user
+passed offline; found only when the worker shares the user's process).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from lens_evals import wire
+from lens_evals.engine import compat
+from lens_evals.hooks import Hook, import_target, registered_hook
+
+logger = logging.getLogger("lens_evals")
+# Callables of in-process offline requests that cannot be imported by name (lambdas, closures).
+_LOCAL_CALLABLES: dict[str, Callable[..., Any]] = {}
+
+
+# --------------------------------------------------------------------------- frontend side
+def hook_reference(hook: Hook) -> tuple[str, str | None]:
+    """(reference for the worker, local id to forget when the request ends or None)."""
+    if hook.registered:
+        return f"registered:{hook.fn}", None
+    fn = hook.fn
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module and qualname and "<" not in qualname:
+        try:
+            if import_target(f"{module}:{qualname}") is fn:
+                return f"import:{module}:{qualname}", None
+        except (ImportError, AttributeError, ValueError):
+            logger.debug("lens_evals: hook %s is not importable by name; in-process only", qualname)
+    local_id = uuid.uuid4().hex
+    _LOCAL_CALLABLES[local_id] = fn
+    return f"local:{local_id}", local_id
+
+
+def forget_local(local_ids: list[str]) -> None:
+    for local_id in local_ids:
+        _LOCAL_CALLABLES.pop(local_id, None)
+
+
+def encode_hooks(hooks: list[Hook]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The worker's JSON form of validated hooks, and the local ids they hold."""
+    encoded, local_ids = [], []
+    for hook in hooks:
+        ref, local_id = hook_reference(hook)
+        if local_id is not None:
+            local_ids.append(local_id)
+        encoded.append({
+            "ref": ref, "name": hook.name, "layers": hook.layer_indices, "pre": hook.pre,
+            "module": hook.module, "args": wire.encode_tree(hook.args, "args"),
+        })
+    return encoded, local_ids
+
+
+# --------------------------------------------------------------------------- worker side
+@dataclass
+class WorkerHook:
+    name: str
+    fn: Callable[..., Any]
+    layers: list[int]
+    pre: bool
+    module: str | None
+    args: dict[str, Any]
+
+
+def resolve(ref: str) -> Callable[..., Any]:
+    kind, _, target = ref.partition(":")
+    if kind == "registered":
+        return registered_hook(target)
+    if kind == "import":
+        return import_target(target)
+    if kind == "local":
+        fn = _LOCAL_CALLABLES.get(target)
+        if fn is None:
+            raise ValueError(
+                "the hook is a Python callable that cannot be imported by name (a lambda, closure or "
+                "method) and the worker runs in another process: define it as a module-level function, "
+                "or run the engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0)"
+            )
+        return fn
+    raise ValueError(f"unknown hook reference {ref!r}")
+
+
+def decode_hooks(items: list[Mapping[str, Any]], device: torch.device) -> list[WorkerHook]:
+    def to_device(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+    return [
+        WorkerHook(
+            name=str(item["name"]), fn=resolve(str(item["ref"])), layers=[int(i) for i in item["layers"]],
+            pre=bool(item["pre"]), module=item.get("module"), args=wire.decode_tree(item.get("args") or {}, to_device),
+        )
+        for item in items
+    ]
+
+
+@dataclass
+class HookCall:
+    """One hook on one request's rows ``[start, stop)`` of this step at one layer."""
+
+    key: str
+    hook: WorkerHook
+    start: int
+    stop: int
+    positions: torch.Tensor
+    token_ids: torch.Tensor | None
+    saved: dict[str, Any]
+
+
+@dataclass
+class HookContext:
+    """What a hook sees besides the rows: ``saved`` persists across layers and steps for this
+    request (and comes back to the caller), ``positions`` / ``token_ids`` are the rows' absolute
+    positions and input token ids, ``args`` the hook's arguments (arrays as device tensors)."""
+
+    saved: dict[str, Any]
+    layer_idx: int
+    positions: torch.Tensor
+    token_ids: torch.Tensor | None
+    args: dict[str, Any]
+    pre: bool
+    module_path: str | None
+    model: nn.Module
+    hf_config: Any
+    parameters: "ParameterCache" = field(repr=False)
+
+    @property
+    def tp_rank(self) -> int:
+        return compat.parallel_ranks()[0]
+
+    def get_parameter(self, name: str) -> torch.Tensor:
+        """A model parameter by vLLM's name (e.g. "model.layers.3.mlp.down_proj.weight"), whole:
+        gathered across tensor-parallel ranks (a collective: every rank's hook must ask too)."""
+        return self.parameters.get(name)
+
+
+class ParameterCache:
+    """Whole parameters asked for by hooks, kept after the first gather."""
+
+    def __init__(self, model: nn.Module, checkpoint: str | None) -> None:
+        self.model = model
+        self.checkpoint = checkpoint
+        self.cache: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self.cache:
+            self.cache[name] = compat.gathered_parameter(self.model, name, self.checkpoint)
+        return self.cache[name]
+
+
+def run_calls(
+    calls: list[HookCall],
+    stream_of: Callable[[int, int], torch.Tensor],
+    put: Callable[[int, int, torch.Tensor], None],
+    layer: int,
+    make_context: Callable[[HookCall, int], HookContext],
+    fail: Callable[[str, str], None],
+    failed: Callable[[str], bool],
+) -> None:
+    """Run each call on a copy of its rows; a returned tensor replaces them. An exception or a
+    bad return value fails that call's request alone."""
+    for call in calls:
+        if failed(call.key):
+            continue
+        given = stream_of(call.start, call.stop)
+        try:
+            result = call.hook.fn(make_context(call, layer), given)
+            if result is None:
+                continue
+            if not isinstance(result, torch.Tensor) or result.shape != given.shape:
+                shape = tuple(result.shape) if isinstance(result, torch.Tensor) else type(result).__name__
+                raise ValueError(f"returned {shape}; a hook returns None or a tensor of shape {tuple(given.shape)}")
+            put(call.start, call.stop, result)
+        except Exception as exc:  # noqa: BLE001 - the hook is user code: its request fails, the engine goes on
+            where = f"layer {layer}{' ' + call.hook.module if call.hook.module else ''}{' (pre)' if call.hook.pre else ''}"
+            logger.warning("lens_evals: hook %s failed at %s: %s", call.hook.name, where, exc)
+            fail(call.key, f"hook {call.hook.name} failed at {where}: {type(exc).__name__}: {exc}")

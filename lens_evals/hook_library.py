@@ -1,0 +1,160 @@
+"""Built-in hooks, registered by name on every server (see ``lens_evals.hooks.BUILTIN_HOOKS``).
+
+Each is ``fn(ctx, hidden) -> Tensor | None`` with JSON ``args`` checked by its ``args_model``.
+Positions are absolute token positions (prompt and generated tokens counted from 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+
+def _row_mask(ctx: Any, positions: list[int] | None) -> torch.Tensor | None:
+    """Rows of this call at the given absolute positions (None: every row)."""
+    if positions is None:
+        return None
+    wanted = torch.tensor(positions, dtype=ctx.positions.dtype, device=ctx.positions.device)
+    return torch.isin(ctx.positions, wanted)
+
+
+def append_rows(saved: dict[str, Any], key: str, rows: torch.Tensor) -> None:
+    """Grow ``saved[key]`` along dim 0 (calls come once per step, in position order)."""
+    previous = saved.get(key)
+    saved[key] = rows if previous is None else torch.cat([previous, rows])
+
+
+class AblateArgs(_Args):
+    indices: list[int] = Field(min_length=1)
+    value: float = 0.0
+    positions: list[int] | None = None
+
+
+def ablate(ctx: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """Set columns ``indices`` of the hooked tensor to ``value`` (at ``positions``, or every row).
+    With ``module="mlp.down_proj", pre=True`` the columns are MLP neurons (single GPU / TP 1)."""
+    args = AblateArgs.model_validate(ctx.args)
+    columns = torch.tensor(args.indices, device=hidden.device)
+    mask = _row_mask(ctx, args.positions)
+    out = hidden.clone()
+    if mask is None:
+        out[:, columns] = args.value
+    else:
+        out[mask.nonzero().squeeze(1)[:, None], columns] = args.value
+    return out
+
+
+ablate.args_model = AblateArgs  # type: ignore[attr-defined]
+
+
+class AddArgs(_Args):
+    vector: Any  # (hidden,) or (len(positions), hidden)
+    positions: list[int] | None = None
+    scale: float = 1.0
+
+
+def add(ctx: Any, hidden: torch.Tensor) -> torch.Tensor | None:
+    """Add ``scale * vector`` to the rows at ``positions`` (e.g. noise on the subject tokens of a
+    corrupted run in causal tracing: a pre-hook at layer 0 adds it to the embeddings)."""
+    args = AddArgs.model_validate(ctx.args)
+    vector = torch.as_tensor(args.vector, device=hidden.device, dtype=hidden.dtype)
+    if args.positions is None:
+        return hidden + args.scale * vector
+    out = hidden.clone()
+    for row, position in enumerate(ctx.positions.tolist()):
+        if position in args.positions:
+            delta = vector if vector.dim() == 1 else vector[args.positions.index(position)]
+            out[row] += args.scale * delta
+    return out
+
+
+add.args_model = AddArgs  # type: ignore[attr-defined]
+
+
+class PatchArgs(_Args):
+    positions: list[int] = Field(min_length=1)
+    values: Any  # (len(positions), hidden): the states to put in
+
+
+def patch(ctx: Any, hidden: torch.Tensor) -> torch.Tensor | None:
+    """Replace the rows at ``positions`` by ``values`` (causal tracing: restore a clean state)."""
+    args = PatchArgs.model_validate(ctx.args)
+    values = torch.as_tensor(args.values, device=hidden.device, dtype=hidden.dtype)
+    if values.dim() != 2 or values.shape[0] != len(args.positions):
+        raise ValueError(f"values must be (len(positions), hidden), got {tuple(values.shape)}")
+    out, changed = hidden.clone(), False
+    for row, position in enumerate(ctx.positions.tolist()):
+        if position in args.positions:
+            out[row] = values[args.positions.index(position)]
+            changed = True
+    return out if changed else None
+
+
+patch.args_model = PatchArgs  # type: ignore[attr-defined]
+
+
+class RecordArgs(_Args):
+    positions: list[int] | None = None
+
+
+def record(ctx: Any, hidden: torch.Tensor) -> None:
+    """saved["rows.<layer>"]: the hooked rows (at ``positions``, or all), saved["positions.<layer>"]
+    their positions; with ``pre=True`` at layer 0 these are the token embeddings."""
+    mask = _row_mask(ctx, RecordArgs.model_validate(ctx.args).positions)
+    rows, positions = (hidden, ctx.positions) if mask is None else (hidden[mask], ctx.positions[mask])
+    site = f"{ctx.module_path}." if ctx.module_path else ""
+    append_rows(ctx.saved, f"{site}rows.{ctx.layer_idx}", rows)
+    append_rows(ctx.saved, f"{site}positions.{ctx.layer_idx}", positions)
+
+
+record.args_model = RecordArgs  # type: ignore[attr-defined]
+
+
+def record_norm(ctx: Any, hidden: torch.Tensor) -> None:
+    """saved["norm.<layer>"]: the L2 norm of each row; saved["positions.<layer>"]: their positions."""
+    append_rows(ctx.saved, f"norm.{ctx.layer_idx}", hidden.float().norm(dim=-1))
+    append_rows(ctx.saved, f"positions.{ctx.layer_idx}", ctx.positions)
+
+
+record_norm.args_model = _Args  # type: ignore[attr-defined]
+
+
+class LogitLensArgs(_Args):
+    top_k: int = Field(default=5, ge=0, le=100)
+    positions: list[int] | None = None
+    token_ids: list[int] | None = Field(default=None, max_length=1000)
+    norm: str = "model.norm.weight"
+    unembedding: str = "lm_head.weight"
+
+
+def logit_lens(ctx: Any, hidden: torch.Tensor) -> None:
+    """Project the stream through the final RMSNorm and the unembedding (Llama-style names by
+    default): saved["top_ids.<layer>"], ["top_logprobs.<layer>"] (rows, top_k), with ``token_ids``
+    ["token_logprobs.<layer>"] (rows, len(token_ids)), and ["positions.<layer>"]."""
+    args = LogitLensArgs.model_validate(ctx.args)
+    mask = _row_mask(ctx, args.positions)
+    rows = hidden if mask is None else hidden[mask]
+    if rows.shape[0] == 0:
+        return None
+    eps = float(getattr(ctx.hf_config, "rms_norm_eps", 1e-6))
+    stream = rows.float()
+    normed = stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + eps) * ctx.get_parameter(args.norm).float()
+    logprobs = torch.log_softmax(normed @ ctx.get_parameter(args.unembedding).float().T, dim=-1)
+    layer = ctx.layer_idx
+    if args.top_k:
+        top = logprobs.topk(args.top_k, dim=-1)
+        append_rows(ctx.saved, f"top_ids.{layer}", top.indices)
+        append_rows(ctx.saved, f"top_logprobs.{layer}", top.values)
+    if args.token_ids:
+        append_rows(ctx.saved, f"token_logprobs.{layer}", logprobs[:, torch.tensor(args.token_ids, device=logprobs.device)])
+    append_rows(ctx.saved, f"positions.{layer}", ctx.positions if mask is None else ctx.positions[mask])
+    return None
+
+
+logit_lens.args_model = LogitLensArgs  # type: ignore[attr-defined]
