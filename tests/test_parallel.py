@@ -28,6 +28,7 @@ from lens_evals import LinearProbe, SteeringVector
 from lens_evals.client import activations_from_response, lens_xargs
 from lens_evals.engine import compat
 from lens_evals.evals.server_process import LensServer
+from lens_evals.hooks import Hook
 from lens_evals.models import model_path
 from tests.conftest import capture, engine_tolerance, greedy, make_llm, on_gpu
 
@@ -60,9 +61,14 @@ PROBES = [  # one on each pipeline stage; requests 0 and 1 ask for both
 ]
 
 
+# Registered hooks (importable in every worker): a residual ablation that must run on every rank,
+# and a logit lens that reads the vocabulary-parallel unembedding through ctx.get_parameter.
+HOOKS = [Hook("ablate", [1], args={"indices": [5, 77]}), Hook("logit_lens", [2, 3], args={"top_k": 3})]
+
+
 def request_features(i: int) -> dict[str, Any]:
     steer = list(STEERING[i] or []) + ([POSITION_STEER] if i == 2 else [])
-    return {"capture_layers": CAPTURE, "steering": steer or None, "probes": PROBES if i < 2 else None}
+    return {"capture_layers": CAPTURE, "steering": steer or None, "probes": PROBES if i < 2 else None, "hooks": HOOKS if i == 2 else None}
 
 
 def lens_params(i: int) -> Any:
@@ -72,6 +78,7 @@ def lens_params(i: int) -> Any:
         output_residual_stream=features["capture_layers"],
         apply_steering_vectors=features["steering"],
         output_probe_scores=features["probes"],
+        apply_hooks=features["hooks"],
     )
 
 
@@ -89,6 +96,13 @@ def assert_same_activations(tokens: list[int], activations: dict[str, Any], want
     assert set(activations.get("probe_scores", {})) == set(want_scores)
     for name, scores in want_scores.items():
         torch.testing.assert_close(torch.as_tensor(activations["probe_scores"][name]), scores, atol=TOL, rtol=TOL)
+    want_saved = want.activations.get("saved", {})
+    assert set(activations.get("saved", {})) == set(want_saved)
+    for name, value in want_saved.items():
+        if name.startswith("top_ids"):
+            assert torch.equal(torch.as_tensor(activations["saved"][name]), value), name
+        else:
+            torch.testing.assert_close(torch.as_tensor(activations["saved"][name]), value, atol=TOL, rtol=TOL)
     return float((got_stream - capture(want)).abs().max())
 
 
@@ -138,12 +152,14 @@ def rank_replies(monkeypatch) -> list[list[dict[str, dict[str, Any]]]]:
 
 
 def returned_by_rank(replies: list[dict[str, dict[str, Any]]]) -> list[dict[str, list[int]]]:
-    """For each worker: the capture layers and probe indices it returned, request after request."""
+    """For each worker: the capture layers and probe indices it returned, request after request,
+    and how many hook results (``saved``)."""
     per_rank = []
     for reply in replies:
-        returned: dict[str, list[int]] = {"layers": [], "probes": []}
+        returned: dict[str, Any] = {"layers": [], "probes": [], "saved": 0}
         for result in reply.values():
             assert "error" not in result, result
+            returned["saved"] += "saved" in result
             tensors = st_load(result["safetensors"])
             returned["layers"] += tensors.get("layers", torch.empty(0)).tolist()
             returned["probes"] += tensors.get("probe_index", torch.empty(0)).tolist()
@@ -151,9 +167,10 @@ def returned_by_rank(replies: list[dict[str, dict[str, Any]]]) -> list[dict[str,
     return per_rank
 
 
-NOTHING = {"layers": [], "probes": []}
-# Every request captures CAPTURE; requests 0 and 1 ask for probes 0 (layer 1) and 1 (layer 3).
-ALL_FROM_ONE_RANK = {"layers": sorted(CAPTURE) * len(PROMPTS), "probes": [0, 1, 0, 1]}
+NOTHING = {"layers": [], "probes": [], "saved": 0}
+# Every request captures CAPTURE; requests 0 and 1 ask for probes 0 (layer 1) and 1 (layer 3);
+# request 2 has hooks.
+ALL_FROM_ONE_RANK = {"layers": sorted(CAPTURE) * len(PROMPTS), "probes": [0, 1, 0, 1], "saved": 1}
 
 
 @pytest.fixture(scope="module")
@@ -188,8 +205,8 @@ def test_tensor_parallel_2_equals_single_worker(tiny_path, single_worker, bind_t
 def test_pipeline_parallel_2_equals_single_worker(tiny_path, single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(tiny_path, single_worker["lens"], rank_replies, "PP=2", pipeline_parallel_size=2)
     assert per_rank == [  # each stage its own layers and probes
-        {"layers": [0, 1] * len(PROMPTS), "probes": [0, 0]},
-        {"layers": [2, 3] * len(PROMPTS), "probes": [1, 1]},
+        {"layers": [0, 1] * len(PROMPTS), "probes": [0, 0], "saved": 1},
+        {"layers": [2, 3] * len(PROMPTS), "probes": [1, 1], "saved": 1},
     ]
 
 
