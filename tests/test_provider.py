@@ -157,3 +157,23 @@ def test_conflicting_vllm_lens_package_is_refused(tmp_path, monkeypatch) -> None
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(RuntimeError, match="Uninstall one of them"):
         get_model("vllm-lens/tiny-llama", base_url="http://127.0.0.1:1/v1")
+
+
+def test_a_memoised_model_follows_the_base_url_variable_and_fails_fast_without_a_server(tiny_server, monkeypatch) -> None:
+    """Inspect memoises models by their arguments, not the environment: a model built from
+    VLLM_LENS_BASE_URL must follow the variable, and a vanished server must fail the call at
+    once (Inspect would otherwise retry a refused connection for ever)."""
+    import time
+
+    from lens_evals.evals.provider import BASE_URL_ENV
+
+    monkeypatch.setenv(BASE_URL_ENV, f"{tiny_server.url}/v1")
+    model = get_model("vllm-lens/tiny-llama", memoize=False)
+    plain = generate(model)
+    monkeypatch.setenv(BASE_URL_ENV, f"http://127.0.0.1:{free_port()}/v1")  # that server went away
+    started = time.monotonic()
+    with pytest.raises(Exception, match="(?i)connect"):
+        generate(model)
+    assert time.monotonic() - started < 60
+    monkeypatch.setenv(BASE_URL_ENV, f"{tiny_server.url}/v1")
+    assert generate(model).completion == plain.completion

@@ -84,21 +84,19 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         **model_args: Any,
     ) -> None:
         check_no_conflicting_provider()
-        base_url = base_url or os.environ.get(BASE_URL_ENV) or None
+        # A base_url taken from the environment is followed when the variable changes later
+        # (Inspect memoises model instances by their arguments, not by the environment).
+        self._env_base_url = None if base_url else os.environ.get(BASE_URL_ENV) or None
+        base_url = base_url or self._env_base_url
         self.server: LensServer | None = None
         self._server_spec: tuple[str, str, dict[str, Any], float] | None = None
         server_timeout = float(model_args.pop("server_timeout", 600))
+        self._own_server_args = (dict(model_args), server_timeout)
         if api_key == _model_info_lookup_key():
             # Inspect builds a throwaway instance to look up model info: start nothing.
             base_url = base_url or "http://127.0.0.1:9/v1"
         elif base_url is None:
-            from lens_evals.models import PREPARERS, resolve_model
-
-            if model_name in PREPARERS:
-                # Embedded models are stored in fp32; vLLM's "auto" would downcast them, and probes
-                # trained offline on fp32 activations must see the same numbers.
-                model_args.setdefault("dtype", "float32")
-            self._server_spec = (resolve_model(model_name), model_name, lora_server_args(model_args), server_timeout)
+            self._server_spec = _own_server_spec(model_name, model_args, server_timeout)
             self.server = acquire_server(*self._server_spec[:3], timeout=server_timeout)
             base_url = f"{self.server.url}/v1"
         else:
@@ -176,7 +174,10 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         return response.json()
 
     def _ensure_server(self) -> None:
-        """Servers stop when an Inspect run ends; a memoised model used again restarts its own."""
+        """Servers stop when an Inspect run ends; a memoised model used again restarts its own,
+        or follows ``VLLM_LENS_BASE_URL`` when it was built from that variable and it changed."""
+        if self._env_base_url is not None and os.environ.get(BASE_URL_ENV) != self._env_base_url:
+            self._follow_environment()
         if self._server_spec is None or (self.server is not None and self.server.process is not None):
             return
         model, name, args, timeout = self._server_spec
@@ -184,6 +185,32 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         if self.server.url != str(self.base_url).removesuffix("/v1").rstrip("/"):
             self.base_url = f"{self.server.url}/v1"
             self.initialize()
+
+    def _follow_environment(self) -> None:
+        self._env_base_url = os.environ.get(BASE_URL_ENV) or None
+        if self._env_base_url is not None:
+            self.base_url = self._env_base_url
+            self.initialize()
+        else:  # the variable is gone: start (or share) our own server, as without it
+            self._server_spec = _own_server_spec(self.model_name, *self._own_server_args)
+            self.server = None
+
+    def should_retry(self, ex: Exception) -> Any:
+        """No retries once the server is gone (its process exited, or nothing answers at
+        base_url): the sample fails at once, with the reason logged, instead of retrying."""
+        if isinstance(ex, (httpx.ConnectError, ConnectionError)) or type(ex).__name__ == "APIConnectionError":
+            process = self.server.process if self.server is not None else None
+            if process is not None and process.poll() is not None:
+                logger.error("lens_evals: the vLLM server for %s exited (code %s); not retrying.\n%s",
+                             self.model_name, process.returncode, self.server.tail() if self.server else "")
+                return False
+            root = str(self.base_url).rstrip("/").removesuffix("/v1")
+            try:
+                httpx.get(f"{root}/health", timeout=5)
+            except httpx.HTTPError:
+                logger.error("lens_evals: no vLLM server reachable at %s (stopped?); not retrying", root)
+                return False
+        return super().should_retry(ex)
 
     def close(self) -> None:
         if self.server is not None:
@@ -195,6 +222,18 @@ class VLLMLensAPI(OpenAICompatibleAPI):
             await super().aclose()
         finally:
             self.close()
+
+
+def _own_server_spec(model_name: str, model_args: dict[str, Any], timeout: float) -> tuple[str, str, dict[str, Any], float]:
+    """(model path, served name, server args, start timeout) for a server this provider starts."""
+    from lens_evals.models import PREPARERS, resolve_model
+
+    model_args = dict(model_args)
+    if model_name in PREPARERS:
+        # Embedded models are stored in fp32; vLLM's "auto" would downcast them, and probes
+        # trained offline on fp32 activations must see the same numbers.
+        model_args.setdefault("dtype", "float32")
+    return resolve_model(model_name), model_name, lora_server_args(model_args), timeout
 
 
 def _model_info_lookup_key() -> str | None:
