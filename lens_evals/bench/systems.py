@@ -10,7 +10,7 @@ class System:
     name: str
     label: str
     kind: str  # "vllm" (pure or ours), "hf", "nnsight-hf", "nnsight-vllm", "tl"
-    lens: str | None = None  # our feature: "capture-1", "capture-all", "steer-1", "probe"
+    lens: str | None = None  # our feature: "plain" (none), "capture-1", "capture-all", "steer-1", "probe"
     cuda_graphs: bool = False  # pure vLLM with CUDA graphs / torch.compile (GPU only)
     gpu_only: bool = False
     captures_layer: bool = False  # yields the hooked layer's stream to compare with HF
@@ -25,6 +25,7 @@ ALL_SYSTEMS: dict[str, System] = {
     for s in (
         System(GRAPHS, "pure vLLM, CUDA graphs", "vllm", cuda_graphs=True, gpu_only=True),
         System(BASELINE, "pure vLLM, eager", "vllm"),
+        System("lens-plain", "ours: plugin on, plain requests", "vllm", lens="plain"),
         System("lens-capture-1", "ours: capture 1 layer", "vllm", lens="capture-1", captures_layer=True),
         System("lens-capture-all", "ours: capture all layers", "vllm", lens="capture-all", captures_layer=True),
         System("lens-steer-1", "ours: steer 1 layer", "vllm", lens="steer-1"),

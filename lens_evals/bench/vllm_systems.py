@@ -30,7 +30,7 @@ def probe_weights(hidden_size: int) -> np.ndarray:
 
 def lens_extra_args(system: System, cfg: BenchConfig) -> dict[str, Any] | None:
     rng = np.random.default_rng(7)
-    if system.lens is None:
+    if system.lens in (None, "plain"):
         return None
     if system.lens == "capture-1":
         return {CAPTURE_KEY: [cfg.layer]}

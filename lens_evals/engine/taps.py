@@ -85,10 +85,8 @@ def _make_tap(state: "LensWorkerState", layer_index: int):
             calls = plan.hook_calls.get((layer_index, None, False))
             if calls:
                 _run_hooks(state, calls, hidden, residual, layer_index)
-            if layer_index in plan.capture_layers and plan.capture_rows is not None:
-                rows = plan.capture_rows
-                stream = hidden[rows] if residual is None else hidden[rows] + residual[rows]
-                state.step_captures[layer_index] = stream
+            if layer_index in plan.capture_layers:
+                state.step_captures[layer_index] = _gather_stream(hidden, residual, plan.capture_span, plan.capture_rows)
             probes = plan.probes.get(layer_index)
             if probes is not None:
                 state.step_scores[layer_index] = _probe_scores(hidden, residual, probes)
@@ -105,17 +103,33 @@ def _apply_steering(hidden: torch.Tensor, residual: torch.Tensor | None, steer: 
 
     On fused-residual layers the stream is hidden + residual; adding to ``hidden`` moves the
     stream by exactly the delta."""
-    delta = steer.vectors * steer.scale
+    delta = steer.delta if steer.delta is not None else steer.vectors * steer.scale
     if steer.any_norm_match:
-        rows_stream = hidden[steer.rows] if residual is None else hidden[steer.rows] + residual[steer.rows]
+        rows_stream = _gather_stream(hidden, residual, steer.span, steer.rows)
         norms = rows_stream.float().norm(dim=-1, keepdim=True).to(hidden.dtype)
         delta = delta * torch.where(steer.norm_match, norms, torch.ones_like(norms))
-    hidden.index_add_(0, steer.rows, delta.to(hidden.dtype))
+    if steer.span is not None:
+        hidden[steer.span[0] : steer.span[1]].add_(delta.to(hidden.dtype))
+    else:
+        hidden.index_add_(0, steer.rows, delta.to(hidden.dtype))
 
 
 def _probe_scores(hidden: torch.Tensor, residual: torch.Tensor | None, probes: Any) -> torch.Tensor:
     """score = w . h + b (float32) for every (row, probe) pair the step's requests asked for."""
-    rows = probes.rows
-    stream = hidden[rows] if residual is None else hidden[rows] + residual[rows]
+    stream = _gather_stream(hidden, residual, probes.span, probes.rows)
     every_pair = stream.float() @ probes.weights.T  # (n_rows, n_distinct_probes)
+    if probes.one_pair_per_row:
+        return every_pair[:, 0] + probes.bias[0]
     return every_pair[probes.pair_rows, probes.pair_probes] + probes.bias[probes.pair_probes]
+
+
+def _gather_stream(hidden: torch.Tensor, residual: torch.Tensor | None, span: tuple[int, int] | None, rows: torch.Tensor | None) -> torch.Tensor:
+    """The residual stream (hidden + residual on fused-residual layers) of some rows, as a new
+    tensor: a slice when the rows are contiguous, else one index_select (much faster than
+    advanced indexing)."""
+    if span is not None:
+        start, stop = span
+        return hidden[start:stop] + residual[start:stop] if residual is not None else hidden[start:stop].clone()
+    assert rows is not None
+    picked = hidden.index_select(0, rows)
+    return picked + residual.index_select(0, rows) if residual is not None else picked

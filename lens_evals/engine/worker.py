@@ -8,15 +8,14 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from safetensors.torch import save as st_save
 
 from lens_evals.engine import compat
 from lens_evals.engine.batch import StepPlan, build_plan
+from lens_evals.engine.store import Piece, PieceStore, assemble, to_host
 from lens_evals.engine.requests import WorkerRequest, decode_worker_request
 from lens_evals import wire
 from lens_evals.engine.hooks import HookCall, HookContext, ParameterCache, WorkerHook, decode_hooks
@@ -29,21 +28,6 @@ MEMORY_METHOD = "lens_evals_memory"
 REGISTER_SET_METHOD = "lens_evals_register_hook_set"
 CLEAR_SET_METHOD = "lens_evals_clear_hook_set"
 DEFAULT_MAX_SAVED_MIB = 256.0
-
-
-@dataclass
-class RowChunk:
-    """One step's rows of one request: captured residual streams (``ids`` are layers, data
-    (n_layers, n_rows, hidden)) or probe scores (``ids`` are probe indices, data (n_probes, n_rows))."""
-
-    ids: list[int]
-    positions: np.ndarray
-    data: torch.Tensor  # host memory once `ready` is done
-    ready: torch.cuda.Event | None = None
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size()
 
 
 def _limit_bytes(env: str, default_gib: float) -> int:
@@ -68,14 +52,14 @@ class LensWorkerState:
         self.max_saved_chars = int(float(os.environ.get("LENS_EVALS_MAX_SAVED_MIB", DEFAULT_MAX_SAVED_MIB)) * 2**20)
         self.requests: dict[str, WorkerRequest | None] = {}
         self.req_keys: dict[str, str] = {}
-        self.chunks: dict[str, list[RowChunk]] = {}
-        self.score_chunks: dict[str, list[RowChunk]] = {}
+        self.captures = PieceStore()  # captured rows per request key
+        self.scores = PieceStore()  # probe scores per request key
         self.errors: dict[str, str] = {}
         self.fetched: set[str] = set()
         self.finished_unfetched: OrderedDict[str, float] = OrderedDict()
-        self.held_bytes = 0
         self.max_held_bytes = _limit_bytes("LENS_EVALS_MAX_HELD_CAPTURE_GIB", 8.0)
         self.plan: StepPlan | None = None
+        self._last_plan: tuple[tuple[list[str], list[int]], StepPlan] | None = None
         self.step_captures: dict[int, torch.Tensor] = {}
         self.step_scores: dict[int, torch.Tensor] = {}
         self._step_scheduled: dict[str, int] | None = None
@@ -96,10 +80,7 @@ class LensWorkerState:
                 self._admit(req_id)
         if not self.req_keys:  # no lens request in flight: plain traffic pays nothing more
             return run()
-        self.plan = build_plan(
-            layout, self.requests, self.device, self.dtype, self.capture_here, self.local_layers,
-            input_ids, set(self.errors),
-        )
+        self.plan = self._plan_for(layout, input_ids)
         if self.plan is None:
             return run()
         self._install_hook_sites(self.plan)
@@ -108,6 +89,25 @@ class LensWorkerState:
         finally:
             plan, self.plan = self.plan, None
             self._store_step(plan)
+
+    @property
+    def held_bytes(self) -> int:
+        return self.captures.held_bytes + self.scores.held_bytes
+
+    def _plan_for(self, layout: compat.BatchLayout, input_ids: torch.Tensor | None) -> StepPlan | None:
+        """The step's plan; a decode step with the same requests and row counts as the last
+        one reuses its tensors (only the start positions change), so it costs no device work."""
+        signature = (layout.req_ids, layout.num_rows)
+        if self._last_plan is not None and self._last_plan[0] == signature:
+            plan = self._last_plan[1]
+            plan.start_positions = layout.start_positions
+            return plan
+        plan = build_plan(
+            layout, self.requests, self.device, self.dtype, self.capture_here, self.local_layers,
+            input_ids, set(self.errors),
+        )
+        self._last_plan = (signature, plan) if plan is not None and plan.reusable else None
+        return plan
 
     def _admit(self, req_id: str) -> None:
         extra = compat.request_extra_args(self.runner, req_id)
@@ -151,28 +151,31 @@ class LensWorkerState:
         return key in self.errors
 
     def _store_step(self, plan: StepPlan) -> None:
+        """One device-to-host copy for the step's captures and one for its probe scores; each
+        request keeps a Piece (where its rows are), nothing is cut per request here."""
         captured, self.step_captures = self.step_captures, {}
         scored, self.step_scores = self.step_scores, {}
+        self.captures.compact()
+        self.scores.compact()
+        starts = plan.start_positions
         if plan.capture_slots and len(captured) == len(plan.capture_layers):
-            stacked = torch.stack([captured[layer] for layer in plan.capture_layers])  # (L, R, H)
-            parts = [stacked[slot.layer_slots, slot.row_start : slot.row_start + slot.num_rows] for slot in plan.capture_slots]
-            host_parts, ready = _to_host(parts)
-            for slot, data in zip(plan.capture_slots, host_parts):
-                layers = [plan.capture_layers[i] for i in slot.layer_slots]
-                self._keep(self.chunks, slot.key, RowChunk(layers, slot.positions, data, ready))
+            layers = [captured[layer] for layer in plan.capture_layers]
+            stacked = layers[0].unsqueeze(0) if len(layers) == 1 else torch.stack(layers)  # (L, R, H), a new tensor
+            data, ready = to_host(stacked)
+            buffer = self.captures.new_buffer(data, ready, stacked.shape[1])
+            for slot in plan.capture_slots:
+                if slot.key not in self.fetched and slot.key not in self.errors:
+                    self.captures.add(slot.key, Piece(buffer, slot.row_start, slot.num_rows, starts[slot.batch_index], slot.layer_slots))
+            self.captures.drop_unused(buffer)
         if plan.score_slots and len(scored) == len(plan.probes):
-            parts = [torch.stack([scored[layer][off : off + slot.num_rows] for _, layer, off in slot.entries]) for slot in plan.score_slots]
-            host_parts, ready = _to_host(parts)  # float32 scores: a separate (small) copy
-            for slot, data in zip(plan.score_slots, host_parts):
-                probe_indices = [index for index, _, _ in slot.entries]
-                self._keep(self.score_chunks, slot.key, RowChunk(probe_indices, slot.positions, data, ready))
+            flat = torch.cat([scored[layer] for layer in plan.probes])  # float32 scores of every (row, probe) pair
+            data, ready = to_host(flat)
+            buffer = self.scores.new_buffer(data, ready, flat.shape[0])
+            for slot in plan.score_slots:
+                if slot.key not in self.fetched and slot.key not in self.errors:
+                    self.scores.add(slot.key, Piece(buffer, 0, slot.num_rows, starts[slot.batch_index], slot.flat_offsets))
+            self.scores.drop_unused(buffer)
         self._enforce_memory_bound()
-
-    def _keep(self, store: dict[str, list[RowChunk]], key: str, chunk: RowChunk) -> None:
-        if key in self.fetched or key in self.errors:
-            return
-        store.setdefault(key, []).append(chunk)
-        self.held_bytes += chunk.nbytes
 
     def fail_keys(self, keys: list[str], message: str) -> None:
         for key in keys:
@@ -190,15 +193,12 @@ class LensWorkerState:
         else:
             self.finished_unfetched[key] = time.monotonic()
 
-    def _release_chunks(self, key: str) -> tuple[list[RowChunk], list[RowChunk]]:
-        """Forget a request's (captured, scored) chunks and return them."""
-        captured = self.chunks.pop(key, [])
-        scored = self.score_chunks.pop(key, [])
-        self.held_bytes -= sum(chunk.nbytes for chunk in captured + scored)
-        return captured, scored
+    def _release(self, key: str) -> tuple[list[Piece], list[Piece]]:
+        """Forget a request's (captured, scored) pieces and return them (still readable)."""
+        return self.captures.release(key), self.scores.release(key)
 
     def _drop(self, key: str) -> None:
-        self._release_chunks(key)
+        self._release(key)
         self.by_key.pop(key, None)
         self.errors.pop(key, None)
 
@@ -208,16 +208,16 @@ class LensWorkerState:
             logger.warning("lens_evals: dropping unfetched capture %s to stay under the host memory bound", key)
             self._drop(key)
         if self.held_bytes > self.max_held_bytes:
-            keys = list(self.chunks.keys() | self.score_chunks.keys())
+            keys = list(self.captures.keys() | self.scores.keys())
             self.fail_keys(keys, "worker capture memory bound exceeded (LENS_EVALS_MAX_HELD_CAPTURE_GIB)")
             for key in keys:
-                self._release_chunks(key)
+                self._release(key)
 
     def pop_result(self, key: str) -> dict[str, Any] | None:
         """Assemble and release one request's capture, probe scores and hook results (rows placed
         by absolute position; ``saved`` JSON-safe, arrays encoded)."""
         error = self.errors.get(key)
-        captured, scored = self._release_chunks(key)
+        captured, scored = self._release(key)
         req = self.by_key.pop(key, None)
         if key in self.finished_unfetched:
             self.finished_unfetched.pop(key)
@@ -236,10 +236,13 @@ class LensWorkerState:
             except ValueError as exc:
                 return {"error": str(exc)}
         tensors: dict[str, torch.Tensor] = {}
-        for chunks, name, ids_name in ((captured, "residual_stream", "layers"), (scored, "probe_scores", "probe_index")):
-            if not chunks:
+        for pieces, name, ids_name, ids in (
+            (captured, "residual_stream", "layers", [layer for layer in (req.capture_layers if req else []) if layer in self.local_layers]),
+            (scored, "probe_scores", "probe_index", [probe.index for probe in (req.probes if req else []) if probe.layer in self.local_layers]),
+        ):
+            if not pieces:
                 continue
-            ids, rows, gaps = _assemble(chunks)
+            rows, gaps = assemble(pieces)
             if gaps:
                 return {"error": f"{name} has gaps at positions {gaps} (prefix cache or scheduling defect)"}
             tensors[name] = rows
@@ -257,41 +260,6 @@ class LensWorkerState:
                 f"{self.max_saved_chars / 2**20:.1f} MiB (LENS_EVALS_MAX_SAVED_MIB)"
             )
         return encoded
-
-
-def _to_host(parts: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
-    """One asynchronous device-to-host copy for all of a step's parts; each part comes back as
-    a view of the pinned buffer (read it only after the event: the copy may still run)."""
-    if parts[0].device.type != "cuda":
-        return parts, None
-    flat = torch.cat([part.reshape(-1) for part in parts])
-    host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-    host.copy_(flat, non_blocking=True)
-    ready = torch.cuda.Event()
-    ready.record()
-    views, start = [], 0
-    for part in parts:
-        views.append(host[start : start + part.numel()].view(part.shape))
-        start += part.numel()
-    return views, ready
-
-
-def _assemble(chunks: list[RowChunk]) -> tuple[list[int], torch.Tensor, list[int]]:
-    """(ids, rows (n_ids, n_positions, ...), first missing positions). Later chunks
-    (recomputation after preemption) overwrite earlier ones."""
-    for chunk in chunks:
-        if chunk.ready is not None:
-            chunk.ready.synchronize()
-    ids = chunks[0].ids
-    last = int(max(c.positions.max() for c in chunks))
-    first = chunks[0].data
-    out = torch.zeros((len(ids), last + 1, *first.shape[2:]), dtype=first.dtype)
-    covered = np.zeros(last + 1, dtype=bool)
-    for chunk in chunks:
-        out[:, torch.from_numpy(chunk.positions)] = chunk.data
-        covered[chunk.positions] = True
-    gaps = np.flatnonzero(~covered)[:10].tolist()
-    return ids, out.contiguous(), gaps
 
 
 def get_state(runner: Any) -> LensWorkerState:
@@ -317,7 +285,7 @@ def fetch_results(worker: Any, keys: list[str]) -> dict[str, dict[str, Any]]:
 
 def worker_memory(worker: Any) -> dict[str, int]:
     state = get_state(compat.runner_from_worker(worker))
-    held = state.chunks.keys() | state.score_chunks.keys()
+    held = state.captures.keys() | state.scores.keys()
     return {"held_bytes": state.held_bytes, "requests": len(held), "tracked": len(state.requests)}
 
 

@@ -1,0 +1,200 @@
+"""Host memory for captured rows and probe scores, step by step, until a request is fetched.
+
+A step copies everything it captured to the host in ONE asynchronous copy (a ``StepBuffer``);
+each request of the step keeps only a small ``Piece`` that says where its rows are in that
+buffer. No per-request tensor work happens while the engine steps: the rows are cut out and
+joined when the request is fetched (``assemble``).
+
+A buffer stays alive while any of its pieces does, so memory is accounted per whole buffer.
+When a request is released and a buffer it shared is left less than a quarter used, the other
+requests' rows are copied out of it (each row at most once), so a long request in a batch of
+short ones does not keep the whole batch's rows alive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+COMPACT_BELOW = 0.25
+
+
+class StepBuffer:
+    """One step's captures ``(n_layers, n_rows, hidden)`` or probe scores ``(n_pairs,)`` on the
+    host. ``ready`` is the CUDA event of the copy (None on CPU or once waited for)."""
+
+    __slots__ = ("data", "ready", "units", "live_units", "live_pieces", "pieces", "_array")
+
+    def __init__(self, data: torch.Tensor, ready: Any, units: int) -> None:
+        self.data = data
+        self.ready = ready
+        self.units = units
+        self.live_units = 0
+        self.live_pieces = 0
+        self.pieces: list[Piece] = []  # every piece ever added (see ``alive``)
+        self._array: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    def array(self) -> np.ndarray:
+        """The host data as numpy (bfloat16 viewed as int16: numpy has no bfloat16)."""
+        if self._array is None:
+            if self.ready is not None:
+                self.ready.synchronize()
+                self.ready = None
+            data = self.data.view(torch.int16) if self.data.dtype == torch.bfloat16 else self.data
+            self._array = data.numpy()
+        return self._array
+
+
+class Piece:
+    """A request's rows in one step buffer. Captures: rows ``start:start+num_rows`` of the
+    buffer's layer entries ``slots`` (None: all of them, in order). Scores: ``num_rows`` scores
+    from each flat offset in ``slots`` (one per probe)."""
+
+    __slots__ = ("buffer", "start", "num_rows", "first_position", "slots", "alive", "units")
+
+    def __init__(self, buffer: StepBuffer, start: int, num_rows: int, first_position: int, slots: tuple[int, ...] | None) -> None:
+        self.buffer = buffer
+        self.start = start
+        self.num_rows = num_rows
+        self.first_position = first_position
+        self.slots = slots
+        self.alive = True
+        self.units = num_rows if slots is None or buffer.data.dim() > 1 else num_rows * len(slots)
+
+    def rows(self) -> np.ndarray:
+        """Captures ``(n_layers, num_rows, hidden)``; scores ``(n_probes, num_rows)``."""
+        buffer = self.buffer
+        data = buffer._array if buffer._array is not None else buffer.array()
+        n = self.num_rows
+        if data.ndim > 1:
+            if self.slots is None:
+                return data[:, self.start : self.start + n]
+            return data[list(self.slots), self.start : self.start + n]
+        assert self.slots is not None
+        if len(self.slots) == 1:
+            offset = self.slots[0]
+            return data[None, offset : offset + n]
+        return np.stack([data[offset : offset + n] for offset in self.slots])
+
+
+def to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """One asynchronous device-to-host copy into pinned memory (PyTorch's caching host
+    allocator reuses the blocks); on CPU the tensor itself (it is already a copy)."""
+    if tensor.device.type != "cuda":
+        return tensor, None
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
+
+
+class PieceStore:
+    """Pieces per request key, with the host bytes their buffers keep alive."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[str, list[Piece]] = {}
+        self.held_bytes = 0
+        self._sparse: dict[int, StepBuffer] = {}  # buffers to compact at the next step
+
+    def new_buffer(self, data: torch.Tensor, ready: Any, units: int) -> StepBuffer:
+        buffer = StepBuffer(data, ready, units)
+        self.held_bytes += buffer.nbytes
+        return buffer
+
+    def add(self, key: str, piece: Piece) -> None:
+        buffer = piece.buffer
+        buffer.pieces.append(piece)
+        buffer.live_units += piece.units
+        buffer.live_pieces += 1
+        pieces = self.by_key.get(key)
+        if pieces is None:
+            self.by_key[key] = [piece]
+        else:
+            pieces.append(piece)
+
+    def drop_unused(self, buffer: StepBuffer) -> None:
+        """A buffer no request kept (every request of the step had already failed)."""
+        if not buffer.live_pieces:
+            self.held_bytes -= buffer.nbytes
+
+    def keys(self) -> set[str]:
+        return set(self.by_key)
+
+    def release(self, key: str) -> list[Piece]:
+        """Forget a request's pieces (returned, still readable). A buffer left empty is freed;
+        one left mostly empty is compacted at the next step (``compact``), so a bulk fetch of
+        a whole batch copies nothing."""
+        pieces = self.by_key.pop(key, [])
+        for piece in pieces:
+            piece.alive = False
+            buffer = piece.buffer
+            buffer.live_units -= piece.units
+            buffer.live_pieces -= 1
+            if not buffer.live_pieces:
+                self.held_bytes -= buffer.nbytes
+                buffer.pieces = []
+                self._sparse.pop(id(buffer), None)
+            elif buffer.live_units < COMPACT_BELOW * buffer.units:
+                self._sparse[id(buffer)] = buffer
+        return pieces
+
+    def compact(self) -> None:
+        """Copy the remaining pieces of mostly-empty buffers into buffers of their own."""
+        sparse, self._sparse = self._sparse, {}
+        for buffer in sparse.values():
+            if buffer.live_pieces:
+                self._compact(buffer)
+
+    def _compact(self, buffer: StepBuffer) -> None:
+        self.held_bytes -= buffer.nbytes
+        for piece in buffer.pieces:
+            if not piece.alive:
+                continue
+            rows = np.ascontiguousarray(piece.rows())
+            data = torch.from_numpy(rows if buffer.data.dim() > 1 else rows.reshape(-1))
+            if buffer.data.dtype == torch.bfloat16:
+                data = data.view(torch.bfloat16)
+            own = self.new_buffer(data, None, piece.units)
+            piece.buffer, piece.start = own, 0
+            piece.slots = None if data.dim() > 1 else tuple(range(0, rows.size, piece.num_rows))
+            own.pieces.append(piece)
+            own.live_units, own.live_pieces = piece.units, 1
+        buffer.pieces = []
+        buffer.live_pieces = 0
+
+
+def assemble(pieces: list[Piece]) -> tuple[torch.Tensor, list[int]]:
+    """One request's rows by absolute position, ``(n_ids, n_positions, ...)``, and the first
+    positions that no piece covered. Later pieces (recomputation after preemption) overwrite
+    earlier ones."""
+    arrays = [piece.rows() for piece in pieces]
+    expected = 0
+    contiguous = True
+    for piece in pieces:
+        if piece.first_position != expected:
+            contiguous = False
+            break
+        expected += piece.num_rows
+    if contiguous:
+        joined = np.concatenate(arrays, axis=1)
+        gaps: list[int] = []
+    else:
+        last = max(piece.first_position + piece.num_rows for piece in pieces)
+        joined = np.zeros((arrays[0].shape[0], last, *arrays[0].shape[2:]), dtype=arrays[0].dtype)
+        covered = np.zeros(last, dtype=bool)
+        for piece, rows in zip(pieces, arrays):
+            span = slice(piece.first_position, piece.first_position + piece.num_rows)
+            joined[:, span] = rows
+            covered[span] = True
+        gaps = np.flatnonzero(~covered)[:10].tolist()
+    tensor = torch.from_numpy(np.ascontiguousarray(joined))
+    if pieces[0].buffer.data.dtype == torch.bfloat16:
+        tensor = tensor.view(torch.bfloat16)
+    return tensor, gaps
