@@ -179,7 +179,7 @@ def train_lora(model_dir: str, examples: list[TrainExample], config: OracleTrain
                 optimizer.step()
                 schedule.step()
                 optimizer.zero_grad(set_to_none=True)
-                losses.append(float(loss))
+                losses.append(float(loss.detach()))
                 if step % 10 == 0 or step == steps_per_epoch - 1:
                     logger.warning("oracle train: epoch %d step %d/%d loss %.3f (%.0f s)", epoch, step + 1,
                                    steps_per_epoch, float(np.mean(losses[-10:])), time.monotonic() - started)
