@@ -79,23 +79,28 @@ def _make_tap(state: "LensWorkerState", layer_index: int):
             return None
         try:
             hidden, residual = compat.split_layer_output(output)
-            steer = plan.steer.get(layer_index)
-            if steer is not None:
-                _apply_steering(hidden, residual, steer)
-            calls = plan.hook_calls.get((layer_index, None, False))
-            if calls:
-                _run_hooks(state, calls, hidden, residual, layer_index)
-            if layer_index in plan.capture_layers:
-                state.step_captures[layer_index] = _gather_stream(hidden, residual, plan.capture_span, plan.capture_rows)
-            probes = plan.probes.get(layer_index)
-            if probes is not None:
-                state.step_scores[layer_index] = _probe_scores(hidden, residual, probes)
+            run_layer(state, plan, layer_index, hidden, residual)
         except Exception as exc:  # noqa: BLE001 - reported to every lens request of the step
             logger.exception("lens_evals: layer %d tap failed", layer_index)
             state.fail_keys(plan.keys, f"layer {layer_index} hook failed: {type(exc).__name__}: {exc}")
         return None
 
     return tap
+
+
+def run_layer(state: "LensWorkerState", plan: Any, layer_index: int, hidden: torch.Tensor, residual: torch.Tensor | None) -> None:
+    """What the step's plan does after one layer: steer, run hooks, capture, score probes."""
+    steer = plan.steer.get(layer_index)
+    if steer is not None:
+        _apply_steering(hidden, residual, steer)
+    calls = plan.hook_calls.get((layer_index, None, False))
+    if calls:
+        _run_hooks(state, calls, hidden, residual, layer_index)
+    if layer_index in plan.capture_layers:
+        state.step_captures[layer_index] = _gather_stream(hidden, residual, plan.capture_span, plan.capture_rows)
+    probes = plan.probes.get(layer_index)
+    if probes is not None:
+        state.step_scores[layer_index] = _probe_scores(hidden, residual, probes)
 
 
 def _apply_steering(hidden: torch.Tensor, residual: torch.Tensor | None, steer: Any) -> None:

@@ -37,17 +37,27 @@ def _limit_bytes(env: str, default_gib: float) -> int:
 class LensWorkerState:
     def __init__(self, runner: Any) -> None:
         self.runner = runner
-        self.device = compat.runner_device(runner)
-        self.dtype = runner.model_config.dtype
+        self.model = compat.runner_model(runner)
         self.num_layers = compat.num_layers_of(runner)
         tp_rank, _ = compat.parallel_ranks()
-        self.capture_here = tp_rank == 0
-        self.model = compat.runner_model(runner)
         self.layer_modules = install_taps(self, self.model, self.num_layers)
-        self.local_layers = set(self.layer_modules)
+        self._init_data_path(compat.runner_device(runner), runner.model_config.dtype, set(self.layer_modules), tp_rank == 0)
+        self.parameters = ParameterCache(self.model, compat.checkpoint_dir(runner))
+
+    @classmethod
+    def detached(cls, device: torch.device, dtype: torch.dtype, local_layers: set[int]) -> "LensWorkerState":
+        """The step planning and host store without a model runner (``lens_evals.bench.host_path``)."""
+        state = cls.__new__(cls)
+        state._init_data_path(device, dtype, local_layers, capture_here=True)
+        return state
+
+    def _init_data_path(self, device: torch.device, dtype: torch.dtype, local_layers: set[int], capture_here: bool) -> None:
+        self.device = device
+        self.dtype = dtype
+        self.capture_here = capture_here
+        self.local_layers = local_layers
         self.hook_sites: set[tuple[int, str | None, bool]] = set()
         self.hook_sets: dict[str, list[WorkerHook]] = {}
-        self.parameters = ParameterCache(self.model, compat.checkpoint_dir(runner))
         self.by_key: dict[str, WorkerRequest] = {}
         self.max_saved_chars = int(float(os.environ.get("LENS_EVALS_MAX_SAVED_MIB", DEFAULT_MAX_SAVED_MIB)) * 2**20)
         self.requests: dict[str, WorkerRequest | None] = {}
@@ -80,7 +90,7 @@ class LensWorkerState:
                 self._admit(req_id)
         if not self.req_keys:  # no lens request in flight: plain traffic pays nothing more
             return run()
-        self.plan = self._plan_for(layout, input_ids)
+        self.plan = self.plan_step(layout, input_ids)
         if self.plan is None:
             return run()
         self._install_hook_sites(self.plan)
@@ -88,13 +98,13 @@ class LensWorkerState:
             return run()
         finally:
             plan, self.plan = self.plan, None
-            self._store_step(plan)
+            self.store_step(plan)
 
     @property
     def held_bytes(self) -> int:
         return self.captures.held_bytes + self.scores.held_bytes
 
-    def _plan_for(self, layout: compat.BatchLayout, input_ids: torch.Tensor | None) -> StepPlan | None:
+    def plan_step(self, layout: compat.BatchLayout, input_ids: torch.Tensor | None) -> StepPlan | None:
         """The step's plan; a decode step with the same requests and row counts as the last
         one reuses its tensors (only the start positions change), so it costs no device work."""
         signature = (layout.req_ids, layout.num_rows)
@@ -117,6 +127,10 @@ class LensWorkerState:
             key = str((extra or {}).get("_lens_evals", {}).get("key", req_id))
             self.errors[key] = f"could not decode lens request on the worker: {exc}"
             req = None
+        self.track(req_id, req)
+
+    def track(self, req_id: str, req: WorkerRequest | None) -> None:
+        """Follow a (decoded) request from now on; None: a plain request."""
         self.requests[req_id] = req
         if req is not None:
             self.req_keys[req_id] = req.key
@@ -150,7 +164,7 @@ class LensWorkerState:
     def has_failed(self, key: str) -> bool:
         return key in self.errors
 
-    def _store_step(self, plan: StepPlan) -> None:
+    def store_step(self, plan: StepPlan) -> None:
         """One device-to-host copy for the step's captures and one for its probe scores; each
         request keeps a Piece (where its rows are), nothing is cut per request here."""
         captured, self.step_captures = self.step_captures, {}
