@@ -83,3 +83,51 @@ def test_probe_score_pieces_read_each_probe_from_its_offset() -> None:
     rows, _ = assemble(store.release("k0"))
     assert torch.equal(rows, torch.tensor([[0.0, 1.0, 2.0], [6.0, 7.0, 8.0]]))
     assert store.held_bytes == 0
+
+
+def test_worker_data_path_with_plan_reuse_and_a_request_leaving() -> None:
+    """The worker's step path without an engine (plan, layer ops, store, fetch): three requests
+    decode; one leaves after 3 steps (the plan is rebuilt, its buffers compacted later). Every
+    request gets exactly its own rows of each step's stream, probe scores equal w.h+b."""
+    from safetensors.torch import load as st_load
+
+    from lens_evals.engine.compat import BatchLayout
+    from lens_evals.engine.requests import WorkerProbe, WorkerRequest
+    from lens_evals.engine.taps import run_layer
+    from lens_evals.engine.worker import LensWorkerState
+
+    hidden_size, layer = 8, 2
+    weights = torch.randn(hidden_size, generator=torch.Generator().manual_seed(1))
+    state = LensWorkerState.detached(torch.device("cpu"), torch.float32, {0, 1, 2, 3})
+    state.track("a", WorkerRequest(key="ka", capture_layers=[layer]))
+    state.track("b", WorkerRequest(key="kb", capture_layers=[layer], probes=[WorkerProbe(0, layer, "w", weights, 0.5)]))
+    state.track("c", WorkerRequest(key="kc", capture_layers=[layer]))
+    streams: dict[str, list[torch.Tensor]] = {"a": [], "b": [], "c": []}
+    generator = torch.Generator().manual_seed(0)
+    previous_plan = None
+    for step in range(6):
+        names = ["a", "b", "c"] if step < 3 else ["a", "b"]
+        rows = [2 if step == 0 else 1 for _ in names]  # a 2-token prefill, then decode
+        hidden = torch.randn(sum(rows), hidden_size, generator=generator)
+        residual = torch.randn(sum(rows), hidden_size, generator=generator)
+        plan = state.plan_step(BatchLayout(names, rows, [0 if step == 0 else step + 1] * len(names)), None)
+        if step == 2:
+            assert plan is previous_plan  # same requests and row counts: reused
+        previous_plan = plan
+        run_layer(state, plan, layer, hidden, residual)
+        state.store_step(plan)
+        offset = 0
+        for name, n in zip(names, rows):
+            streams[name].append((hidden + residual)[offset : offset + n])
+            offset += n
+        if step == 2:
+            result = state.pop_result("kc")  # fetched as it finishes, like the frontend does
+            state._finish("c")
+    results = {"c": result, "a": state.pop_result("ka"), "b": state.pop_result("kb")}
+    for name, result in results.items():
+        tensors = st_load(result["safetensors"])
+        want = torch.cat(streams[name])
+        assert torch.equal(tensors["residual_stream"][0], want), name
+        if name == "b":
+            torch.testing.assert_close(tensors["probe_scores"][0], want @ weights + 0.5)
+    assert state.held_bytes == 0
