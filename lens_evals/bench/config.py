@@ -25,6 +25,8 @@ class BenchConfig:
     warmup_tokens: int = 4
     repeats: int = 1  # timed runs per system; the best one is reported
     sync_debug: bool = False  # vLLM systems: count host-GPU syncs in one extra, untimed run
+    tensor_parallel_size: int = 1  # vLLM systems (ours and pure) only
+    pipeline_parallel_size: int = 1
     timeout_s: float = 3600.0
     versions: dict[str, str] = field(default_factory=dict)
 

@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per system (the best is reported)")
     parser.add_argument("--sync-debug", action="store_true", help="GPU, --engine inprocess: count host-GPU syncs of each vLLM system (one extra untimed run)")
     parser.add_argument("--resume", action="store_true", help="keep results in --out from an earlier run of the same work")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM systems: tensor parallel workers (CPU: one core each)")
+    parser.add_argument("--pipeline-parallel-size", type=int, default=1, help="vLLM systems: pipeline stages")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed per system")
 
 
@@ -76,6 +78,8 @@ def build_config(args: argparse.Namespace) -> tuple[BenchConfig, str]:
         timeout_s=args.timeout,
         repeats=args.repeats,
         sync_debug=args.sync_debug,
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
     )
     return cfg, label
 

@@ -69,6 +69,7 @@ def metadata(cfg: BenchConfig, model_label: str) -> dict:
         "hf_batch": cfg.hf_batch,
         "engine": cfg.engine,
         "steer_scale": cfg.steer_scale,
+        "parallel": f"TP={cfg.tensor_parallel_size} PP={cfg.pipeline_parallel_size}",
     }
 
 
@@ -124,7 +125,7 @@ def markdown(meta: dict, table: list[dict], goals: list[dict]) -> str:
     lines = [
         f"{meta['model']} on {meta['device']} ({meta['dtype']}), {meta['prompts']} prompts ({meta['prompt_tokens']} prompt tokens), "
         f"{meta['max_tokens']} generated tokens each (greedy, ignore_eos), layer {meta['layer']} of {meta['num_layers']}, "
-        f"vLLM engine {meta['engine']}, HF batch {meta['hf_batch']}. {meta['date']}.",
+        f"vLLM engine {meta['engine']} ({meta.get('parallel', 'TP=1 PP=1')}), HF batch {meta['hf_batch']}. {meta['date']}.",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in meta["machine"].items()) + ".",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".",
         "",

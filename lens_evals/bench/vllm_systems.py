@@ -78,6 +78,8 @@ def run_vllm(system: System, cfg: BenchConfig) -> Measured:
         # Off for every system: lens requests are salted (never cached), plain ones would be.
         "enable_prefix_caching": False,
         "skip_tokenizer_init": not has_tokenizer(cfg.model_dir),
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "pipeline_parallel_size": cfg.pipeline_parallel_size,
     }
     if cfg.device == "cuda":
         options["gpu_memory_utilization"] = cfg.gpu_memory_utilization
