@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 import requests
 import torch
-from safetensors.torch import load as st_load
 
 from lens_evals import LinearProbe, SteeringVector
 from lens_evals.client import activations_from_response, lens_xargs
 from lens_evals.engine import compat
+from lens_evals.engine.store import result_tensors
 from lens_evals.evals.server_process import LensServer
 from lens_evals.hooks import Hook
 from lens_evals.models import model_path
@@ -160,9 +160,9 @@ def returned_by_rank(replies: list[dict[str, dict[str, Any]]]) -> list[dict[str,
         for result in reply.values():
             assert "error" not in result, result
             returned["saved"] += "saved" in result
-            tensors = st_load(result["safetensors"])
-            returned["layers"] += tensors.get("layers", torch.empty(0)).tolist()
-            returned["probes"] += tensors.get("probe_index", torch.empty(0)).tolist()
+            tensors = result_tensors(result)
+            returned["layers"] += tensors.get("layers", [])
+            returned["probes"] += tensors.get("probe_index", [])
         per_rank.append(returned)
     return per_rank
 

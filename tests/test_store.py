@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lens_evals.engine.store import Piece, PieceStore, assemble
+from lens_evals.engine.store import PackedRows, Piece, PieceStore, assemble, result_tensors
 
 
 def _steps(num_steps: int, num_requests: int, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -28,7 +28,8 @@ def test_rows_come_back_by_position_and_memory_returns_to_zero(dtype: torch.dtyp
             store.add(f"k{request}", Piece(buffer, request, 1, step_index, slots))
     assert store.held_bytes == sum(s.numel() * s.element_size() for s in steps)
     for request in range(4):
-        rows, gaps = assemble(store.release(f"k{request}"))
+        packed, gaps = assemble(store.release(f"k{request}"))
+        rows = PackedRows.decode(packed)
         want = torch.stack([step[:, request] for step in steps], dim=1)
         want = want[1:] if request % 2 else want
         assert gaps == []
@@ -51,7 +52,8 @@ def test_a_long_request_does_not_keep_a_whole_batch_alive() -> None:
     store.compact()
     one_row = 2 * 8 * 4  # two layers x hidden 8 x float32, per step
     assert store.held_bytes == 3 * one_row  # ... then only k7's rows are held
-    rows, gaps = assemble(store.release("k7"))
+    packed, gaps = assemble(store.release("k7"))
+    rows = PackedRows.decode(packed)
     assert gaps == [] and torch.equal(rows, torch.stack([step[:, 7] for step in steps], dim=1))
     assert store.held_bytes == 0
 
@@ -64,7 +66,8 @@ def test_recomputed_rows_overwrite_and_missing_positions_are_reported() -> None:
     store.add("k", Piece(first, 0, 4, 0, None))  # positions 0-3
     store.add("k", Piece(again, 0, 2, 2, None))  # positions 2-3 recomputed (preemption)
     store.add("k", Piece(again, 2, 1, 5, None))  # position 5; 4 never computed
-    rows, gaps = assemble(store.release("k"))
+    packed, gaps = assemble(store.release("k"))
+    rows = PackedRows.decode(packed)
     assert gaps == [4]
     np.testing.assert_array_equal(rows[:, :2], data[:, :2])
     np.testing.assert_array_equal(rows[:, 2:4], data[:, :2] + 1000)
@@ -77,10 +80,10 @@ def test_probe_score_pieces_read_each_probe_from_its_offset() -> None:
     buffer = store.new_buffer(flat.clone(), None, 12)
     store.add("k0", Piece(buffer, 0, 3, 0, (0, 6)))  # two probes, three rows each
     store.add("k1", Piece(buffer, 0, 3, 0, (3, 9)))
-    rows, _ = assemble(store.release("k1"))
+    rows = PackedRows.decode(assemble(store.release("k1"))[0])
     assert torch.equal(rows, torch.tensor([[3.0, 4.0, 5.0], [9.0, 10.0, 11.0]]))
     store.compact()  # k0 holds half the buffer: not compacted
-    rows, _ = assemble(store.release("k0"))
+    rows = PackedRows.decode(assemble(store.release("k0"))[0])
     assert torch.equal(rows, torch.tensor([[0.0, 1.0, 2.0], [6.0, 7.0, 8.0]]))
     assert store.held_bytes == 0
 
@@ -89,8 +92,6 @@ def test_worker_data_path_with_plan_reuse_and_a_request_leaving() -> None:
     """The worker's step path without an engine (plan, layer ops, store, fetch): three requests
     decode; one leaves after 3 steps (the plan is rebuilt, its buffers compacted later). Every
     request gets exactly its own rows of each step's stream, probe scores equal w.h+b."""
-    from safetensors.torch import load as st_load
-
     from lens_evals.engine.compat import BatchLayout
     from lens_evals.engine.requests import WorkerProbe, WorkerRequest
     from lens_evals.engine.taps import run_layer
@@ -125,9 +126,19 @@ def test_worker_data_path_with_plan_reuse_and_a_request_leaving() -> None:
             state._finish("c")
     results = {"c": result, "a": state.pop_result("ka"), "b": state.pop_result("kb")}
     for name, result in results.items():
-        tensors = st_load(result["safetensors"])
+        tensors = result_tensors(result)
         want = torch.cat(streams[name])
         assert torch.equal(tensors["residual_stream"][0], want), name
         if name == "b":
             torch.testing.assert_close(tensors["probe_scores"][0], want @ weights + 0.5)
     assert state.held_bytes == 0
+
+
+def test_packed_rows_refuse_unknown_dtypes_and_wrong_lengths() -> None:
+    good = PackedRows.encode(bytearray(2 * 3 * 4), torch.float32, (2, 3))
+    assert PackedRows.decode(good).shape == (2, 3)
+    assert PackedRows.decode({**good, "data": bytes(24)}).shape == (2, 3)  # bytes (msgpack) work too
+    with pytest.raises(ValueError, match="dtype"):
+        PackedRows.decode({**good, "dtype": "object"})
+    with pytest.raises(ValueError, match="shape"):
+        PackedRows.decode({**good, "shape": [2, 4]})

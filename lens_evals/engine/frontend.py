@@ -7,16 +7,16 @@ from __future__ import annotations
 import contextvars
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from safetensors.torch import load as st_load
 
 from lens_evals import wire
 from lens_evals.engine import compat
 from lens_evals.engine.hook_sets import UnknownHookSet, store_of
 from lens_evals.engine.hooks import encode_hooks, forget_local
+from lens_evals.engine.store import result_tensors
 from lens_evals.engine.worker import FETCH_METHOD
 from lens_evals.hooks import check_registered_args
 from lens_evals.spec import INTERNAL_KEY, LENS_KEYS, parse_lens_args, refuse_misspelled_keys
@@ -113,6 +113,9 @@ class _Merged:
     layers: dict[int, torch.Tensor]  # capture layer -> (n_positions, hidden)
     probes: dict[int, torch.Tensor]  # probe index -> (n_positions,)
     saved: dict[str, Any] | None = None  # hook results, encoded (merged over pipeline stages)
+    # (layers, (n_layers, n_positions, hidden)) as each rank sent them: one rank's block in the
+    # request's layer order is used as it is, without stacking again
+    streams: list[tuple[list[int], torch.Tensor]] = field(default_factory=list)
     set_saved: dict[str, Any] | None = None
 
 
@@ -140,13 +143,16 @@ def _merge_rank_results(rank_results: list[dict[str, dict[str, Any]]], key: str)
             merged.set_saved = _merge_saved(merged.set_saved, result.get("set_saved"))
         except ValueError as exc:
             return merged, str(exc)
-        if "safetensors" not in result:
-            continue
-        tensors = st_load(result["safetensors"])
-        for i, layer in enumerate(tensors.get("layers", torch.empty(0)).tolist()):
-            merged.layers[int(layer)] = tensors["residual_stream"][i]
-        for i, index in enumerate(tensors.get("probe_index", torch.empty(0)).tolist()):
-            merged.probes[int(index)] = tensors["probe_scores"][i]
+        try:
+            tensors = result_tensors(result)
+        except ValueError as exc:
+            return merged, f"could not read the worker's rows: {exc}"
+        if "residual_stream" in tensors:
+            merged.streams.append((tensors["layers"], tensors["residual_stream"]))
+        for i, layer in enumerate(tensors.get("layers", [])):
+            merged.layers[layer] = tensors["residual_stream"][i]
+        for i, index in enumerate(tensors.get("probe_index", [])):
+            merged.probes[index] = tensors["probe_scores"][i]
     return merged, None
 
 
@@ -169,7 +175,8 @@ def _apply(processor: Any, request_id: str, output: Any, pending: PendingRequest
         missing = [layer for layer in pending.capture_layers if layer not in merged.layers]
         if missing:
             return f"no capture came back for layers {missing}"
-        stream = torch.stack([merged.layers[layer] for layer in pending.capture_layers])
+        whole = [block for layers, block in merged.streams if layers == list(pending.capture_layers)]
+        stream = whole[0] if whole else torch.stack([merged.layers[layer] for layer in pending.capture_layers])
         if stream.shape[1] < expected:
             return f"capture is short: {stream.shape[1]} positions, expected {expected}"
         activations["residual_stream"] = stream[:, :expected]

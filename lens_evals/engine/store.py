@@ -170,10 +170,37 @@ class PieceStore:
         buffer.live_pieces = 0
 
 
-def assemble(pieces: list[Piece]) -> tuple[torch.Tensor, list[int]]:
-    """One request's rows by absolute position, ``(n_ids, n_positions, ...)``, and the first
-    positions that no piece covered. Later pieces (recomputation after preemption) overwrite
-    earlier ones."""
+class PackedRows:
+    """Assembled rows as a plain ``bytearray`` plus dtype name and shape: what crosses from a
+    worker to the frontend (``collective_rpc`` keeps bytes intact; nothing is pickled but bytes,
+    strings and lists). Writable, so the frontend's tensor shares the buffer without a copy."""
+
+    DTYPES = {"float32": (np.float32, torch.float32), "float16": (np.float16, torch.float16),
+              "bfloat16": (np.int16, torch.bfloat16)}
+
+    @staticmethod
+    def encode(data: bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> dict[str, Any]:
+        return {"dtype": str(dtype).removeprefix("torch."), "shape": list(shape), "data": data}
+
+    @classmethod
+    def decode(cls, packed: dict[str, Any]) -> torch.Tensor:
+        if packed.get("dtype") not in cls.DTYPES:
+            raise ValueError(f"unexpected row dtype {packed.get('dtype')!r}")
+        numpy_dtype, torch_dtype = cls.DTYPES[packed["dtype"]]
+        shape = [int(n) for n in packed["shape"]]
+        data = packed["data"]
+        if not isinstance(data, (bytearray, bytes)) or len(data) != int(np.prod(shape)) * np.dtype(numpy_dtype).itemsize:
+            raise ValueError("row data does not match its shape")
+        array = np.frombuffer(data if isinstance(data, bytearray) else bytearray(data), dtype=numpy_dtype).reshape(shape)
+        tensor = torch.from_numpy(array)
+        return tensor.view(torch_dtype) if torch_dtype == torch.bfloat16 else tensor
+
+
+def assemble(pieces: list[Piece]) -> tuple[dict[str, Any], list[int]]:
+    """One request's rows by absolute position, ``(n_ids, n_positions, ...)``, packed (see
+    ``PackedRows``), and the first positions that no piece covered. Later pieces (recomputation
+    after preemption) overwrite earlier ones. The rows are joined straight into the buffer that
+    is sent: one copy."""
     arrays = [piece.rows() for piece in pieces]
     expected = 0
     contiguous = True
@@ -182,19 +209,29 @@ def assemble(pieces: list[Piece]) -> tuple[torch.Tensor, list[int]]:
             contiguous = False
             break
         expected += piece.num_rows
+    last = expected if contiguous else max(piece.first_position + piece.num_rows for piece in pieces)
+    shape = (arrays[0].shape[0], last, *arrays[0].shape[2:])
+    buffer = bytearray(int(np.prod(shape)) * arrays[0].dtype.itemsize)
+    joined = np.frombuffer(buffer, dtype=arrays[0].dtype).reshape(shape)
+    gaps: list[int] = []
     if contiguous:
-        joined = np.concatenate(arrays, axis=1)
-        gaps: list[int] = []
+        np.concatenate(arrays, axis=1, out=joined)
     else:
-        last = max(piece.first_position + piece.num_rows for piece in pieces)
-        joined = np.zeros((arrays[0].shape[0], last, *arrays[0].shape[2:]), dtype=arrays[0].dtype)
         covered = np.zeros(last, dtype=bool)
         for piece, rows in zip(pieces, arrays):
             span = slice(piece.first_position, piece.first_position + piece.num_rows)
             joined[:, span] = rows
             covered[span] = True
         gaps = np.flatnonzero(~covered)[:10].tolist()
-    tensor = torch.from_numpy(np.ascontiguousarray(joined))
-    if pieces[0].buffer.data.dtype == torch.bfloat16:
-        tensor = tensor.view(torch.bfloat16)
-    return tensor, gaps
+    return PackedRows.encode(buffer, pieces[0].buffer.data.dtype, shape), gaps
+
+
+def result_tensors(result: dict[str, Any]) -> dict[str, Any]:
+    """A worker's fetch result as tensors: ``residual_stream`` / ``probe_scores`` and their ids
+    (``layers`` / ``probe_index``, lists), for the parts present."""
+    out: dict[str, Any] = {}
+    for name, ids_name in (("residual_stream", "layers"), ("probe_scores", "probe_index")):
+        if name in result:
+            out[name] = PackedRows.decode(result[name])
+            out[ids_name] = [int(i) for i in result[ids_name]]
+    return out

@@ -11,7 +11,6 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 import torch
-from safetensors.torch import save as st_save
 
 from lens_evals.engine import compat
 from lens_evals.engine.batch import StepPlan, build_plan
@@ -249,20 +248,17 @@ class LensWorkerState:
                     result["set_saved"] = self._encode_saved(req.set_saved, "hook set saved")
             except ValueError as exc:
                 return {"error": str(exc)}
-        tensors: dict[str, torch.Tensor] = {}
         for pieces, name, ids_name, ids in (
             (captured, "residual_stream", "layers", [layer for layer in (req.capture_layers if req else []) if layer in self.local_layers]),
             (scored, "probe_scores", "probe_index", [probe.index for probe in (req.probes if req else []) if probe.layer in self.local_layers]),
         ):
             if not pieces:
                 continue
-            rows, gaps = assemble(pieces)
+            packed, gaps = assemble(pieces)
             if gaps:
                 return {"error": f"{name} has gaps at positions {gaps} (prefix cache or scheduling defect)"}
-            tensors[name] = rows
-            tensors[ids_name] = torch.tensor(ids, dtype=torch.int64)
-        if tensors:
-            result["safetensors"] = st_save(tensors)
+            result[name] = packed
+            result[ids_name] = ids
         return result or None
 
     def _encode_saved(self, saved: dict[str, Any], what: str) -> dict[str, Any]:
