@@ -142,3 +142,24 @@ def test_packed_rows_refuse_unknown_dtypes_and_wrong_lengths() -> None:
         PackedRows.decode({**good, "dtype": "object"})
     with pytest.raises(ValueError, match="shape"):
         PackedRows.decode({**good, "shape": [2, 4]})
+
+
+def test_arena_regions_never_overlap_while_live_and_chunks_are_reused() -> None:
+    from lens_evals.engine.store import PinnedArena
+
+    arena = PinnedArena(chunk_bytes=4096, pin=False)  # bookkeeping only: no pinning on a CPU machine
+    live: list[tuple[torch.Tensor, object]] = []
+    for size in (1000, 1500, 1200, 3000, 5000):  # the 5000-byte step gets a chunk of its own size
+        region, chunk = arena.take(size)
+        region.fill_(len(live) + 1)
+        live.append((region, chunk))
+    for index, (region, _) in enumerate(live):  # every region still holds what was written to it
+        assert region.numel() in (1000, 1500, 1200, 3000, 5000) and bool((region == index + 1).all())
+    pinned = arena.pinned_bytes
+    assert pinned == 4096 * 2 + 5120  # two 4 KiB chunks and one of the big step's size (aligned)
+    for _, chunk in live:
+        arena.give_back(chunk)
+    again = [arena.take(1000) for _ in range(8)]  # 8 KB more: served from the freed chunks
+    assert arena.pinned_bytes == pinned
+    starts = sorted((c.data.data_ptr(), r.data_ptr()) for r, c in again)
+    assert len({ptr for _, ptr in starts}) == 8  # eight distinct regions

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from lens_evals.bench.config import BenchConfig
-from lens_evals.bench.systems import ALL_SYSTEMS, BASELINE, REFERENCE
+from lens_evals.bench.systems import ALL_SYSTEMS, BASELINE, GRAPHS, REFERENCE
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -58,19 +58,23 @@ def capture_check(result: dict, reference: dict | None, cfg: BenchConfig, out_di
 
 
 def probe_check(result: dict, capture: dict | None, cfg: BenchConfig, out_dir: Path) -> dict:
-    """Probe scores on the worker against ``w . h + b`` computed from our captured stream."""
+    """Probe scores on the worker against ``w . h + b`` computed from our captured stream of
+    another run, over the positions where both runs generated the same tokens."""
     from lens_evals.bench.vllm_systems import PROBE_BIAS, probe_weights
 
     scores, streams = _samples(result, out_dir), (_samples(capture, out_dir) if capture else None)
-    if scores is None or streams is None:
+    if scores is None or streams is None or capture is None:
         return {}
     weights = torch.from_numpy(probe_weights(cfg.hidden_size))
-    worst = 0.0
+    worst, compared = 0.0, 0
     for index in sorted(set(scores) & set(streams)):
-        n = min(scores[index].shape[0], streams[index].shape[0])
-        expected = streams[index][:n] @ weights + PROBE_BIAS
-        worst = max(worst, (scores[index][:n] - expected).abs().max().item())
-    return {"probe_max_abs_diff": worst}
+        same = _common_prefix(result["token_ids"][index], capture["token_ids"][index])
+        n = min(len(cfg.prompts[index]) + same, scores[index].shape[0], streams[index].shape[0])
+        if n:
+            expected = streams[index][:n] @ weights + PROBE_BIAS
+            worst = max(worst, (scores[index][:n] - expected).abs().max().item())
+        compared += n
+    return {"probe_max_abs_diff": worst, "probe_positions": compared, "probe_against": capture["system"]}
 
 
 def annotate(results: list[dict], cfg: BenchConfig, out_dir: Path) -> None:
@@ -81,9 +85,13 @@ def annotate(results: list[dict], cfg: BenchConfig, out_dir: Path) -> None:
     if reference is None or reference.get("status") != "ok":
         reference = by_name.get("lens-capture-1")
     for result in results:
-        result.update(token_check(result, baseline, cfg))
-        if ALL_SYSTEMS[result["system"]].lens == "probe":
-            result.update(probe_check(result, by_name.get("lens-capture-1"), cfg, out_dir))
+        system = ALL_SYSTEMS[result["system"]]
+        graph_mode = system.cuda_graphs and system.lens is not None
+        # graph-mode rows against pure vLLM with graphs (the same kernels), the others against eager
+        result.update(token_check(result, by_name.get(GRAPHS) if graph_mode else baseline, cfg))
+        if system.lens == "probe":
+            capture = by_name.get("lens-graphs-capture-1" if graph_mode else "lens-capture-1")
+            result.update(probe_check(result, capture, cfg, out_dir))
         elif ALL_SYSTEMS[result["system"]].captures_layer:
             result.update(capture_check(result, reference, cfg, out_dir))
         if result.get("capture_max_abs_diff") is not None and reference is not None:

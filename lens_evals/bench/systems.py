@@ -30,6 +30,11 @@ ALL_SYSTEMS: dict[str, System] = {
         System("lens-capture-all", "ours: capture all layers", "vllm", lens="capture-all", captures_layer=True),
         System("lens-steer-1", "ours: steer 1 layer", "vllm", lens="steer-1"),
         System("lens-probe", "ours: probe on worker", "vllm", lens="probe"),
+        # Graph mode: torch.compile + CUDA graphs kept on, the layer tapped by a fixed op
+        System("lens-graphs-capture-1", "ours, graph mode: capture 1 layer", "vllm", lens="capture-1",
+               cuda_graphs=True, gpu_only=True, captures_layer=True),
+        System("lens-graphs-steer-1", "ours, graph mode: steer 1 layer", "vllm", lens="steer-1", cuda_graphs=True, gpu_only=True),
+        System("lens-graphs-probe", "ours, graph mode: probe on worker", "vllm", lens="probe", cuda_graphs=True, gpu_only=True),
         System(REFERENCE, "HF generate + forward hook", "hf", captures_layer=True),
         System("nnsight-hf", "nnsight 0.8, HF backend", "nnsight-hf", captures_layer=True),
         System("nnsight-vllm", "nnsight 0.8, vLLM backend", "nnsight-vllm", captures_layer=True),
@@ -40,6 +45,7 @@ ALL_SYSTEMS: dict[str, System] = {
 # Ratio targets against eager pure vLLM on the same engine (issue #10).
 TARGETS_VS_EAGER = {"lens-capture-1": 1.10, "lens-steer-1": 1.05, "lens-probe": 1.03}
 TARGET_VS_GRAPHS = 1.2  # the moonshot: lens features with graphs kept on
+MOONSHOT_SYSTEMS = ("lens-graphs-capture-1", "lens-graphs-steer-1", "lens-graphs-probe")
 MIN_SPEEDUP_VS_HF = 10.0  # ours capture 1 layer vs HF generate + hook
 
 
@@ -55,5 +61,7 @@ def resolve(names: list[str] | None, gpu: bool) -> list[System]:
         raise ValueError(f"unknown systems {unknown}; known: {', '.join(ALL_SYSTEMS)}")
     if BASELINE not in chosen:
         chosen = [BASELINE, *chosen]
+    if any(ALL_SYSTEMS[n].cuda_graphs and ALL_SYSTEMS[n].lens for n in chosen) and GRAPHS not in chosen:
+        chosen = [GRAPHS, *chosen]  # graph-mode rows are compared with pure vLLM with graphs
     order = list(ALL_SYSTEMS)
     return [ALL_SYSTEMS[n] for n in sorted(set(chosen), key=order.index)]

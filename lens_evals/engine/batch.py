@@ -26,6 +26,7 @@ class LayerSteer:
     any_norm_match: bool
     delta: torch.Tensor | None = None  # vectors * scale, when no row is norm-matched
     span: tuple[int, int] | None = None  # the rows as a slice, when they are contiguous
+    row_stop: int = 0  # one past the highest row
 
 
 @dataclass
@@ -210,6 +211,7 @@ def _layer_steer(parts: list[tuple[Any, torch.Tensor, float, bool]], device: tor
         any_norm_match=any_norm,
         delta=None if any_norm else vectors * scale_t,
         span=span,
+        row_stop=int(rows.max()) + 1 if len(rows) else 0,
     )
 
 

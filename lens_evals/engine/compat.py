@@ -153,13 +153,25 @@ def async_input_processor(engine: Any) -> Any:
     return getattr(engine, "input_processor", None) or getattr(engine, "processor", None)
 
 
-def force_eager(reason: str) -> None:
-    """Forward hooks run only outside CUDA graphs / torch.compile: force enforce_eager."""
+def force_eager_unless(reason: str, graph_layers: Callable[[], Any], config_key: str) -> None:
+    """Forward hooks run only outside CUDA graphs / torch.compile: force enforce_eager, unless
+    graph mode is asked for (``graph_layers()`` not None, or ``additional_config[config_key]``
+    already names graph layers). The env setting is copied into ``additional_config``, which
+    vLLM hashes into its compile cache key and sends to every worker."""
     from vllm.engine.arg_utils import EngineArgs
 
     def make(original: Callable) -> Callable:
         def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if not self.enforce_eager:
+            extra = dict(self.additional_config or {}) if isinstance(self.additional_config, dict) else None
+            section = dict((extra or {}).get(config_key) or {})
+            from_env = graph_layers()
+            if extra is not None and section.get("graph_layers") is None and from_env is not None:
+                section["graph_layers"] = from_env
+                extra[config_key] = section
+                self.additional_config = extra
+            if section.get("graph_layers") is not None:
+                logger.info("lens_evals: graph mode (layers %s): torch.compile / CUDA graphs as configured", section["graph_layers"])
+            elif not self.enforce_eager:
                 logger.info("lens_evals: enforce_eager=True (%s); set LENS_EVALS_DISABLE=1 to opt out", reason)
                 self.enforce_eager = True
             return original(self, *args, **kwargs)
@@ -167,6 +179,21 @@ def force_eager(reason: str) -> None:
         return create_engine_config
 
     _patch(EngineArgs, "create_engine_config", make)
+
+
+def plugin_config(vllm_config: Any, key: str) -> dict[str, Any]:
+    """Our section of vLLM's ``additional_config`` (empty when absent)."""
+    extra = getattr(vllm_config, "additional_config", None)
+    section = extra.get(key) if isinstance(extra, dict) else None
+    return section if isinstance(section, dict) else {}
+
+
+def max_step_rows(runner: Any) -> int:
+    """The most token rows one forward pass can have (scheduler budget, CUDA graph sizes)."""
+    config = runner.vllm_config
+    rows = int(config.scheduler_config.max_num_batched_tokens)
+    capture = getattr(config.compilation_config, "max_cudagraph_capture_size", None) or 0
+    return max(rows, int(capture), int(getattr(runner, "max_num_tokens", 0) or 0))
 
 
 def prefer_v1_model_runner() -> None:

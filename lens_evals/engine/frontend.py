@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from lens_evals import wire
-from lens_evals.engine import compat
+from lens_evals.engine import compat, timing
+from lens_evals.engine.graph_taps import configured_layers, refusal
 from lens_evals.engine.hook_sets import UnknownHookSet, store_of
 from lens_evals.engine.hooks import encode_hooks, forget_local
 from lens_evals.engine.store import result_tensors
@@ -81,6 +82,9 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
     prompt_len = len(request.prompt_token_ids or [])
     max_positions = prompt_len + int(params.max_tokens or 1) - 1
     lens.check_model(shape.num_layers, shape.hidden_size, max(max_positions, 1), max_capture_bytes())
+    tapped = configured_layers(processor.vllm_config, shape.num_layers)
+    if tapped is not None and (reason := refusal(lens, tapped)) is not None:
+        raise ValueError(reason)
     for hook in lens.hooks:
         if hook.registered:
             check_registered_args(str(hook.fn), hook.args)
@@ -204,13 +208,16 @@ def attach_offline(llm: Any, outputs: list[Any]) -> None:
     pending = {o.request_id: registry.pop(o.request_id) for o in outputs if o.request_id in registry}
     if not pending:
         return
-    rank_results = compat.offline_collective_rpc(llm, FETCH_METHOD, ([p.key for p in pending.values()],))
+    with timing.phase("fetch: worker round trip"):
+        rank_results = compat.offline_collective_rpc(llm, FETCH_METHOD, ([p.key for p in pending.values()],))
     errors = []
-    for output in outputs:
-        if output.request_id in pending:
-            error = _apply(processor, output.request_id, output, pending[output.request_id], rank_results)
-            if error is not None:
-                errors.append(f"request {output.request_id}: {error}")
+    with timing.phase("fetch: attach to outputs"):
+        for output in outputs:
+            if output.request_id in pending:
+                error = _apply(processor, output.request_id, output, pending[output.request_id], rank_results)
+                if error is not None:
+                    errors.append(f"request {output.request_id}: {error}")
+    timing.log_and_reset("frontend")
     if errors:
         raise LensRequestError("; ".join(errors), outputs)
 

@@ -18,7 +18,7 @@ def register() -> None:
     if not enabled():
         logger.info("lens_evals: disabled by LENS_EVALS_DISABLE")
         return
-    from lens_evals.engine import compat, frontend, server
+    from lens_evals.engine import compat, frontend, graph_taps, server
     from lens_evals.engine.worker import STATE_ATTR, WORKER_METHODS, LensWorkerState
 
     def on_load(runner: Any) -> None:
@@ -34,7 +34,9 @@ def register() -> None:
         return run() if state is None else state.around_forward(run, input_ids)
 
     compat.prefer_v1_model_runner()
-    compat.force_eager("layer hooks run only outside CUDA graphs and torch.compile")
+    compat.force_eager_unless(
+        "layer hooks run only outside CUDA graphs and torch.compile", graph_taps.env_layer_spec, graph_taps.CONFIG_KEY
+    )
     compat.patch_input_processor(frontend.on_request)
     compat.patch_offline_results(frontend.attach_offline)
     compat.patch_async_results(frontend.attach_async, frontend.discard_async)

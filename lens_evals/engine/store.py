@@ -21,15 +21,78 @@ import torch
 COMPACT_BELOW = 0.25
 
 
+class _Chunk:
+    __slots__ = ("data", "used", "live")
+
+    def __init__(self, nbytes: int, pin: bool) -> None:
+        self.data = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+        self.used = 0
+        self.live = 0
+
+
+class PinnedArena:
+    """Pinned host memory for the per-step device-to-host copies, in large chunks: pinning is
+    slow (page locking, and the driver may wait for the device), so a chunk is pinned once and
+    reused once every step buffer carved out of it is freed. All copies go on one CUDA stream in
+    order, so a reused region is written only after earlier copies into it finished."""
+
+    ALIGN = 512
+    MAX_SPARE = 16  # chunks kept for reuse beyond the ones in use
+
+    def __init__(self, chunk_bytes: int = 64 * 2**20, pin: bool = True) -> None:
+        self.chunk_bytes = chunk_bytes
+        self.pin = pin
+        self.current: _Chunk | None = None
+        self.spare: list[_Chunk] = []
+        self.pinned_bytes = 0
+
+    def take(self, nbytes: int) -> tuple[torch.Tensor, _Chunk]:
+        size = -(-nbytes // self.ALIGN) * self.ALIGN
+        chunk = self.current
+        if chunk is None or chunk.used + size > chunk.data.numel():
+            chunk = self._fresh(size)
+        region = chunk.data[chunk.used : chunk.used + nbytes]
+        chunk.used += size
+        chunk.live += 1
+        return region, chunk
+
+    def _fresh(self, size: int) -> _Chunk:
+        old = self.current
+        if old is not None and old.live == 0:
+            old.used = 0
+            self.spare.append(old)
+        fits = [c for c in self.spare if c.data.numel() >= size]
+        if fits:
+            chunk = min(fits, key=lambda c: c.data.numel())
+            self.spare.remove(chunk)
+        else:
+            chunk = _Chunk(max(self.chunk_bytes, size), self.pin)
+            self.pinned_bytes += chunk.data.numel()
+        self.current = chunk
+        return chunk
+
+    def give_back(self, chunk: _Chunk) -> None:
+        chunk.live -= 1
+        if chunk.live == 0:
+            chunk.used = 0
+            if chunk is not self.current and len(self.spare) < self.MAX_SPARE:
+                self.spare.append(chunk)
+            elif chunk is not self.current:
+                self.pinned_bytes -= chunk.data.numel()  # dropped: back to PyTorch's allocator
+
+
 class StepBuffer:
     """One step's captures ``(n_layers, n_rows, hidden)`` or probe scores ``(n_pairs,)`` on the
-    host. ``ready`` is the CUDA event of the copy (None on CPU or once waited for)."""
+    host. ``ready`` is the CUDA event of the copy (None on CPU or once waited for); ``chunk``
+    the arena chunk its pinned memory belongs to (None: memory of its own)."""
 
-    __slots__ = ("data", "ready", "units", "live_units", "live_pieces", "pieces", "_array")
+    __slots__ = ("data", "ready", "units", "live_units", "live_pieces", "pieces", "_array", "chunk", "arena")
 
-    def __init__(self, data: torch.Tensor, ready: Any, units: int) -> None:
+    def __init__(self, data: torch.Tensor, ready: Any, units: int, chunk: Any = None, arena: PinnedArena | None = None) -> None:
         self.data = data
         self.ready = ready
+        self.chunk = chunk
+        self.arena = arena
         self.units = units
         self.live_units = 0
         self.live_pieces = 0
@@ -39,6 +102,12 @@ class StepBuffer:
     @property
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()
+
+    def free(self) -> None:
+        """No piece uses the buffer any more: its arena region may be reused by later steps."""
+        if self.chunk is not None and self.arena is not None:
+            self.arena.give_back(self.chunk)
+            self.chunk = None
 
     def array(self) -> np.ndarray:
         """The host data as numpy (bfloat16 viewed as int16: numpy has no bfloat16)."""
@@ -83,28 +152,35 @@ class Piece:
         return np.stack([data[offset : offset + n] for offset in self.slots])
 
 
-def to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-    """One asynchronous device-to-host copy into pinned memory (PyTorch's caching host
-    allocator reuses the blocks); on CPU the tensor itself (it is already a copy)."""
+def to_host(tensor: torch.Tensor, arena: PinnedArena | None = None) -> tuple[torch.Tensor, Any, Any]:
+    """One asynchronous device-to-host copy into pinned memory (from ``arena`` when given, else
+    PyTorch's caching host allocator): (host tensor, CUDA event, arena chunk or None). On CPU
+    the tensor itself (it is already a copy)."""
     if tensor.device.type != "cuda":
-        return tensor, None
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        return tensor, None, None
+    chunk = None
+    if arena is not None:
+        region, chunk = arena.take(tensor.numel() * tensor.element_size())
+        host = region.view(tensor.dtype).view(tensor.shape)
+    else:
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
     host.copy_(tensor, non_blocking=True)
     ready = torch.cuda.Event()
     ready.record()
-    return host, ready
+    return host, ready, chunk
 
 
 class PieceStore:
     """Pieces per request key, with the host bytes their buffers keep alive."""
 
-    def __init__(self) -> None:
+    def __init__(self, arena_chunk_bytes: int = 64 * 2**20) -> None:
         self.by_key: dict[str, list[Piece]] = {}
         self.held_bytes = 0
         self._sparse: dict[int, StepBuffer] = {}  # buffers to compact at the next step
+        self.arena = PinnedArena(arena_chunk_bytes)  # pins memory only for device tensors (``to_host``)
 
-    def new_buffer(self, data: torch.Tensor, ready: Any, units: int) -> StepBuffer:
-        buffer = StepBuffer(data, ready, units)
+    def new_buffer(self, data: torch.Tensor, ready: Any, units: int, chunk: Any = None) -> StepBuffer:
+        buffer = StepBuffer(data, ready, units, chunk, self.arena)
         self.held_bytes += buffer.nbytes
         return buffer
 
@@ -123,6 +199,7 @@ class PieceStore:
         """A buffer no request kept (every request of the step had already failed)."""
         if not buffer.live_pieces:
             self.held_bytes -= buffer.nbytes
+            buffer.free()
 
     def keys(self) -> set[str]:
         return set(self.by_key)
@@ -140,6 +217,7 @@ class PieceStore:
             if not buffer.live_pieces:
                 self.held_bytes -= buffer.nbytes
                 buffer.pieces = []
+                buffer.free()
                 self._sparse.pop(id(buffer), None)
             elif buffer.live_units < COMPACT_BELOW * buffer.units:
                 self._sparse[id(buffer)] = buffer
@@ -168,6 +246,7 @@ class PieceStore:
             own.live_units, own.live_pieces = piece.units, 1
         buffer.pieces = []
         buffer.live_pieces = 0
+        buffer.free()
 
 
 class PackedRows:

@@ -96,6 +96,11 @@ def run_layer(state: "LensWorkerState", plan: Any, layer_index: int, hidden: tor
     calls = plan.hook_calls.get((layer_index, None, False))
     if calls:
         _run_hooks(state, calls, hidden, residual, layer_index)
+    read_step(state, plan, layer_index, hidden, residual)
+
+
+def read_step(state: "LensWorkerState", plan: Any, layer_index: int, hidden: torch.Tensor, residual: torch.Tensor | None = None) -> None:
+    """Capture and score the step's rows of one layer's stream (hidden + residual)."""
     if layer_index in plan.capture_layers:
         state.step_captures[layer_index] = _gather_stream(hidden, residual, plan.capture_span, plan.capture_rows)
     probes = plan.probes.get(layer_index)

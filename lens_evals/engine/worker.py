@@ -12,13 +12,14 @@ from typing import Any, Callable
 
 import torch
 
-from lens_evals.engine import compat
+from lens_evals.engine import compat, timing
 from lens_evals.engine.batch import StepPlan, build_plan
 from lens_evals.engine.store import Piece, PieceStore, assemble, to_host
 from lens_evals.engine.requests import WorkerRequest, decode_worker_request
 from lens_evals import wire
 from lens_evals.engine.hooks import HookCall, HookContext, ParameterCache, WorkerHook, decode_hooks
-from lens_evals.engine.taps import install_hook_tap, install_taps
+from lens_evals.engine.graph_taps import GraphTaps, configured_layers
+from lens_evals.engine.taps import install_hook_tap, install_taps, read_step
 
 logger = logging.getLogger("lens_evals")
 STATE_ATTR = "_lens_evals_state"
@@ -39,7 +40,16 @@ class LensWorkerState:
         self.model = compat.runner_model(runner)
         self.num_layers = compat.num_layers_of(runner)
         tp_rank, _ = compat.parallel_ranks()
-        self.layer_modules = install_taps(self, self.model, self.num_layers)
+        self.graph: GraphTaps | None = None
+        graph_layers = configured_layers(runner.vllm_config, self.num_layers)
+        if graph_layers is None:
+            self.layer_modules = install_taps(self, self.model, self.num_layers)
+        else:
+            self.layer_modules = dict(compat.decoder_layers(self.model, self.num_layers))
+            self.graph = GraphTaps(
+                self.model, graph_layers, self.num_layers, compat.max_step_rows(runner),
+                compat.model_shape(runner.vllm_config).hidden_size, runner.model_config.dtype, compat.runner_device(runner),
+            )
         self._init_data_path(compat.runner_device(runner), runner.model_config.dtype, set(self.layer_modules), tp_rank == 0)
         self.parameters = ParameterCache(self.model, compat.checkpoint_dir(runner))
 
@@ -47,6 +57,7 @@ class LensWorkerState:
     def detached(cls, device: torch.device, dtype: torch.dtype, local_layers: set[int]) -> "LensWorkerState":
         """The step planning and host store without a model runner (``lens_evals.bench.host_path``)."""
         state = cls.__new__(cls)
+        state.graph = None
         state._init_data_path(device, dtype, local_layers, capture_here=True)
         return state
 
@@ -62,7 +73,7 @@ class LensWorkerState:
         self.requests: dict[str, WorkerRequest | None] = {}
         self.req_keys: dict[str, str] = {}
         self.captures = PieceStore()  # captured rows per request key
-        self.scores = PieceStore()  # probe scores per request key
+        self.scores = PieceStore(arena_chunk_bytes=4 * 2**20)  # probe scores per request key
         self.errors: dict[str, str] = {}
         self.fetched: set[str] = set()
         self.finished_unfetched: OrderedDict[str, float] = OrderedDict()
@@ -87,17 +98,38 @@ class LensWorkerState:
         for req_id in layout.req_ids:
             if req_id not in self.requests:
                 self._admit(req_id)
-        if not self.req_keys:  # no lens request in flight: plain traffic pays nothing more
+        with timing.phase("plan"):
+            plan = self.plan_step(layout, input_ids) if self.req_keys else None  # no lens request: nothing more
+        if self.graph is not None:
+            return self._graph_forward(run, plan, sum(layout.num_rows))
+        if plan is None:
             return run()
-        self.plan = self.plan_step(layout, input_ids)
-        if self.plan is None:
-            return run()
-        self._install_hook_sites(self.plan)
+        self.plan = plan
+        self._install_hook_sites(plan)
         try:
-            return run()
+            with timing.phase("forward with taps (queued)"):
+                return run()
         finally:
-            plan, self.plan = self.plan, None
+            self.plan = None
             self.store_step(plan)
+
+    def _graph_forward(self, run: Callable[[], Any], plan: StepPlan | None, num_rows: int) -> Any:
+        """Graph mode: steering rows into the static buffers, the (compiled) forward, then the
+        step's captures and probe scores read out of the capture buffers."""
+        assert self.graph is not None
+        with timing.phase("graph steer rows"):
+            self.graph.before_forward(plan)
+        with timing.phase("forward (queued)"):
+            output = run()
+        if plan is not None:
+            try:
+                for layer in plan.hooked_layers:
+                    read_step(self, plan, layer, self.graph.stream(layer, num_rows))
+            except Exception as exc:  # noqa: BLE001 - reported to every lens request of the step
+                logger.exception("lens_evals: reading the graph-mode buffers failed")
+                self.fail_keys(plan.keys, f"graph-mode read failed: {type(exc).__name__}: {exc}")
+            self.store_step(plan)
+        return output
 
     @property
     def held_bytes(self) -> int:
@@ -166,6 +198,10 @@ class LensWorkerState:
     def store_step(self, plan: StepPlan) -> None:
         """One device-to-host copy for the step's captures and one for its probe scores; each
         request keeps a Piece (where its rows are), nothing is cut per request here."""
+        with timing.phase("store"):
+            self._store_step(plan)
+
+    def _store_step(self, plan: StepPlan) -> None:
         captured, self.step_captures = self.step_captures, {}
         scored, self.step_scores = self.step_scores, {}
         self.captures.compact()
@@ -174,16 +210,16 @@ class LensWorkerState:
         if plan.capture_slots and len(captured) == len(plan.capture_layers):
             layers = [captured[layer] for layer in plan.capture_layers]
             stacked = layers[0].unsqueeze(0) if len(layers) == 1 else torch.stack(layers)  # (L, R, H), a new tensor
-            data, ready = to_host(stacked)
-            buffer = self.captures.new_buffer(data, ready, stacked.shape[1])
+            data, ready, chunk = to_host(stacked, self.captures.arena)
+            buffer = self.captures.new_buffer(data, ready, stacked.shape[1], chunk)
             for slot in plan.capture_slots:
                 if slot.key not in self.fetched and slot.key not in self.errors:
                     self.captures.add(slot.key, Piece(buffer, slot.row_start, slot.num_rows, starts[slot.batch_index], slot.layer_slots))
             self.captures.drop_unused(buffer)
         if plan.score_slots and len(scored) == len(plan.probes):
             flat = torch.cat([scored[layer] for layer in plan.probes])  # float32 scores of every (row, probe) pair
-            data, ready = to_host(flat)
-            buffer = self.scores.new_buffer(data, ready, flat.shape[0])
+            data, ready, chunk = to_host(flat, self.scores.arena)
+            buffer = self.scores.new_buffer(data, ready, flat.shape[0], chunk)
             for slot in plan.score_slots:
                 if slot.key not in self.fetched and slot.key not in self.errors:
                     self.scores.add(slot.key, Piece(buffer, 0, slot.num_rows, starts[slot.batch_index], slot.flat_offsets))
@@ -286,10 +322,12 @@ def fetch_results(worker: Any, keys: list[str]) -> dict[str, dict[str, Any]]:
     if state is None:  # e.g. a model runner the plugin does not hook: fail the requests, not the engine
         return {key: {"error": "lens_evals is not active in this worker's model runner"} for key in keys}
     results: dict[str, dict[str, Any]] = {}
-    for key in keys:
-        result = state.pop_result(key)
-        if result is not None:
-            results[key] = result
+    with timing.phase("fetch: assemble rows"):
+        for key in keys:
+            result = state.pop_result(key)
+            if result is not None:
+                results[key] = result
+    timing.log_and_reset("worker")
     return results
 
 

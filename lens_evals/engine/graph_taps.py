@@ -1,0 +1,165 @@
+"""Graph mode: capture, steering and probes with torch.compile and CUDA graphs kept on.
+
+Python forward hooks cannot make per-request decisions inside a captured CUDA graph: the graph
+replays the kernels it recorded. In graph mode every tapped layer therefore runs the same fixed
+op at every step, ``lens_evals::tap_stream``, traced into the compiled graph:
+
+    hidden' = hidden + steer[:n]              (n = the step's, possibly padded, token rows)
+    capture[:n] = hidden' + residual          (the residual stream after the layer)
+
+``steer`` and ``capture`` are static buffers of the layer (``max rows x hidden``, allocated once
+at model load, before vLLM measures memory). Per-request work stays outside the graph, on the
+host side of each step: before the forward the rows of steered requests are written into
+``steer`` (nothing to write when a decode step reuses the last plan), after it the captured
+and probed rows are read out of ``capture`` — the same plan, gathers and host store as eager
+mode. Rows of other requests see an exact ``+ 0``.
+
+What graph mode cannot do (refused per request with a clear error): layers that were not
+tapped at start, ``norm_match`` steering (it needs the live row norm), generic hooks.
+Turn it on with ``LENS_EVALS_GRAPH_LAYERS=16`` (or ``8,16`` or ``all``) or vLLM's
+``additional_config={"lens_evals": {"graph_layers": [16]}}``; it is part of vLLM's compile
+cache key, so graphs compiled with other taps (or none) are never reused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from lens_evals.engine import compat
+
+logger = logging.getLogger("lens_evals")
+
+GRAPH_LAYERS_ENV = "LENS_EVALS_GRAPH_LAYERS"
+CONFIG_KEY = "lens_evals"
+CAPTURE_BUFFER = "lens_evals_capture"
+STEER_BUFFER = "lens_evals_steer"
+
+
+@torch.library.custom_op("lens_evals::tap_stream", mutates_args=("capture",))
+def tap_stream(hidden: torch.Tensor, residual: torch.Tensor | None, steer: torch.Tensor, capture: torch.Tensor) -> torch.Tensor:
+    rows = hidden.shape[0]
+    steered = hidden + steer[:rows]
+    if residual is None:
+        capture[:rows].copy_(steered)
+    else:
+        torch.add(steered, residual, out=capture[:rows])
+    return steered
+
+
+@tap_stream.register_fake
+def _tap_stream_fake(hidden: torch.Tensor, residual: torch.Tensor | None, steer: torch.Tensor, capture: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(hidden)
+
+
+def parse_layer_spec(spec: Any) -> str | list[int] | None:
+    """``"all"``, a list of layer indices, or a comma-separated string of them; None when off."""
+    if spec is None or spec == "" or spec == []:
+        return None
+    if isinstance(spec, str):
+        text = spec.strip().lower()
+        if text in ("", "off", "none", "false"):
+            return None
+        if text == "all":
+            return "all"
+        try:
+            return sorted({int(part) for part in text.split(",") if part.strip()})
+        except ValueError:
+            raise ValueError(f"{GRAPH_LAYERS_ENV} must be 'all' or comma-separated layer indices, got {spec!r}") from None
+    if isinstance(spec, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in spec):
+        return sorted(set(spec))
+    raise ValueError(f"graph_layers must be 'all' or a list of layer indices, got {spec!r}")
+
+
+def env_layer_spec() -> str | list[int] | None:
+    return parse_layer_spec(os.environ.get(GRAPH_LAYERS_ENV))
+
+
+def resolve_layers(spec: str | list[int] | None, num_layers: int) -> list[int] | None:
+    if spec is None:
+        return None
+    layers = list(range(num_layers)) if spec == "all" else list(spec)
+    bad = [i for i in layers if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f"graph_layers {bad} out of range for a model with {num_layers} layers")
+    return layers
+
+
+def configured_layers(vllm_config: Any, num_layers: int) -> list[int] | None:
+    """The tapped layers of an engine (None: graph mode off, eager hooks)."""
+    section = compat.plugin_config(vllm_config, CONFIG_KEY)
+    return resolve_layers(parse_layer_spec(section.get("graph_layers")), num_layers)
+
+
+def refusal(lens: Any, tapped: Iterable[int]) -> str | None:
+    """Why a parsed lens request cannot run on a graph-mode engine (None: it can)."""
+    tapped = set(tapped)
+    wanted = set(lens.capture_layers) | {p.layer for p in lens.probes}
+    wanted |= {layer for vec in lens.steering for layer in vec.layer_indices}
+    missing = sorted(wanted - tapped)
+    if missing:
+        return (f"layers {missing} are not tapped on this graph-mode engine (tapped: {sorted(tapped)}); "
+                f"start it with {GRAPH_LAYERS_ENV} including them, or without graph mode")
+    if any(vec.norm_match for vec in lens.steering):
+        return "norm_match steering needs eager mode (the row norm is not known outside the graph)"
+    if lens.hooks or lens.hook_set is not None:
+        return "hooks need eager mode (graph mode runs only capture, steering and probes)"
+    return None
+
+
+class GraphTaps:
+    """The static buffers of the tapped layers of one worker, and the host side of each step."""
+
+    def __init__(self, model: nn.Module, layers: list[int], num_layers: int, max_rows: int,
+                 hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.steer: dict[int, torch.Tensor] = {}
+        self.capture: dict[int, torch.Tensor] = {}
+        self._dirty_rows: dict[int, int] = {}  # rows of ``steer`` written and not cleared since
+        self._written: Any = None  # the plan whose steering rows ``steer`` holds
+        wanted = set(layers)
+        for index, layer in compat.decoder_layers(model, num_layers):
+            if index not in wanted:
+                continue
+            steer = torch.zeros(max_rows, hidden_size, dtype=dtype, device=device)
+            capture = torch.zeros(max_rows, hidden_size, dtype=dtype, device=device)
+            layer.register_buffer(STEER_BUFFER, steer, persistent=False)
+            layer.register_buffer(CAPTURE_BUFFER, capture, persistent=False)
+            layer.register_forward_hook(_graph_tap)
+            self.steer[index], self.capture[index] = steer, capture
+        logger.info("lens_evals: graph mode, layers %s tapped (%d rows, %.0f MiB of buffers)", sorted(self.steer),
+                    max_rows, 2 * len(self.steer) * max_rows * hidden_size * torch.finfo(dtype).bits / 8 / 2**20)
+
+    @property
+    def layers(self) -> set[int]:
+        return set(self.steer)
+
+    def before_forward(self, plan: Any) -> None:
+        """Write the step's steering rows (``plan`` None: no lens request, clear what is left)."""
+        steer_plan = plan.steer if plan is not None else {}
+        if plan is not None and plan is self._written and plan.reusable:
+            return  # a decode step reusing the last plan: the rows are already in place
+        for layer, rows in list(self._dirty_rows.items()):
+            self.steer[layer][:rows].zero_()
+            del self._dirty_rows[layer]
+        for layer, steer in steer_plan.items():
+            delta = (steer.delta if steer.delta is not None else steer.vectors * steer.scale).to(self.steer[layer].dtype)
+            if steer.span is not None:  # contiguous rows, each once
+                self.steer[layer][steer.span[0] : steer.span[1]].copy_(delta)
+            else:  # rows may repeat (two vectors on one request): they add up, as in eager mode
+                self.steer[layer].index_add_(0, steer.rows, delta)
+            self._dirty_rows[layer] = steer.row_stop
+        self._written = plan
+
+    def stream(self, layer: int, num_rows: int) -> torch.Tensor:
+        """The step's residual stream after ``layer`` (valid until the next forward is queued)."""
+        return self.capture[layer][:num_rows]
+
+
+def _graph_tap(module: nn.Module, args: Any, output: Any) -> Any:
+    hidden, residual = compat.split_layer_output(output)
+    steered = torch.ops.lens_evals.tap_stream(hidden, residual, getattr(module, STEER_BUFFER), getattr(module, CAPTURE_BUFFER))
+    return compat.join_layer_output(output, steered)

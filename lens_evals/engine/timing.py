@@ -1,0 +1,39 @@
+"""Where the plugin's own host time goes, by phase, when ``LENS_EVALS_TIMING=1``: wall time of
+our code only (no device synchronisation is added, so queued GPU work is not counted). Each
+process logs its totals when results are fetched, then starts again from zero."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Iterator
+
+logger = logging.getLogger("lens_evals")
+ENABLED = os.environ.get("LENS_EVALS_TIMING", "0") == "1"
+_seconds: dict[str, float] = defaultdict(float)
+_calls: dict[str, int] = defaultdict(int)
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    if not ENABLED:
+        yield
+        return
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        _seconds[name] += time.perf_counter() - started
+        _calls[name] += 1
+
+
+def log_and_reset(where: str) -> None:
+    if not ENABLED or not _seconds:
+        return
+    parts = ", ".join(f"{name} {_seconds[name] * 1e3:.1f} ms / {_calls[name]}" for name in sorted(_seconds))
+    logger.warning("lens_evals timing (%s): %s", where, parts)
+    _seconds.clear()
+    _calls.clear()
