@@ -4,14 +4,13 @@ process logs its totals when results are fetched, then starts again from zero.""
 
 from __future__ import annotations
 
-import logging
 import os
+import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import Iterator
 
-logger = logging.getLogger("lens_evals")
 ENABLED = os.environ.get("LENS_EVALS_TIMING", "0") == "1"
 _seconds: dict[str, float] = defaultdict(float)
 _calls: dict[str, int] = defaultdict(int)
@@ -34,6 +33,7 @@ def log_and_reset(where: str) -> None:
     if not ENABLED or not _seconds:
         return
     parts = ", ".join(f"{name} {_seconds[name] * 1e3:.1f} ms / {_calls[name]}" for name in sorted(_seconds))
-    logger.warning("lens_evals timing (%s): %s", where, parts)
+    # straight to stderr: the engine process may route or filter library loggers
+    print(f"lens_evals timing ({where}): {parts}", file=sys.stderr, flush=True)
     _seconds.clear()
     _calls.clear()
