@@ -1,0 +1,30 @@
+"""Shared by the compat modules: the logger, vLLM's version, idempotent monkey-patching."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable
+
+
+
+
+logger = logging.getLogger("lens_evals")
+
+_PATCHED_ATTR = "__lens_evals_patched__"
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return getattr(vllm, "__version__", "unknown")
+
+
+def _patch(owner: Any, name: str, make_wrapper: Callable[[Callable], Callable]) -> None:
+    original = getattr(owner, name)
+    if getattr(original, _PATCHED_ATTR, False):
+        return
+    wrapper = make_wrapper(original)
+    functools.update_wrapper(wrapper, original)
+    setattr(wrapper, _PATCHED_ATTR, True)
+    setattr(owner, name, wrapper)

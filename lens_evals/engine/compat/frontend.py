@@ -1,0 +1,255 @@
+"""vLLM internals on the frontend side: engine args, request validation hook, offline / async
+result delivery, the HTTP app, collective_rpc and worker methods."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from lens_evals.engine.compat._base import _patch, logger, vllm_version  # noqa: F401
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    num_layers: int
+    hidden_size: int
+    max_model_len: int
+
+
+def model_shape(vllm_config: Any) -> ModelShape:
+    text_config = vllm_config.model_config.hf_text_config
+    return ModelShape(
+        num_layers=int(text_config.num_hidden_layers),
+        hidden_size=int(text_config.hidden_size),
+        max_model_len=int(vllm_config.model_config.max_model_len),
+    )
+
+
+def _client_error_class() -> type[ValueError]:
+    """A ValueError that vLLM's server maps to HTTP 400 (0.32 only passes VLLMClientError
+    through AsyncLLM.generate; other exceptions become a bare 500)."""
+    try:
+        from vllm.exceptions import VLLMValidationError
+    except ImportError:  # vLLM 0.26: ValueError already maps to 400
+        return ValueError
+
+    class LensValidationError(VLLMValidationError, ValueError):
+        pass
+
+    return LensValidationError
+
+
+def patch_input_processor(on_request: Callable[[Any, str, Any], None]) -> None:
+    """Call ``on_request(input_processor, external_request_id, engine_core_request)`` for
+    every new request, after vLLM's own processing and before the request id is rewritten.
+    ``on_request`` may raise ValueError: vLLM turns it into an HTTP 400 / offline error."""
+    from vllm.v1.engine import input_processor as ip_module
+
+    cls = ip_module.InputProcessor if hasattr(ip_module, "InputProcessor") else ip_module.Processor
+
+    error_class = _client_error_class()
+
+    def make(original: Callable) -> Callable:
+        def process_inputs(self: Any, request_id: str, *args: Any, **kwargs: Any) -> Any:
+            request = original(self, request_id, *args, **kwargs)
+            try:
+                on_request(self, request_id, request)
+            except ValueError as exc:
+                if isinstance(exc, error_class):
+                    raise
+                raise error_class(str(exc)) from None
+            return request
+
+        return process_inputs
+
+    _patch(cls, "process_inputs", make)
+
+
+def request_sampling_params(request: Any) -> Any:
+    return getattr(request, "sampling_params", None)
+
+
+def set_request_cache_salt(request: Any, salt: str) -> None:
+    """A unique salt: the request neither reads cached prefix KV nor leaves KV others reuse."""
+    request.cache_salt = salt
+
+
+def patch_offline_results(attach: Callable[[Any, list[Any]], None]) -> None:
+    """After ``LLM.generate`` / ``LLM.chat`` finish, call ``attach(llm, outputs)``."""
+    from vllm.entrypoints.llm import LLM
+
+    def make(original: Callable) -> Callable:
+        def _run_engine(self: Any, *args: Any, **kwargs: Any) -> Any:
+            outputs = original(self, *args, **kwargs)
+            attach(self, outputs)
+            return outputs
+
+        return _run_engine
+
+    _patch(LLM, "_run_engine", make)
+
+
+def offline_input_processor(llm: Any) -> Any:
+    engine = llm.llm_engine
+    return getattr(engine, "input_processor", None) or getattr(engine, "processor", None)
+
+
+def patch_async_results(
+    attach: Callable[[Any, Any], Any], discard: Callable[[Any, str], Any]
+) -> None:
+    """Wrap ``AsyncLLM.generate``: ``await attach(engine, output)`` on the final output of a
+    request; ``await discard(engine, request_id)`` when a request ends without one."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    def make(original: Callable) -> Callable:
+        async def generate(self: Any, prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any):
+            delivered = False
+            try:
+                async for output in original(self, prompt, sampling_params, request_id, *args, **kwargs):
+                    if output.finished:
+                        await attach(self, output)
+                        delivered = True
+                    yield output
+            finally:
+                if not delivered:
+                    await discard(self, request_id)
+
+        return generate
+
+    _patch(AsyncLLM, "generate", make)
+
+
+def async_input_processor(engine: Any) -> Any:
+    return getattr(engine, "input_processor", None) or getattr(engine, "processor", None)
+
+
+def force_eager_unless(reason: str, graph_layers: Callable[[], Any], config_key: str) -> None:
+    """Forward hooks run only outside CUDA graphs / torch.compile: force enforce_eager, unless
+    graph mode is asked for (``graph_layers()`` not None, or ``additional_config[config_key]``
+    already names graph layers). The env setting is copied into ``additional_config``, which
+    vLLM hashes into its compile cache key and sends to every worker."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    def make(original: Callable) -> Callable:
+        def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+            extra = dict(self.additional_config or {}) if isinstance(self.additional_config, dict) else None
+            section = dict((extra or {}).get(config_key) or {})
+            from_env = graph_layers()
+            if extra is not None and section.get("graph_layers") is None and from_env is not None:
+                section["graph_layers"] = from_env
+                extra[config_key] = section
+                self.additional_config = extra
+            if section.get("graph_layers") is not None:
+                logger.info("lens_evals: graph mode (layers %s): torch.compile / CUDA graphs as configured", section["graph_layers"])
+            elif not self.enforce_eager:
+                logger.info("lens_evals: enforce_eager=True (%s); set LENS_EVALS_DISABLE=1 to opt out", reason)
+                self.enforce_eager = True
+            return original(self, *args, **kwargs)
+
+        return create_engine_config
+
+    _patch(EngineArgs, "create_engine_config", make)
+
+
+def plugin_config(vllm_config: Any, key: str) -> dict[str, Any]:
+    """Our section of vLLM's ``additional_config`` (empty when absent)."""
+    extra = getattr(vllm_config, "additional_config", None)
+    section = extra.get(key) if isinstance(extra, dict) else None
+    return section if isinstance(section, dict) else {}
+
+
+def max_step_rows(runner: Any) -> int:
+    """The most token rows one forward pass can have (scheduler budget, CUDA graph sizes)."""
+    config = runner.vllm_config
+    rows = int(config.scheduler_config.max_num_batched_tokens)
+    capture = getattr(config.compilation_config, "max_cudagraph_capture_size", None) or 0
+    return max(rows, int(capture), int(getattr(runner, "max_num_tokens", 0) or 0))
+
+
+def prefer_v1_model_runner() -> None:
+    """vLLM 0.26 on GPU picks "Model Runner V2" for Llama-like models; our taps plan each step
+    from the V1 runner's input batch. Ask for V1 unless the user chose explicitly."""
+    import os
+
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") is None:
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        logger.info("lens_evals: VLLM_USE_V2_MODEL_RUNNER=0 (the plugin plans steps from the V1 model runner)")
+
+
+def patch_http_app(add_middleware: Callable[[Any], None], middleware_path: str) -> None:
+    """Add our ASGI middleware (``add_middleware(app)``, or by import path where vLLM builds
+    the middleware list itself) to the OpenAI-compatible server's app."""
+    import sys
+
+    try:  # vLLM >= 0.30: build_app lives in vllm.entrypoints.launchers.app
+        from vllm.entrypoints.launchers import app as app_module
+
+        def make(original: Callable) -> Callable:
+            def init_entrypoints_middleware(args: Any, app: Any, *rest: Any, **kwargs: Any) -> Any:
+                result = original(args, app, *rest, **kwargs)
+                add_middleware(app)
+                return result
+
+            return init_entrypoints_middleware
+
+        _patch(app_module, "init_entrypoints_middleware", make)
+        return
+    except ImportError:
+        pass
+    from vllm.entrypoints.openai import api_server  # vLLM 0.26: build_app reads args.middleware
+
+    def make_build(original: Callable) -> Callable:
+        def build_app(args: Any, *rest: Any, **kwargs: Any) -> Any:
+            middleware = list(getattr(args, "middleware", None) or [])
+            if middleware_path not in middleware:
+                args.middleware = middleware + [middleware_path]
+            return original(args, *rest, **kwargs)
+
+        return build_app
+
+    _patch(api_server, "build_app", make_build)
+    main = sys.modules.get("__main__")  # `python -m vllm.entrypoints.openai.api_server`
+    if main is not None and getattr(getattr(main, "__spec__", None), "name", None) == api_server.__name__:
+        _patch(main, "build_app", make_build)
+
+
+def engine_client_from_scope(scope: dict[str, Any]) -> Any:
+    """The server's AsyncLLM, from an ASGI scope of vLLM's OpenAI-compatible app."""
+    app = scope.get("app")
+    engine = getattr(getattr(app, "state", None), "engine_client", None)
+    if engine is None:
+        raise RuntimeError("lens_evals: no engine client on this app")
+    return engine
+
+
+async def async_collective_rpc(engine: Any, method: str, args: tuple) -> list[Any]:
+    """Call a worker method installed by :func:`add_worker_methods` on every worker. By name:
+    vLLM refuses to send functions between processes unless insecure serialisation is on.
+
+    With data parallelism, ``AsyncLLM.collective_rpc`` runs the method on every engine's
+    workers but returns only the first engine's replies; a request served by another engine
+    would lose its results. Ask each engine this frontend talks to and join the replies."""
+    core = engine.engine_core
+    engines = list(getattr(core, "core_engines", None) or ())
+    if len(engines) <= 1 or not hasattr(core, "_call_utility_async"):
+        return await engine.collective_rpc(method, args=args)
+    per_engine = await asyncio.gather(
+        *(core._call_utility_async("collective_rpc", method, None, args, None, engine=target) for target in engines)
+    )
+    return [reply for replies in per_engine for reply in replies]
+
+
+def offline_collective_rpc(llm: Any, method: str, args: tuple) -> list[Any]:
+    return llm.collective_rpc(method, args=args)
+
+
+def add_worker_methods(methods: dict[str, Callable[..., Any]]) -> None:
+    """Make ``methods`` callable by name through collective_rpc (``fn(worker, *args)``)."""
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    for name, fn in methods.items():
+        if getattr(WorkerBase, name, None) is not fn:
+            setattr(WorkerBase, name, fn)
