@@ -33,6 +33,12 @@ def token_check(result: dict, baseline: dict | None, cfg: BenchConfig) -> dict:
     return {"tokens_equal": equal == len(base) == len(ours), "prompts_equal": equal}
 
 
+def _same_token_positions(result: dict, other: dict, index: int, cfg: BenchConfig) -> int:
+    """Positions of prompt ``index`` where both runs saw the same input: the prompt plus the
+    generated tokens up to the first difference (later positions see different inputs)."""
+    return len(cfg.prompts[index]) + _common_prefix(result["token_ids"][index], other["token_ids"][index])
+
+
 def _samples(result: dict, out_dir: Path) -> dict[int, torch.Tensor] | None:
     name = result.get("samples_file")
     if result.get("status") != "ok" or not name:
@@ -48,9 +54,7 @@ def capture_check(result: dict, reference: dict | None, cfg: BenchConfig, out_di
         return {}
     worst, compared = 0.0, 0
     for index in sorted(set(ours) & set(ref)):
-        prompt_len = len(cfg.prompts[index])
-        same = _common_prefix(result["token_ids"][index], reference["token_ids"][index])
-        n = min(prompt_len + same, ours[index].shape[0], ref[index].shape[0])
+        n = min(_same_token_positions(result, reference, index, cfg), ours[index].shape[0], ref[index].shape[0])
         diff = (ours[index][:n] - ref[index][:n]).abs().max().item() if n else 0.0
         worst, compared = max(worst, diff), compared + n
     scale = max(v.abs().max().item() for v in ref.values())
@@ -68,8 +72,7 @@ def probe_check(result: dict, capture: dict | None, cfg: BenchConfig, out_dir: P
     weights = torch.from_numpy(probe_weights(cfg.hidden_size))
     worst, compared = 0.0, 0
     for index in sorted(set(scores) & set(streams)):
-        same = _common_prefix(result["token_ids"][index], capture["token_ids"][index])
-        n = min(len(cfg.prompts[index]) + same, scores[index].shape[0], streams[index].shape[0])
+        n = min(_same_token_positions(result, capture, index, cfg), scores[index].shape[0], streams[index].shape[0])
         if n:
             expected = streams[index][:n] @ weights + PROBE_BIAS
             worst = max(worst, (scores[index][:n] - expected).abs().max().item())
@@ -86,13 +89,12 @@ def annotate(results: list[dict], cfg: BenchConfig, out_dir: Path) -> None:
         reference = by_name.get("lens-capture-1")
     for result in results:
         system = ALL_SYSTEMS[result["system"]]
-        graph_mode = system.cuda_graphs and system.lens is not None
         # graph-mode rows against pure vLLM with graphs (the same kernels), the others against eager
-        result.update(token_check(result, by_name.get(GRAPHS) if graph_mode else baseline, cfg))
+        result.update(token_check(result, by_name.get(GRAPHS) if system.graph_mode else baseline, cfg))
         if system.lens == "probe":
-            capture = by_name.get("lens-graphs-capture-1" if graph_mode else "lens-capture-1")
+            capture = by_name.get("lens-graphs-capture-1" if system.graph_mode else "lens-capture-1")
             result.update(probe_check(result, capture, cfg, out_dir))
-        elif ALL_SYSTEMS[result["system"]].captures_layer:
+        elif system.captures_layer:
             result.update(capture_check(result, reference, cfg, out_dir))
         if result.get("capture_max_abs_diff") is not None and reference is not None:
             result["capture_reference"] = reference["system"]

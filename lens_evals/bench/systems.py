@@ -15,6 +15,11 @@ class System:
     gpu_only: bool = False
     captures_layer: bool = False  # yields the hooked layer's stream to compare with HF
 
+    @property
+    def graph_mode(self) -> bool:
+        """Ours with CUDA graphs / torch.compile kept on (the layer tapped in the graph)."""
+        return self.cuda_graphs and self.lens is not None
+
 
 BASELINE = "vllm-eager"
 GRAPHS = "vllm-graphs"
@@ -61,7 +66,7 @@ def resolve(names: list[str] | None, gpu: bool) -> list[System]:
         raise ValueError(f"unknown systems {unknown}; known: {', '.join(ALL_SYSTEMS)}")
     if BASELINE not in chosen:
         chosen = [BASELINE, *chosen]
-    if any(ALL_SYSTEMS[n].cuda_graphs and ALL_SYSTEMS[n].lens for n in chosen) and GRAPHS not in chosen:
+    if any(ALL_SYSTEMS[n].graph_mode for n in chosen) and GRAPHS not in chosen:
         chosen = [GRAPHS, *chosen]  # graph-mode rows are compared with pure vLLM with graphs
     order = list(ALL_SYSTEMS)
     return [ALL_SYSTEMS[n] for n in sorted(set(chosen), key=order.index)]

@@ -83,7 +83,7 @@ def run_vllm(system: System, cfg: BenchConfig) -> Measured:
     }
     if cfg.device == "cuda":
         options["gpu_memory_utilization"] = cfg.gpu_memory_utilization
-    if system.cuda_graphs and system.lens is not None:  # our graph mode: the layer tapped in the graph
+    if system.graph_mode:
         options["additional_config"] = {"lens_evals": {"graph_layers": [cfg.layer]}}
     started = time.perf_counter()
     llm = LLM(**options)

@@ -114,15 +114,15 @@ def refusal(lens: Any, tapped: Iterable[int]) -> str | None:
 class GraphTaps:
     """The static buffers of the tapped layers of one worker, and the host side of each step."""
 
-    def __init__(self, model: nn.Module, layers: list[int], num_layers: int, max_rows: int,
+    def __init__(self, layer_modules: dict[int, nn.Module], layers: list[int], max_rows: int,
                  hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
         self.steer: dict[int, torch.Tensor] = {}
         self.capture: dict[int, torch.Tensor] = {}
         self._dirty_rows: dict[int, int] = {}  # rows of ``steer`` written and not cleared since
         self._written: Any = None  # the plan whose steering rows ``steer`` holds
-        wanted = set(layers)
-        for index, layer in compat.decoder_layers(model, num_layers):
-            if index not in wanted:
+        for index in layers:
+            layer = layer_modules.get(index)
+            if layer is None:  # on another pipeline stage
                 continue
             steer = torch.zeros(max_rows, hidden_size, dtype=dtype, device=device)
             capture = torch.zeros(max_rows, hidden_size, dtype=dtype, device=device)
@@ -132,10 +132,6 @@ class GraphTaps:
             self.steer[index], self.capture[index] = steer, capture
         logger.info("lens_evals: graph mode, layers %s tapped (%d rows, %.0f MiB of buffers)", sorted(self.steer),
                     max_rows, 2 * len(self.steer) * max_rows * hidden_size * torch.finfo(dtype).bits / 8 / 2**20)
-
-    @property
-    def layers(self) -> set[int]:
-        return set(self.steer)
 
     def before_forward(self, plan: Any) -> None:
         """Write the step's steering rows (``plan`` None: no lens request, clear what is left)."""

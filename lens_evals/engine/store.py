@@ -86,13 +86,12 @@ class StepBuffer:
     host. ``ready`` is the CUDA event of the copy (None on CPU or once waited for); ``chunk``
     the arena chunk its pinned memory belongs to (None: memory of its own)."""
 
-    __slots__ = ("data", "ready", "units", "live_units", "live_pieces", "pieces", "_array", "chunk", "arena")
+    __slots__ = ("data", "ready", "units", "live_units", "live_pieces", "pieces", "_array", "chunk")
 
-    def __init__(self, data: torch.Tensor, ready: Any, units: int, chunk: Any = None, arena: PinnedArena | None = None) -> None:
+    def __init__(self, data: torch.Tensor, ready: Any, units: int, chunk: Any = None) -> None:
         self.data = data
         self.ready = ready
         self.chunk = chunk
-        self.arena = arena
         self.units = units
         self.live_units = 0
         self.live_pieces = 0
@@ -102,12 +101,6 @@ class StepBuffer:
     @property
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()
-
-    def free(self) -> None:
-        """No piece uses the buffer any more: its arena region may be reused by later steps."""
-        if self.chunk is not None and self.arena is not None:
-            self.arena.give_back(self.chunk)
-            self.chunk = None
 
     def array(self) -> np.ndarray:
         """The host data as numpy (bfloat16 viewed as int16: numpy has no bfloat16)."""
@@ -152,18 +145,13 @@ class Piece:
         return np.stack([data[offset : offset + n] for offset in self.slots])
 
 
-def to_host(tensor: torch.Tensor, arena: PinnedArena | None = None) -> tuple[torch.Tensor, Any, Any]:
-    """One asynchronous device-to-host copy into pinned memory (from ``arena`` when given, else
-    PyTorch's caching host allocator): (host tensor, CUDA event, arena chunk or None). On CPU
-    the tensor itself (it is already a copy)."""
+def to_host(tensor: torch.Tensor, arena: PinnedArena) -> tuple[torch.Tensor, Any, Any]:
+    """One asynchronous device-to-host copy into pinned memory from ``arena``: (host tensor,
+    CUDA event, arena chunk). On CPU the tensor itself (it is already a copy), None, None."""
     if tensor.device.type != "cuda":
         return tensor, None, None
-    chunk = None
-    if arena is not None:
-        region, chunk = arena.take(tensor.numel() * tensor.element_size())
-        host = region.view(tensor.dtype).view(tensor.shape)
-    else:
-        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    region, chunk = arena.take(tensor.numel() * tensor.element_size())
+    host = region.view(tensor.dtype).view(tensor.shape)
     host.copy_(tensor, non_blocking=True)
     ready = torch.cuda.Event()
     ready.record()
@@ -180,9 +168,17 @@ class PieceStore:
         self.arena = PinnedArena(arena_chunk_bytes)  # pins memory only for device tensors (``to_host``)
 
     def new_buffer(self, data: torch.Tensor, ready: Any, units: int, chunk: Any = None) -> StepBuffer:
-        buffer = StepBuffer(data, ready, units, chunk, self.arena)
+        buffer = StepBuffer(data, ready, units, chunk)
         self.held_bytes += buffer.nbytes
         return buffer
+
+    def _free(self, buffer: StepBuffer) -> None:
+        """No piece uses ``buffer`` any more: stop counting its bytes; its arena region may be
+        reused by later steps."""
+        self.held_bytes -= buffer.nbytes
+        if buffer.chunk is not None:
+            self.arena.give_back(buffer.chunk)
+            buffer.chunk = None
 
     def add(self, key: str, piece: Piece) -> None:
         buffer = piece.buffer
@@ -198,8 +194,7 @@ class PieceStore:
     def drop_unused(self, buffer: StepBuffer) -> None:
         """A buffer no request kept (every request of the step had already failed)."""
         if not buffer.live_pieces:
-            self.held_bytes -= buffer.nbytes
-            buffer.free()
+            self._free(buffer)
 
     def keys(self) -> set[str]:
         return set(self.by_key)
@@ -215,9 +210,8 @@ class PieceStore:
             buffer.live_units -= piece.units
             buffer.live_pieces -= 1
             if not buffer.live_pieces:
-                self.held_bytes -= buffer.nbytes
+                self._free(buffer)
                 buffer.pieces = []
-                buffer.free()
                 self._sparse.pop(id(buffer), None)
             elif buffer.live_units < COMPACT_BELOW * buffer.units:
                 self._sparse[id(buffer)] = buffer
@@ -231,7 +225,6 @@ class PieceStore:
                 self._compact(buffer)
 
     def _compact(self, buffer: StepBuffer) -> None:
-        self.held_bytes -= buffer.nbytes
         for piece in buffer.pieces:
             if not piece.alive:
                 continue
@@ -246,7 +239,7 @@ class PieceStore:
             own.live_units, own.live_pieces = piece.units, 1
         buffer.pieces = []
         buffer.live_pieces = 0
-        buffer.free()
+        self._free(buffer)
 
 
 class PackedRows:

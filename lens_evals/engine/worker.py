@@ -47,7 +47,7 @@ class LensWorkerState:
         else:
             self.layer_modules = dict(compat.decoder_layers(self.model, self.num_layers))
             self.graph = GraphTaps(
-                self.model, graph_layers, self.num_layers, compat.max_step_rows(runner),
+                self.layer_modules, graph_layers, compat.max_step_rows(runner),
                 compat.model_shape(runner.vllm_config).hidden_size, runner.model_config.dtype, compat.runner_device(runner),
             )
         self._init_data_path(compat.runner_device(runner), runner.model_config.dtype, set(self.layer_modules), tp_rank == 0)

@@ -13,4 +13,3 @@ from lens_evals.engine.compat._base import *  # noqa: F401,F403
 from lens_evals.engine.compat.frontend import *  # noqa: F401,F403
 from lens_evals.engine.compat.lora import *  # noqa: F401,F403
 from lens_evals.engine.compat.worker import *  # noqa: F401,F403
-from lens_evals.engine.compat._base import _patch  # noqa: F401

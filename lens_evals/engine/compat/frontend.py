@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 
-from lens_evals.engine.compat._base import _patch, logger, vllm_version  # noqa: F401
+from lens_evals.engine.compat._base import _patch, logger
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from lens_evals.engine.compat._base import _patch, logger, vllm_version  # noqa: F401
+from lens_evals.engine.compat._base import logger
 
 
 def _lora_rows(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
