@@ -21,14 +21,19 @@ SCRIPT = Path(__file__).parent / "scripts" / "run_capture.py"
 TOL = engine_tolerance()
 
 
-def lambda_hook_result(path: Path) -> str:
+def metadata(path: Path, name: str) -> str:
     with safe_open(str(path), framework="pt") as handle:
-        return handle.metadata()["lambda_hook"]
+        return handle.metadata()[name]
 
 
-def run(model: Path, tmp_path: Path, mode: str, multiprocess: bool) -> dict[str, torch.Tensor]:
+def run(model: Path, tmp_path: Path, mode: str, multiprocess: bool, handoff_dir: Path | None = None) -> dict[str, torch.Tensor]:
+    """``handoff_dir``: every row block goes through a hand-off file there (else inline bytes)."""
     out = tmp_path / f"{mode}_{int(multiprocess)}.safetensors"
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocess else "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if handoff_dir is not None:
+        env |= {"LENS_EVALS_HANDOFF_DIR": str(handoff_dir), "LENS_EVALS_HANDOFF_MIN_BYTES": "0"}
+    else:
+        env["LENS_EVALS_HANDOFF"] = "0"
     proc = subprocess.run([sys.executable, str(SCRIPT), str(model), str(out), mode], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"engine run failed ({mode}, multiprocess={multiprocess}):\n{proc.stderr[-4000:]}"
     result = load_file(str(out))
@@ -38,16 +43,26 @@ def run(model: Path, tmp_path: Path, mode: str, multiprocess: bool) -> dict[str,
 
 @pytest.fixture(scope="module")
 def in_process(tiny_path, tmp_path_factory) -> dict[str, torch.Tensor]:
-    return run(tiny_path, tmp_path_factory.mktemp("inproc"), "offline", multiprocess=False)
+    tmp_path = tmp_path_factory.mktemp("inproc")
+    (tmp_path / "handoff").mkdir()
+    return run(tiny_path, tmp_path, "offline", multiprocess=False, handoff_dir=tmp_path / "handoff")
 
 
-@pytest.mark.parametrize("mode", ["offline", "async"])
-def test_multiprocess_engine_matches_in_process(tiny_path, tmp_path, in_process, mode: str) -> None:
-    result = run(tiny_path, tmp_path, mode, multiprocess=True)
+@pytest.mark.parametrize("mode,handoff", [("offline", False), ("offline", True), ("async", True)])
+def test_multiprocess_engine_matches_in_process(tiny_path, tmp_path, in_process, mode: str, handoff: bool) -> None:
+    """Through collective_rpc's bytes, and through hand-off files (which are all claimed and gone
+    afterwards; the in-process engine never makes any)."""
+    handoff_dir = tmp_path / "handoff"
+    handoff_dir.mkdir()
+    result = run(tiny_path, tmp_path, mode, multiprocess=True, handoff_dir=handoff_dir if handoff else None)
     assert result.keys() == in_process.keys() and "saved_norm.3_2" in result
+    # 3 captures and 2 probe-score blocks (the offline lambda-hook request fails without rows)
+    assert int(metadata(result["_path"], "handoff_files")) == (5 if handoff else 0)
+    assert int(metadata(in_process["_path"], "handoff_files")) == 0  # same process: nothing to hand off
+    assert list(handoff_dir.iterdir()) == []  # claimed files unlinked, the marker removed at exit
     if mode == "offline":  # a lambda hook works in-process only, and says why elsewhere
-        assert lambda_hook_result(in_process["_path"]) == "ok"
-        assert "cannot be imported by name" in lambda_hook_result(result["_path"])
+        assert metadata(in_process["_path"], "lambda_hook") == "ok"
+        assert "cannot be imported by name" in metadata(result["_path"], "lambda_hook")
     for name, tensor in in_process.items():
         if name == "_path":
             continue

@@ -2,7 +2,7 @@
 
 ``python -m lens_evals.bench.host_path`` plans, runs the layer ops on random tensors and stores
 ``--steps`` decode steps of ``--requests`` requests (hidden ``--hidden``, bf16), then fetches
-every request, for capture / steering / probe requests. It prints milliseconds per step for each
+every request (inline bytes, and through hand-off files as for a frontend in another process), for capture / steering / probe requests. It prints milliseconds per step for each
 part and, for scale, that time as a share of an 8B eager decode step on an H200 (~12 ms: 2.52 s
 for 128 tokens of 256 requests in `docs/bench/gpu-h200-2026-12-02.md`). The tensor ops run on
 this CPU, so their column is only indicative; planning and storing are host work on any device.
@@ -16,6 +16,7 @@ import time
 import numpy as np
 import torch
 
+from lens_evals.engine import handoff
 from lens_evals.engine.compat import BatchLayout
 from lens_evals.engine.requests import WorkerProbe, WorkerRequest, WorkerSteering
 from lens_evals.engine.taps import run_layer
@@ -35,7 +36,8 @@ def _request(feature: str, index: int, layer: int, hidden: int, dtype: torch.dty
     return WorkerRequest(key=key, capture_layers=[], probes=[WorkerProbe(0, layer, "probe", weights, 0.5)])
 
 
-def measure(feature: str, requests: int, steps: int, hidden: int, dtype: torch.dtype, layer: int = 16) -> dict[str, float]:
+def measure(feature: str, requests: int, steps: int, hidden: int, dtype: torch.dtype, layer: int = 16,
+            sink: handoff.Sink = handoff.inline) -> dict[str, float]:
     state = LensWorkerState.detached(torch.device("cpu"), dtype, set(range(32)))
     for index in range(requests):
         state.track(f"req-{index}", _request(feature, index, layer, hidden, dtype))
@@ -53,7 +55,8 @@ def measure(feature: str, requests: int, steps: int, hidden: int, dtype: torch.d
         stored = time.perf_counter()
         plan_s, ops_s, store_s = plan_s + planned - started, ops_s + ran - planned, store_s + stored - ran
     started = time.perf_counter()
-    results = [state.pop_result(f"key-{i}") for i in range(requests)]
+    results = [state.pop_result(f"key-{i}", sink) for i in range(requests)]
+    handoff.claim_all([{str(i): r for i, r in enumerate(results) if r}])  # the frontend's side: map, unlink
     fetch_s = time.perf_counter() - started
     if feature != "steer" and any(r is None or "error" in r for r in results):
         raise RuntimeError(f"{feature}: a request came back without its rows: {results[0]}")
@@ -70,12 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     np.random.seed(0)
     print(f"{args.requests} requests x {args.steps} decode steps, hidden {args.hidden}, bfloat16, one hooked layer")
-    print("| feature | plan ms/step | store ms/step | plan+store share of a 12 ms GPU step | layer ops ms/step (CPU) | fetch all ms |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    target = handoff.HandoffTarget.for_this_process()
+    to_file = handoff.sink_for({**target, "pid": -1}) if target else handoff.inline  # as for another process
+    print("| feature | plan ms/step | store ms/step | plan+store share of a 12 ms GPU step | layer ops ms/step (CPU) "
+          "| fetch all ms (inline bytes) | fetch all ms (hand-off files) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for feature in ("capture", "steer", "probe"):
         m = measure(feature, args.requests, args.steps, args.hidden, torch.bfloat16)
+        by_file = measure(feature, args.requests, args.steps, args.hidden, torch.bfloat16, sink=to_file)["fetch_all_ms"]
         share = (m["plan_ms"] + m["store_ms"]) / GPU_EAGER_STEP_MS
-        print(f"| {feature} | {m['plan_ms']:.3f} | {m['store_ms']:.3f} | {share:.1%} | {m['ops_ms']:.2f} | {m['fetch_all_ms']:.0f} |")
+        print(f"| {feature} | {m['plan_ms']:.3f} | {m['store_ms']:.3f} | {share:.1%} | {m['ops_ms']:.2f} | {m['fetch_all_ms']:.0f} | {by_file:.0f} |")
         if m["held_bytes_after"]:
             raise RuntimeError(f"{feature}: {m['held_bytes_after']:.0f} bytes still held after every fetch")
     return 0

@@ -15,6 +15,7 @@ import torch
 from lens_evals import wire
 from lens_evals.engine import compat, timing
 from lens_evals.engine.graph_taps import configured_layers, refusal
+from lens_evals.engine.handoff import HandoffTarget, claim_all
 from lens_evals.engine.hook_sets import UnknownHookSet, store_of
 from lens_evals.engine.hooks import encode_hooks, forget_local
 from lens_evals.engine.store import result_tensors
@@ -209,7 +210,8 @@ def attach_offline(llm: Any, outputs: list[Any]) -> None:
     if not pending:
         return
     with timing.phase("fetch: worker round trip"):
-        rank_results = compat.offline_collective_rpc(llm, FETCH_METHOD, ([p.key for p in pending.values()],))
+        rank_results = compat.offline_collective_rpc(llm, FETCH_METHOD, ([p.key for p in pending.values()], HandoffTarget.for_this_process()))
+        claim_all(rank_results)
     errors = []
     with timing.phase("fetch: attach to outputs"):
         for output in outputs:
@@ -227,7 +229,8 @@ async def attach_async(engine: Any, output: Any) -> None:
     pending = _registry(processor).pop(output.request_id, None)
     if pending is None:
         return
-    rank_results = await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key],))
+    rank_results = await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key], HandoffTarget.for_this_process()))
+    claim_all(rank_results)
     error = _apply(processor, output.request_id, output, pending, rank_results)
     sink = HTTP_SINK.get()
     if sink is not None:
@@ -241,4 +244,4 @@ async def discard_async(engine: Any, request_id: str) -> None:
     pending = _registry(compat.async_input_processor(engine)).pop(request_id, None)
     if pending is not None:
         forget_local(list(pending.local_ids))
-        await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key],))
+        await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key], None))  # rows inline, dropped

@@ -13,10 +13,13 @@ short ones does not keep the whole batch's rows alive.
 
 from __future__ import annotations
 
+import mmap
 from typing import Any
 
 import numpy as np
 import torch
+
+from lens_evals.engine.handoff import Sink, inline
 
 COMPACT_BELOW = 0.25
 
@@ -252,7 +255,11 @@ class PackedRows:
 
     @staticmethod
     def encode(data: bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"dtype": str(dtype).removeprefix("torch."), "shape": list(shape), "data": data}
+        return PackedRows.header(dtype, shape) | {"data": data}
+
+    @staticmethod
+    def header(dtype: torch.dtype, shape: tuple[int, ...]) -> dict[str, Any]:
+        return {"dtype": str(dtype).removeprefix("torch."), "shape": list(shape)}
 
     @classmethod
     def decode(cls, packed: dict[str, Any]) -> torch.Tensor:
@@ -260,19 +267,21 @@ class PackedRows:
             raise ValueError(f"unexpected row dtype {packed.get('dtype')!r}")
         numpy_dtype, torch_dtype = cls.DTYPES[packed["dtype"]]
         shape = [int(n) for n in packed["shape"]]
-        data = packed["data"]
-        if not isinstance(data, (bytearray, bytes)) or len(data) != int(np.prod(shape)) * np.dtype(numpy_dtype).itemsize:
+        data = packed.get("data")
+        if not isinstance(data, (bytearray, bytes, mmap.mmap)) or len(data) != int(np.prod(shape)) * np.dtype(numpy_dtype).itemsize:
             raise ValueError("row data does not match its shape")
-        array = np.frombuffer(data if isinstance(data, bytearray) else bytearray(data), dtype=numpy_dtype).reshape(shape)
+        # bytes (from msgpack) are read-only: one copy makes the tensor writable; a bytearray or
+        # a claimed hand-off mapping (``handoff.claim``) is used as it is
+        array = np.frombuffer(bytearray(data) if isinstance(data, bytes) else data, dtype=numpy_dtype).reshape(shape)
         tensor = torch.from_numpy(array)
         return tensor.view(torch_dtype) if torch_dtype == torch.bfloat16 else tensor
 
 
-def assemble(pieces: list[Piece]) -> tuple[dict[str, Any], list[int]]:
+def assemble(pieces: list[Piece], sink: Sink = inline) -> tuple[dict[str, Any], list[int]]:
     """One request's rows by absolute position, ``(n_ids, n_positions, ...)``, packed (see
     ``PackedRows``), and the first positions that no piece covered. Later pieces (recomputation
-    after preemption) overwrite earlier ones. The rows are joined straight into the buffer that
-    is sent: one copy."""
+    after preemption) overwrite earlier ones. The rows are written once, straight from the step
+    buffers into what is sent (``sink``: inline bytes, or a hand-off file)."""
     arrays = [piece.rows() for piece in pieces]
     expected = 0
     contiguous = True
@@ -283,19 +292,20 @@ def assemble(pieces: list[Piece]) -> tuple[dict[str, Any], list[int]]:
         expected += piece.num_rows
     last = expected if contiguous else max(piece.first_position + piece.num_rows for piece in pieces)
     shape = (arrays[0].shape[0], last, *arrays[0].shape[2:])
-    buffer = bytearray(int(np.prod(shape)) * arrays[0].dtype.itemsize)
-    joined = np.frombuffer(buffer, dtype=arrays[0].dtype).reshape(shape)
+    nbytes = int(np.prod(shape)) * arrays[0].dtype.itemsize
     gaps: list[int] = []
-    if contiguous:
-        np.concatenate(arrays, axis=1, out=joined)
+    if contiguous:  # in order: each id's rows of each piece (contiguous slices of step buffers)
+        blocks = [np.ascontiguousarray(rows[i]) for i in range(shape[0]) for rows in arrays]
     else:
+        joined = np.zeros(shape, dtype=arrays[0].dtype)
         covered = np.zeros(last, dtype=bool)
         for piece, rows in zip(pieces, arrays):
             span = slice(piece.first_position, piece.first_position + piece.num_rows)
             joined[:, span] = rows
             covered[span] = True
         gaps = np.flatnonzero(~covered)[:10].tolist()
-    return PackedRows.encode(buffer, pieces[0].buffer.data.dtype, shape), gaps
+        blocks = [joined]
+    return PackedRows.header(pieces[0].buffer.data.dtype, shape) | sink(nbytes, blocks), gaps
 
 
 def result_tensors(result: dict[str, Any]) -> dict[str, Any]:

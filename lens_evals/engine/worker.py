@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from lens_evals.engine import compat, timing
+from lens_evals.engine import compat, handoff, timing
 from lens_evals.engine.batch import StepPlan, build_plan
 from lens_evals.engine.store import Piece, PieceStore, assemble, to_host
 from lens_evals.engine.requests import WorkerRequest, decode_worker_request
@@ -262,9 +262,9 @@ class LensWorkerState:
             for key in keys:
                 self._release(key)
 
-    def pop_result(self, key: str) -> dict[str, Any] | None:
+    def pop_result(self, key: str, sink: handoff.Sink = handoff.inline) -> dict[str, Any] | None:
         """Assemble and release one request's capture, probe scores and hook results (rows placed
-        by absolute position; ``saved`` JSON-safe, arrays encoded)."""
+        by absolute position, written by ``sink``; ``saved`` JSON-safe, arrays encoded)."""
         error = self.errors.get(key)
         captured, scored = self._release(key)
         req = self.by_key.pop(key, None)
@@ -290,7 +290,7 @@ class LensWorkerState:
         ):
             if not pieces:
                 continue
-            packed, gaps = assemble(pieces)
+            packed, gaps = assemble(pieces, sink)
             if gaps:
                 return {"error": f"{name} has gaps at positions {gaps} (prefix cache or scheduling defect)"}
             result[name] = packed
@@ -316,15 +316,17 @@ def get_state(runner: Any) -> LensWorkerState:
 
 
 # ----------------------------------------------------------------- functions run through collective_rpc
-def fetch_results(worker: Any, keys: list[str]) -> dict[str, dict[str, Any]]:
-    """Runs on each worker; returns only plain bytes and strings (tensors do not cross processes)."""
+def fetch_results(worker: Any, keys: list[str], target: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Runs on each worker; returns only plain bytes and strings (tensors do not cross processes).
+    ``target``: the frontend's hand-off directory (large row blocks go there, see ``handoff``)."""
     state = getattr(compat.runner_from_worker(worker), STATE_ATTR, None)
     if state is None:  # e.g. a model runner the plugin does not hook: fail the requests, not the engine
         return {key: {"error": "lens_evals is not active in this worker's model runner"} for key in keys}
     results: dict[str, dict[str, Any]] = {}
+    sink = handoff.sink_for(target)
     with timing.phase("fetch: assemble rows"):
         for key in keys:
-            result = state.pop_result(key)
+            result = state.pop_result(key, sink)
             if result is not None:
                 results[key] = result
     timing.log_and_reset("worker")

@@ -86,7 +86,9 @@ def main() -> None:
             tensors[f"probe_{name}_{i}"] = scores.contiguous()
         for name, value in out.activations.get("saved", {}).items():
             tensors[f"saved_{name}_{i}"] = value.contiguous()
-    save_file(tensors, out_path, metadata={"lambda_hook": lambda_result})
+    from lens_evals.engine.handoff import HandoffTarget
+
+    save_file(tensors, out_path, metadata={"lambda_hook": lambda_result, "handoff_files": str(HandoffTarget.claimed)})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,230 @@
+"""Captured rows from a worker to the frontend through a file when both run on one host.
+
+Through ``collective_rpc`` a request's rows are copied four or five times on their way (msgpack
+on the engine side, the socket, msgpack on the frontend, a writable copy): for a batch of 8B
+captures that is seconds of host time. When the frontend and the worker see the same directory,
+the worker instead writes each large block once, straight from its step buffers, into a new file
+of the frontend's hand-off directory (tmpfs ``/dev/shm`` when it has room, else the temporary
+directory) and sends only its name; the frontend maps the file and deletes its name at once, and
+the tensor it returns is backed by that mapping (freed with the tensor). Nothing is unpickled:
+the file holds raw rows of the dtype and shape the reply names, and the name must match our own
+pattern.
+
+The frontend proves it shares the directory with a marker file made once per process
+(``HandoffTarget``). A worker that cannot see the marker, a frontend in the worker's own process
+(nothing is copied there), a block under 1 MiB and a full directory keep the inline bytes.
+``LENS_EVALS_HANDOFF=0`` turns the hand-off off, ``LENS_EVALS_HANDOFF_DIR`` picks the directory.
+Files a frontend never claimed (it died first) are deleted when the worker exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import mmap
+import os
+import re
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+logger = logging.getLogger("lens_evals")
+HANDOFF_ENV = "LENS_EVALS_HANDOFF"
+DIR_ENV = "LENS_EVALS_HANDOFF_DIR"
+MIN_BYTES_ENV = "LENS_EVALS_HANDOFF_MIN_BYTES"  # smaller blocks go inline (default 1 MiB): a
+DEFAULT_MIN_BYTES = 1 << 20  # file costs more than copying them
+ROOM_MARGIN = 256 << 20  # leave this much free in the directory
+SHM_DIR = "/dev/shm"
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
+MARKER_PREFIX = "lens_evals-host-"
+ROWS_PREFIX = "lens_evals-rows-"
+_ROWS_NAME = re.compile(rf"^{ROWS_PREFIX}[0-9a-f]{{32}}$")
+
+# Writes contiguous blocks (in order, ``nbytes`` in all) where the reply can find them, and
+# returns what the reply says: ``{"data": bytearray}`` inline, or ``{"file": name, ...}``.
+Sink = Callable[[int, list[Any]], dict[str, Any]]
+
+
+def inline(nbytes: int, blocks: list[Any]) -> dict[str, Any]:
+    data = bytearray().join(blocks)
+    if len(data) != nbytes:
+        raise ValueError(f"row blocks hold {len(data)} bytes, expected {nbytes}")
+    return {"data": data}
+
+
+def _enabled() -> bool:
+    return os.environ.get(HANDOFF_ENV, "1") != "0"
+
+
+def _free_bytes(directory: str) -> int:
+    stats = os.statvfs(directory)
+    return stats.f_bavail * stats.f_frsize
+
+
+def _default_dir() -> str | None:
+    configured = os.environ.get(DIR_ENV)
+    if configured:
+        return configured
+    if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) and _free_bytes(SHM_DIR) > 2 * ROOM_MARGIN:
+        return SHM_DIR
+    return tempfile.gettempdir()
+
+
+# ----------------------------------------------------------------- frontend side
+class HandoffTarget:
+    """The frontend process's hand-off directory and marker (made on first use, removed at exit)."""
+
+    _current: "HandoffTarget | None" = None
+    claimed = 0  # files claimed by this process (tests and diagnostics)
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.token = uuid.uuid4().hex
+        self.marker = os.path.join(directory, MARKER_PREFIX + self.token)
+        with open(self.marker, "x"):
+            pass
+        atexit.register(_remove, self.marker)
+
+    @classmethod
+    def for_this_process(cls) -> dict[str, Any] | None:
+        """What a fetch call sends the workers (None: hand-off off or no usable directory)."""
+        if not _enabled():
+            return None
+        if cls._current is None:
+            directory = _default_dir()
+            if directory is None:
+                return None
+            try:
+                cls._current = cls(directory)
+            except OSError as exc:
+                raise RuntimeError(f"lens_evals: cannot use {directory!r} for the row hand-off ({exc}); "
+                                   f"set {DIR_ENV} to a writable directory or {HANDOFF_ENV}=0") from exc
+        target = cls._current
+        return {"dir": target.directory, "token": target.token, "pid": os.getpid()}
+
+
+def claim(packed: dict[str, Any]) -> dict[str, Any]:
+    """A block the worker left in a file: map it and delete its name (the mapping stays valid)."""
+    name = packed.get("file")
+    if name is None:
+        return packed
+    directory = HandoffTarget._current.directory if HandoffTarget._current is not None else None
+    if directory is None or not isinstance(name, str) or not _ROWS_NAME.match(name):
+        raise ValueError(f"unexpected hand-off file name {name!r}")
+    path = os.path.join(directory, name)
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        raise ValueError(f"hand-off file {path} is gone (deleted before the frontend claimed it)") from None
+    try:
+        os.unlink(path)
+        size = os.fstat(fd).st_size
+        if size != int(packed.get("nbytes", -1)):
+            raise ValueError(f"hand-off file {path} has {size} bytes, the reply says {packed.get('nbytes')}")
+        mapping = mmap.mmap(fd, size) if size else bytearray()
+    finally:
+        os.close(fd)
+    HandoffTarget.claimed += 1
+    return {key: value for key, value in packed.items() if key not in ("file", "nbytes")} | {"data": mapping}
+
+
+def claim_all(rank_results: list[Any]) -> None:
+    """Claim every hand-off file in a fetch reply at once (also those of requests that failed on
+    another rank), so no file outlives the call."""
+    for per_rank in rank_results:
+        for result in (per_rank or {}).values():
+            for name in ("residual_stream", "probe_scores"):
+                if isinstance(result, dict) and isinstance(result.get(name), dict) and "file" in result[name]:
+                    result[name] = claim(result[name])
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):  # already claimed / removed: nothing to do
+        os.unlink(path)
+
+
+# ----------------------------------------------------------------- worker side
+@dataclass
+class _WorkerFiles:
+    seen: dict[tuple[str, str], bool]  # (directory, token) -> the marker is visible here
+    made: set[str]  # files made and perhaps not claimed yet (removed at exit)
+    prune_at: int = 1024
+
+
+_files = _WorkerFiles({}, set())
+
+
+def _cleanup_unclaimed() -> None:
+    for path in list(_files.made):
+        _remove(path)
+
+
+atexit.register(_cleanup_unclaimed)
+
+
+def sink_for(target: dict[str, Any] | None) -> Sink:
+    """Where a worker puts the reply's row blocks for a frontend described by ``target``."""
+    if not target or not _enabled() or target.get("pid") == os.getpid():
+        return inline
+    directory, token = str(target.get("dir")), str(target.get("token"))
+    if not re.fullmatch(r"[0-9a-f]{32}", token):
+        return inline
+    seen = _files.seen.get((directory, token))
+    if seen is None:
+        seen = _files.seen[(directory, token)] = os.path.exists(os.path.join(directory, MARKER_PREFIX + token))
+    if not seen:
+        return inline
+    min_bytes = int(os.environ.get(MIN_BYTES_ENV, DEFAULT_MIN_BYTES))
+
+    def to_file(nbytes: int, blocks: list[Any]) -> dict[str, Any]:
+        if nbytes < min_bytes or _free_bytes(directory) < nbytes + ROOM_MARGIN:
+            return inline(nbytes, blocks)
+        return _write_file(directory, nbytes, blocks)
+
+    return to_file
+
+
+def _write_all(fd: int, blocks: list[Any]) -> int:
+    """Write the blocks in order, up to IOV_MAX of them per system call; the bytes written."""
+    views = [memoryview(block).cast("B") for block in blocks]
+    total = 0
+    for first in range(0, len(views), _IOV_MAX):
+        group = views[first : first + _IOV_MAX]
+        written = os.writev(fd, group)
+        total += written
+        for view in group:  # after a short write: the rest of the group, block by block
+            if written >= view.nbytes:
+                written -= view.nbytes
+                continue
+            rest, written = view[written:], 0
+            while rest:
+                count = os.write(fd, rest)
+                rest = rest[count:]
+                total += count
+    return total
+
+
+def _write_file(directory: str, nbytes: int, blocks: list[Any]) -> dict[str, Any]:
+    """The blocks written into a new file (plain writes: a full directory is an error now, not a
+    SIGBUS later as with a mapping); inline bytes if the directory is full."""
+    if len(_files.made) >= _files.prune_at:  # forget the files frontends have claimed
+        _files.made = {path for path in _files.made if os.path.exists(path)}
+        _files.prune_at = max(1024, 2 * len(_files.made))
+    name = ROWS_PREFIX + uuid.uuid4().hex
+    path = os.path.join(directory, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        written = _write_all(fd, blocks)
+    except OSError as exc:
+        _remove(path)
+        logger.warning("lens_evals: hand-off file of %d bytes in %s failed (%s); sending the rows inline", nbytes, directory, exc)
+        return inline(nbytes, blocks)
+    finally:
+        os.close(fd)
+    if written != nbytes:
+        _remove(path)
+        raise ValueError(f"row blocks hold {written} bytes, expected {nbytes}")
+    _files.made.add(path)
+    return {"file": name, "nbytes": nbytes}
