@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from lens_evals.engine.store import PackedRows, Piece, PieceStore, assemble, result_tensors
+from lens_evals.engine.handoff import inline
+from lens_evals.engine.store import PackedRows, Piece, PieceStore, assemble, result_tensors, row_blocks
 
 
 def _steps(num_steps: int, num_requests: int, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -66,9 +67,11 @@ def test_recomputed_rows_overwrite_and_missing_positions_are_reported() -> None:
     store.add("k", Piece(first, 0, 4, 0, None))  # positions 0-3
     store.add("k", Piece(again, 0, 2, 2, None))  # positions 2-3 recomputed (preemption)
     store.add("k", Piece(again, 2, 1, 5, None))  # position 5; 4 never computed
-    packed, gaps = assemble(store.release("k"))
-    rows = PackedRows.decode(packed)
-    assert gaps == [4]
+    pieces = store.release("k")
+    assert assemble(pieces) == (None, [4])  # nothing is written for rows with gaps
+    blocks = row_blocks(pieces)  # (the rows as joined, to check the overwriting)
+    rows = PackedRows.decode(blocks.write(inline))
+    assert blocks.gaps == [4]
     np.testing.assert_array_equal(rows[:, :2], data[:, :2])
     np.testing.assert_array_equal(rows[:, 2:4], data[:, :2] + 1000)
     np.testing.assert_array_equal(rows[:, 5], data[:, 2] + 1000)

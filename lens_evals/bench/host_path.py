@@ -18,6 +18,7 @@ import torch
 
 from lens_evals.engine import handoff
 from lens_evals.engine.compat import BatchLayout
+from lens_evals.engine.results import write_results, writer_threads
 from lens_evals.engine.requests import WorkerProbe, WorkerRequest, WorkerSteering
 from lens_evals.engine.taps import run_layer
 from lens_evals.engine.worker import LensWorkerState
@@ -37,7 +38,7 @@ def _request(feature: str, index: int, layer: int, hidden: int, dtype: torch.dty
 
 
 def measure(feature: str, requests: int, steps: int, hidden: int, dtype: torch.dtype, layer: int = 16,
-            sink: handoff.Sink = handoff.inline) -> dict[str, float]:
+            sink: handoff.Sink = handoff.inline, threads: int = 1) -> dict[str, float]:
     state = LensWorkerState.detached(torch.device("cpu"), dtype, set(range(32)))
     for index in range(requests):
         state.track(f"req-{index}", _request(feature, index, layer, hidden, dtype))
@@ -55,7 +56,8 @@ def measure(feature: str, requests: int, steps: int, hidden: int, dtype: torch.d
         stored = time.perf_counter()
         plan_s, ops_s, store_s = plan_s + planned - started, ops_s + ran - planned, store_s + stored - ran
     started = time.perf_counter()
-    results = [state.pop_result(f"key-{i}", sink) for i in range(requests)]
+    written = write_results({f"key-{i}": state.take_result(f"key-{i}") for i in range(requests)}, sink, threads)  # as a fetch does
+    results = list(written.values())
     handoff.claim_all([{str(i): r for i, r in enumerate(results) if r}])  # the frontend's side: map, unlink
     fetch_s = time.perf_counter() - started
     if feature != "steer" and any(r is None or "error" in r for r in results):
@@ -75,14 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.requests} requests x {args.steps} decode steps, hidden {args.hidden}, bfloat16, one hooked layer")
     target = handoff.HandoffTarget.for_this_process()
     to_file = handoff.sink_for({**target, "pid": -1}) if target else handoff.inline  # as for another process
-    print("| feature | plan ms/step | store ms/step | plan+store share of a 12 ms GPU step | layer ops ms/step (CPU) "
-          "| fetch all ms (inline bytes) | fetch all ms (hand-off files) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    threads = writer_threads()
+    print(f"| feature | plan ms/step | store ms/step | plan+store share of a 12 ms GPU step | layer ops ms/step (CPU) "
+          f"| fetch all ms (inline bytes) | fetch all ms (hand-off files) | same, {threads} writer threads |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for feature in ("capture", "steer", "probe"):
         m = measure(feature, args.requests, args.steps, args.hidden, torch.bfloat16)
         by_file = measure(feature, args.requests, args.steps, args.hidden, torch.bfloat16, sink=to_file)["fetch_all_ms"]
+        threaded = measure(feature, args.requests, args.steps, args.hidden, torch.bfloat16, sink=to_file, threads=threads)["fetch_all_ms"]
         share = (m["plan_ms"] + m["store_ms"]) / GPU_EAGER_STEP_MS
-        print(f"| {feature} | {m['plan_ms']:.3f} | {m['store_ms']:.3f} | {share:.1%} | {m['ops_ms']:.2f} | {m['fetch_all_ms']:.0f} | {by_file:.0f} |")
+        print(f"| {feature} | {m['plan_ms']:.3f} | {m['store_ms']:.3f} | {share:.1%} | {m['ops_ms']:.2f} "
+              f"| {m['fetch_all_ms']:.0f} | {by_file:.0f} | {threaded:.0f} |")
         if m["held_bytes_after"]:
             raise RuntimeError(f"{feature}: {m['held_bytes_after']:.0f} bytes still held after every fetch")
     return 0

@@ -165,7 +165,8 @@ atexit.register(_cleanup_unclaimed)
 
 
 def sink_for(target: dict[str, Any] | None) -> Sink:
-    """Where a worker puts the reply's row blocks for a frontend described by ``target``."""
+    """Where a worker puts the reply's row blocks for a frontend described by ``target``. Called
+    once per fetch on the worker's main thread; the sink itself may run on several threads."""
     if not target or not _enabled() or target.get("pid") == os.getpid():
         return inline
     directory, token = str(target.get("dir")), str(target.get("token"))
@@ -177,6 +178,9 @@ def sink_for(target: dict[str, Any] | None) -> Sink:
     if not seen:
         return inline
     min_bytes = int(os.environ.get(MIN_BYTES_ENV, DEFAULT_MIN_BYTES))
+    if len(_files.made) >= _files.prune_at:  # forget the files frontends have claimed
+        _files.made = {path for path in _files.made if os.path.exists(path)}
+        _files.prune_at = max(1024, 2 * len(_files.made))
 
     def to_file(nbytes: int, blocks: list[Any]) -> dict[str, Any]:
         if nbytes < min_bytes or _free_bytes(directory) < nbytes + ROOM_MARGIN:
@@ -209,9 +213,6 @@ def _write_all(fd: int, blocks: list[Any]) -> int:
 def _write_file(directory: str, nbytes: int, blocks: list[Any]) -> dict[str, Any]:
     """The blocks written into a new file (plain writes: a full directory is an error now, not a
     SIGBUS later as with a mapping); inline bytes if the directory is full."""
-    if len(_files.made) >= _files.prune_at:  # forget the files frontends have claimed
-        _files.made = {path for path in _files.made if os.path.exists(path)}
-        _files.prune_at = max(1024, 2 * len(_files.made))
     name = ROWS_PREFIX + uuid.uuid4().hex
     path = os.path.join(directory, name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

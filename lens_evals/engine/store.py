@@ -14,6 +14,7 @@ short ones does not keep the whole batch's rows alive.
 from __future__ import annotations
 
 import mmap
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -277,11 +278,25 @@ class PackedRows:
         return tensor.view(torch_dtype) if torch_dtype == torch.bfloat16 else tensor
 
 
-def assemble(pieces: list[Piece], sink: Sink = inline) -> tuple[dict[str, Any], list[int]]:
-    """One request's rows by absolute position, ``(n_ids, n_positions, ...)``, packed (see
-    ``PackedRows``), and the first positions that no piece covered. Later pieces (recomputation
-    after preemption) overwrite earlier ones. The rows are written once, straight from the step
-    buffers into what is sent (``sink``: inline bytes, or a hand-off file)."""
+@dataclass
+class RowBlocks:
+    """One request's rows by absolute position, ``(n_ids, n_positions, ...)``, ready to write:
+    ``blocks`` are contiguous arrays whose bytes, in order, are the packed rows (``nbytes``);
+    ``gaps`` the first positions no piece covered (then nothing should be written)."""
+
+    header: dict[str, Any]
+    nbytes: int
+    blocks: list[np.ndarray]
+    gaps: list[int]
+
+    def write(self, sink: Sink) -> dict[str, Any]:
+        return self.header | sink(self.nbytes, self.blocks)
+
+
+def row_blocks(pieces: list[Piece]) -> RowBlocks:
+    """Where a request's rows are, in the order they are sent: each id's rows of each piece
+    (contiguous slices of the step buffers, so nothing is copied until written). Later pieces
+    (recomputation after preemption) overwrite earlier ones: then the rows are joined here."""
     arrays = [piece.rows() for piece in pieces]
     expected = 0
     contiguous = True
@@ -292,9 +307,8 @@ def assemble(pieces: list[Piece], sink: Sink = inline) -> tuple[dict[str, Any], 
         expected += piece.num_rows
     last = expected if contiguous else max(piece.first_position + piece.num_rows for piece in pieces)
     shape = (arrays[0].shape[0], last, *arrays[0].shape[2:])
-    nbytes = int(np.prod(shape)) * arrays[0].dtype.itemsize
     gaps: list[int] = []
-    if contiguous:  # in order: each id's rows of each piece (contiguous slices of step buffers)
+    if contiguous:
         blocks = [np.ascontiguousarray(rows[i]) for i in range(shape[0]) for rows in arrays]
     else:
         joined = np.zeros(shape, dtype=arrays[0].dtype)
@@ -305,7 +319,15 @@ def assemble(pieces: list[Piece], sink: Sink = inline) -> tuple[dict[str, Any], 
             covered[span] = True
         gaps = np.flatnonzero(~covered)[:10].tolist()
         blocks = [joined]
-    return PackedRows.header(pieces[0].buffer.data.dtype, shape) | sink(nbytes, blocks), gaps
+    nbytes = int(np.prod(shape)) * arrays[0].dtype.itemsize
+    return RowBlocks(PackedRows.header(pieces[0].buffer.data.dtype, shape), nbytes, blocks, gaps)
+
+
+def assemble(pieces: list[Piece], sink: Sink = inline) -> tuple[dict[str, Any] | None, list[int]]:
+    """One request's rows packed (see ``PackedRows``), written once by ``sink`` (inline bytes or
+    a hand-off file), and the gaps (then nothing is written: None)."""
+    rows = row_blocks(pieces)
+    return (None if rows.gaps else rows.write(sink)), rows.gaps
 
 
 def result_tensors(result: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,8 @@ import torch
 
 from lens_evals.engine import compat, handoff, timing
 from lens_evals.engine.batch import StepPlan, build_plan
-from lens_evals.engine.store import Piece, PieceStore, assemble, to_host
+from lens_evals.engine.results import TakenResult, write_results
+from lens_evals.engine.store import Piece, PieceStore, row_blocks, to_host
 from lens_evals.engine.requests import WorkerRequest, decode_worker_request
 from lens_evals import wire
 from lens_evals.engine.hooks import HookCall, HookContext, ParameterCache, WorkerHook, decode_hooks
@@ -263,8 +264,13 @@ class LensWorkerState:
                 self._release(key)
 
     def pop_result(self, key: str, sink: handoff.Sink = handoff.inline) -> dict[str, Any] | None:
-        """Assemble and release one request's capture, probe scores and hook results (rows placed
-        by absolute position, written by ``sink``; ``saved`` JSON-safe, arrays encoded)."""
+        """Release one request and return its capture, probe scores and hook results (rows
+        placed by absolute position, written by ``sink``; ``saved`` JSON-safe, arrays encoded)."""
+        return self.take_result(key).write(sink)
+
+    def take_result(self, key: str) -> TakenResult:
+        """Release one request: its result without the rows, and where the rows are (the
+        writing may happen on another thread: nothing here is touched by it)."""
         error = self.errors.get(key)
         captured, scored = self._release(key)
         req = self.by_key.pop(key, None)
@@ -274,7 +280,7 @@ class LensWorkerState:
         else:
             self.fetched.add(key)
         if error is not None:
-            return {"error": error}
+            return TakenResult({"error": error})
         result: dict[str, Any] = {}
         if req is not None and self.capture_here:
             try:
@@ -283,19 +289,19 @@ class LensWorkerState:
                 if req.hook_set:
                     result["set_saved"] = self._encode_saved(req.set_saved, "hook set saved")
             except ValueError as exc:
-                return {"error": str(exc)}
+                return TakenResult({"error": str(exc)})
+        parts = []
         for pieces, name, ids_name, ids in (
             (captured, "residual_stream", "layers", [layer for layer in (req.capture_layers if req else []) if layer in self.local_layers]),
             (scored, "probe_scores", "probe_index", [probe.index for probe in (req.probes if req else []) if probe.layer in self.local_layers]),
         ):
             if not pieces:
                 continue
-            packed, gaps = assemble(pieces, sink)
-            if gaps:
-                return {"error": f"{name} has gaps at positions {gaps} (prefix cache or scheduling defect)"}
-            result[name] = packed
-            result[ids_name] = ids
-        return result or None
+            rows = row_blocks(pieces)
+            if rows.gaps:
+                return TakenResult({"error": f"{name} has gaps at positions {rows.gaps} (prefix cache or scheduling defect)"})
+            parts.append((name, ids_name, ids, rows))
+        return TakenResult(result, parts)
 
     def _encode_saved(self, saved: dict[str, Any], what: str) -> dict[str, Any]:
         encoded = wire.encode_tree(saved, "saved")
@@ -322,13 +328,12 @@ def fetch_results(worker: Any, keys: list[str], target: dict[str, Any] | None = 
     state = getattr(compat.runner_from_worker(worker), STATE_ATTR, None)
     if state is None:  # e.g. a model runner the plugin does not hook: fail the requests, not the engine
         return {key: {"error": "lens_evals is not active in this worker's model runner"} for key in keys}
-    results: dict[str, dict[str, Any]] = {}
     sink = handoff.sink_for(target)
-    with timing.phase("fetch: assemble rows"):
-        for key in keys:
-            result = state.pop_result(key, sink)
-            if result is not None:
-                results[key] = result
+    with timing.phase("fetch: release"):
+        taken = {key: state.take_result(key) for key in keys}
+    with timing.phase("fetch: write rows"):
+        written = write_results(taken, sink)
+    results = {key: result for key, result in written.items() if result is not None}
     timing.log_and_reset("worker")
     return results
 

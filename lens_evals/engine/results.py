@@ -1,0 +1,52 @@
+"""A fetch's results on the worker: each released request's result and where its rows are
+(``TakenResult``), then the rows written out, on several threads for a large batch."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from lens_evals.engine import handoff
+from lens_evals.engine.store import RowBlocks
+
+
+@dataclass
+class TakenResult:
+    """A released request's result and its row parts (name, ids name, ids, rows) to write."""
+
+    result: dict[str, Any]
+    parts: list[tuple[str, str, list[int], RowBlocks]] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(rows.nbytes for *_, rows in self.parts)
+
+    def write(self, sink: handoff.Sink) -> dict[str, Any] | None:
+        for name, ids_name, ids, rows in self.parts:
+            self.result[name] = rows.write(sink)
+            self.result[ids_name] = ids
+        return self.result or None
+
+
+_writers: dict[int, ThreadPoolExecutor] = {}
+PARALLEL_WRITE_BYTES = 32 * 2**20
+THREADS_ENV = "LENS_EVALS_WRITE_THREADS"
+
+
+def writer_threads() -> int:
+    return max(1, int(os.environ.get(THREADS_ENV, min(8, os.cpu_count() or 1))))
+
+
+def write_results(taken: dict[str, TakenResult], sink: handoff.Sink, threads: int | None = None) -> dict[str, dict[str, Any] | None]:
+    """Write the fetched rows; a large fetch of several requests on ``threads`` threads (default
+    ``LENS_EVALS_WRITE_THREADS``, else up to 8): the copies into hand-off files release the GIL,
+    so a batch's hundreds of MB are written by several cores."""
+    threads = threads or writer_threads()
+    if threads == 1 or len(taken) < 2 or sum(t.nbytes for t in taken.values()) < PARALLEL_WRITE_BYTES:
+        return {key: t.write(sink) for key, t in taken.items()}
+    pool = _writers.get(threads)
+    if pool is None:
+        pool = _writers[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lens_evals-write")
+    return dict(zip(taken, pool.map(lambda t: t.write(sink), taken.values())))
