@@ -1,7 +1,7 @@
 """The end of a capture run at GPU scale, on a bare machine: step rows copied from the GPU into
 the pinned arena (``store.to_host``), then one fetch of every request as the worker does it
-(release, then write: inline bytes or hand-off files, 1 or N writer threads) and the frontend's
-claim of the files. Needs only torch and numpy (the GPU image has no pydantic, so the package's
+(release, then write: inline bytes, hand-off files on 1 or N writer threads, or the shared pool)
+and the frontend's claim. Needs only torch and numpy (the GPU image has no pydantic, so the package's
 ``__init__`` is skipped: only ``store``, ``results`` and ``handoff`` are loaded).
 
     python3 scripts/fetch_path_bench.py [--requests 256] [--steps 129] [--hidden 4096]
@@ -10,6 +10,7 @@ claim of the files. Needs only torch and numpy (the GPU image has no pydantic, s
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -24,9 +25,9 @@ for package in ("lens_evals", "lens_evals.engine"):  # namespace stubs: no packa
 
 import torch  # noqa: E402
 
-from lens_evals.engine import handoff  # noqa: E402
-from lens_evals.engine.results import TakenResult, write_results, writer_threads  # noqa: E402
-from lens_evals.engine.store import Piece, PieceStore, row_blocks, to_host  # noqa: E402
+from lens_evals.engine import handoff, handoff_pool  # noqa: E402
+from lens_evals.engine.results import THREADS_ENV, TakenResult, write_results  # noqa: E402
+from lens_evals.engine.store import Piece, PieceStore, result_tensors, row_blocks, to_host  # noqa: E402
 
 
 def fill(requests: int, steps: int, hidden: int, device: str) -> PieceStore:
@@ -50,7 +51,10 @@ def fetch(store: PieceStore, requests: int, sink: handoff.Sink, threads: int) ->
     results = write_results(taken, sink, threads)
     written = time.perf_counter()
     handoff.claim_all([results])
-    return released - started, written - released, time.perf_counter() - written
+    claimed = time.perf_counter()
+    tensors = [result_tensors(result) for result in results.values()]  # what the frontend keeps
+    assert len(tensors) == requests
+    return released - started, written - released, claimed - written
 
 
 def main() -> int:
@@ -60,18 +64,30 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=4096)
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    target = handoff.HandoffTarget.for_this_process()
-    to_file = handoff.sink_for({**target, "pid": -1}) if target else handoff.inline
     total = args.requests * args.steps * args.hidden * 2
+    target = handoff.HandoffTarget.for_this_process()
     print(f"{args.requests} requests x {args.steps} positions x hidden {args.hidden} (bf16, {total / 2**20:.0f} MiB) "
           f"on {device}, {os.cpu_count()} cpus, hand-off dir {target['dir'] if target else '-'}")
+    print("(second half: the same again; the pool reuses the regions the rounds before freed)")
     print("| path | release ms | write ms | claim ms |")
     print("| --- | --- | --- | --- |")
-    for name, sink, threads in (("inline bytes", handoff.inline, 1), ("hand-off files, 1 thread", to_file, 1),
-                                (f"hand-off files, {writer_threads()} threads", to_file, writer_threads())) * 2:
+
+    def sink(pool_mib: str) -> handoff.Sink:  # as for a frontend in another process; the regions it freed
+        os.environ[handoff_pool.POOL_ENV] = pool_mib
+        return handoff.sink_for({**handoff.HandoffTarget.for_this_process(), "pid": -1})
+
+    many = int(os.environ.get(THREADS_ENV, 8))
+    for name, make_sink, threads in (
+        ("inline bytes", lambda: handoff.inline, 1),
+        ("files, 1 thread", lambda: sink("0"), 1),
+        (f"files, {many} threads", lambda: sink("0"), many),
+        ("shared pool, 1 thread", lambda: sink("4096"), 1),
+        (f"shared pool, {many} threads", lambda: sink("4096"), many),
+    ) * 2:
         store = fill(args.requests, args.steps, args.hidden, device)
-        release_s, write_s, claim_s = fetch(store, args.requests, sink, threads)
+        release_s, write_s, claim_s = fetch(store, args.requests, make_sink(), threads)
         print(f"| {name} | {release_s * 1e3:.0f} | {write_s * 1e3:.0f} | {claim_s * 1e3:.0f} |")
+        gc.collect()  # the tensors of this round are gone: the next fetch reports their regions free
     return 0
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from pathlib import Path
 
 import numpy as np
 import pytest

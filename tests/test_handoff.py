@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from lens_evals.engine import handoff
+from lens_evals.engine import handoff, handoff_pool
 from lens_evals.engine.handoff import HandoffTarget, sink_for, claim, claim_all
 from lens_evals.engine.store import Piece, PieceStore, assemble, result_tensors
 
@@ -17,12 +17,19 @@ from lens_evals.engine.store import Piece, PieceStore, assemble, result_tensors
 def target(tmp_path, monkeypatch) -> dict:
     """A frontend hand-off target in ``tmp_path``, as another process would send it."""
     monkeypatch.setenv(handoff.DIR_ENV, str(tmp_path))
-    monkeypatch.setenv(handoff.MIN_BYTES_ENV, "0")  # the test's small blocks go to files too
+    monkeypatch.setenv(handoff.MIN_BYTES_ENV, "0")  # the test's small blocks are shared too
     monkeypatch.setattr(HandoffTarget, "_current", None)
-    sent = HandoffTarget.for_this_process()
-    assert sent is not None and sent["dir"] == str(tmp_path)
-    yield {**sent, "pid": -1}  # as if the frontend were another process
+    yield sent()
+    token = HandoffTarget._current.token
     os.unlink(HandoffTarget._current.marker)
+    if token in handoff._files.pools:
+        handoff._cleanup_pool(handoff._files.pools.pop(token))
+
+
+def sent() -> dict:
+    """What this frontend sends with a fetch (with the regions freed since the last one), as if
+    it were another process than the worker."""
+    return {**HandoffTarget.for_this_process(), "pid": -1}
 
 
 def _pieces(dtype: torch.dtype, request: str = "k") -> list[Piece]:
@@ -36,7 +43,8 @@ def _pieces(dtype: torch.dtype, request: str = "k") -> list[Piece]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rows_through_a_file_equal_inline_rows_and_the_file_is_gone(tmp_path, target, dtype) -> None:
+def test_rows_through_a_file_equal_inline_rows_and_the_file_is_gone(tmp_path, target, dtype, monkeypatch) -> None:
+    monkeypatch.setenv(handoff_pool.POOL_ENV, "0")  # no pool: a file per block
     pieces = _pieces(dtype)
     inline_packed, _ = assemble(pieces)
     packed, gaps = assemble(pieces, sink_for(target))
@@ -64,15 +72,23 @@ def test_small_blocks_same_process_and_unseen_markers_stay_inline(target, monkey
     assert "data" in assemble(pieces, sink_for(target))[0]
 
 
-def test_claim_refuses_foreign_names_and_missing_files(target) -> None:
+def test_claim_refuses_foreign_names_and_missing_files(target, monkeypatch) -> None:
     for name in ("../etc/passwd", "lens_evals-rows-xyz", handoff.MARKER_PREFIX + target["token"]):
         with pytest.raises(ValueError, match="unexpected hand-off file name"):
             claim({"file": name, "nbytes": 0, "dtype": "float32", "shape": [0]})
     with pytest.raises(ValueError, match="is gone"):
         claim({"file": handoff.ROWS_PREFIX + "0" * 32, "nbytes": 4, "dtype": "float32", "shape": [1]})
+    monkeypatch.setenv(handoff_pool.POOL_ENV, "0")
     packed, _ = assemble(_pieces(torch.float32), sink_for(target))
     with pytest.raises(ValueError, match="bytes, the reply says"):
         claim({**packed, "nbytes": packed["nbytes"] + 4})
+    monkeypatch.delenv(handoff_pool.POOL_ENV)
+    pooled, _ = assemble(_pieces(torch.float32), sink_for(target))
+    with pytest.raises(ValueError, match="outside segment"):
+        claim({**pooled, "offset": 2**40})
+    with pytest.raises(ValueError, match="unexpected hand-off pool segment"):
+        claim({**pooled, "pool": "../" + pooled["pool"]})
+    claim(pooled)
 
 
 def test_short_writes_are_finished_block_by_block(tmp_path, monkeypatch) -> None:
@@ -91,3 +107,77 @@ def test_short_writes_are_finished_block_by_block(tmp_path, monkeypatch) -> None
     finally:
         os.close(fd)
     assert path.read_bytes() == b"".join(blocks)
+
+
+def _fetch(sink, dtype=torch.float32, request: str = "k") -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """One request's rows through ``sink`` and claimed: (rows, the same rows inline, reply)."""
+    pieces = _pieces(dtype, request)
+    packed, _ = assemble(pieces, sink)
+    reply = [{request: {"residual_stream": dict(packed), "layers": [0, 1]}}]
+    claim_all(reply)
+    inline_rows = result_tensors({"residual_stream": assemble(pieces)[0], "layers": [0, 1]})["residual_stream"]
+    return result_tensors(reply[0][request])["residual_stream"], inline_rows, packed
+
+
+def test_pool_regions_are_reused_only_after_the_frontend_frees_them(tmp_path, target) -> None:
+    import gc
+
+    first, want_first, packed_first = _fetch(sink_for(target))
+    assert "pool" in packed_first and torch.equal(first, want_first)
+    assert list(tmp_path.glob(handoff_pool.SEGMENT_PREFIX + "*")) == []  # mapped and unlinked by the frontend
+    second, want_second, packed_second = _fetch(sink_for(sent()))  # the first is alive: another region
+    assert packed_second["offset"] != packed_first["offset"] and torch.equal(first, want_first)
+    del first
+    gc.collect()
+    freed = sent()
+    assert freed["free"] == [[packed_first["pool"], packed_first["offset"]]]
+    third, want_third, packed_third = _fetch(sink_for(freed), torch.bfloat16)
+    assert packed_third["offset"] == packed_first["offset"]  # the freed region again
+    assert torch.equal(third, want_third) and torch.equal(second, want_second)
+
+
+def test_a_full_pool_falls_back_to_files(tmp_path, target, monkeypatch) -> None:
+    monkeypatch.setenv(handoff_pool.POOL_ENV, "0.001")  # less than one segment
+    rows, want, packed = _fetch(sink_for(sent()))
+    assert "file" in packed and torch.equal(rows, want)
+
+
+def test_pool_of_an_exited_frontend_is_dropped(tmp_path, target) -> None:
+    _fetch(sink_for(target))
+    token = target["token"]
+    assert token in handoff._files.pools
+    other = {**target, "token": "f" * 32}
+    open(tmp_path / (handoff.MARKER_PREFIX + other["token"]), "x").close()
+    os.unlink(HandoffTarget._current.marker)  # the first frontend exits
+    sink_for(other)
+    assert token not in handoff._files.pools
+    open(HandoffTarget._current.marker, "x").close()  # for the fixture's clean-up
+    handoff._cleanup_pool(handoff._files.pools.pop(other["token"]))
+
+
+def test_segment_regions_never_overlap_and_coalesce_when_freed(tmp_path) -> None:
+    import random
+
+    segment = handoff_pool._Segment(str(tmp_path), 64 * handoff_pool.ALIGN)
+    rng = random.Random(0)
+    live: dict[int, int] = {}
+    for _ in range(500):
+        if live and rng.random() < 0.5:
+            offset = rng.choice(list(live))
+            assert segment.give(offset)
+            del live[offset]
+        else:
+            size = rng.randint(1, 6) * handoff_pool.ALIGN - rng.randint(0, 100)
+            offset = segment.take(size)
+            if offset is None:  # no fitting hole: only when the free regions are all smaller
+                assert all(length < size for length in segment.free_lengths.values())
+                continue
+            live[offset] = size
+        spans = sorted((o, o + s) for o, s in live.items())
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # live regions never overlap
+        assert all(o + s <= segment.size for o, s in live.items())
+    for offset in list(live):
+        segment.give(offset)
+    assert segment.free_starts == [0] and segment.free_lengths == {0: segment.size}
+    assert not segment.give(12345)  # an unknown offset is ignored
+    segment.map.close()

@@ -2,7 +2,7 @@
 
 ``python -m lens_evals.bench.host_path`` plans, runs the layer ops on random tensors and stores
 ``--steps`` decode steps of ``--requests`` requests (hidden ``--hidden``, bf16), then fetches
-every request (inline bytes, and through hand-off files as for a frontend in another process), for capture / steering / probe requests. It prints milliseconds per step for each
+every request (inline bytes, and through the hand-off as for a frontend in another process), for capture / steering / probe requests. It prints milliseconds per step for each
 part and, for scale, that time as a share of an 8B eager decode step on an H200 (~12 ms: 2.52 s
 for 128 tokens of 256 requests in `docs/bench/gpu-h200-2026-12-02.md`). The tensor ops run on
 this CPU, so their column is only indicative; planning and storing are host work on any device.
@@ -11,6 +11,7 @@ this CPU, so their column is only indicative; planning and storing are host work
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch
 
 from lens_evals.engine import handoff
 from lens_evals.engine.compat import BatchLayout
-from lens_evals.engine.results import write_results, writer_threads
+from lens_evals.engine.results import THREADS_ENV, write_results
 from lens_evals.engine.requests import WorkerProbe, WorkerRequest, WorkerSteering
 from lens_evals.engine.taps import run_layer
 from lens_evals.engine.worker import LensWorkerState
@@ -77,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.requests} requests x {args.steps} decode steps, hidden {args.hidden}, bfloat16, one hooked layer")
     target = handoff.HandoffTarget.for_this_process()
     to_file = handoff.sink_for({**target, "pid": -1}) if target else handoff.inline  # as for another process
-    threads = writer_threads()
+    threads = int(os.environ.get(THREADS_ENV, 8))
     print(f"| feature | plan ms/step | store ms/step | plan+store share of a 12 ms GPU step | layer ops ms/step (CPU) "
-          f"| fetch all ms (inline bytes) | fetch all ms (hand-off files) | same, {threads} writer threads |")
+          f"| fetch all ms (inline bytes) | fetch all ms (hand-off) | same, {threads} writer threads |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for feature in ("capture", "steer", "probe"):
         m = measure(feature, args.requests, args.steps, args.hidden, torch.bfloat16)

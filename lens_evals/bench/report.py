@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.util
+import hashlib
 import json
 import os
 import platform
@@ -34,12 +35,12 @@ def machine() -> dict[str, str]:
         if torch.cuda.is_available():
             info["gpu"] = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
     except ImportError:
-        pass
+        info["gpu"] = "unknown (no torch)"
     try:
         with open("/proc/meminfo") as meminfo:
             info["memory"] = f"{int(meminfo.readline().split()[1]) / 2**20:.0f} GiB"
     except OSError:
-        pass
+        info["memory"] = "unknown"
     return info
 
 
@@ -51,10 +52,20 @@ def _git_commit() -> str:
         return "unknown"
 
 
+def source_digest() -> str:
+    """A digest of the package's source as it ran (a copied tree's git metadata can be stale:
+    the GPU machine's reported an older commit). To tell which commit ran, compute it there."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def metadata(cfg: BenchConfig, model_label: str) -> dict:
     versions = {name: package_version(name) for name in PACKAGES}
     versions = {k: v for k, v in versions.items() if v != "not installed"}
-    versions["lens-evals"] = _git_commit()
+    versions["lens-evals"] = f"{_git_commit()} (source {source_digest()})"
     return {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),

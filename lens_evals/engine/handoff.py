@@ -22,13 +22,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import mmap
 import os
 import re
 import tempfile
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
+
+from lens_evals.engine.handoff_pool import PoolViews, SharedPool, map_and_unlink
 
 logger = logging.getLogger("lens_evals")
 HANDOFF_ENV = "LENS_EVALS_HANDOFF"
@@ -42,15 +43,25 @@ MARKER_PREFIX = "lens_evals-host-"
 ROWS_PREFIX = "lens_evals-rows-"
 _ROWS_NAME = re.compile(rf"^{ROWS_PREFIX}[0-9a-f]{{32}}$")
 
-# Writes contiguous blocks (in order, ``nbytes`` in all) where the reply can find them, and
-# returns what the reply says: ``{"data": bytearray}`` inline, or ``{"file": name, ...}``.
-Sink = Callable[[int, list[Any]], dict[str, Any]]
+class Rows(Protocol):
+    """A request's packed rows (``store.RowBlocks``): ``nbytes`` in all, as contiguous
+    ``blocks`` in order, or copied into a buffer by ``copy_into``."""
+
+    nbytes: int
+    blocks: list[Any]
+
+    def copy_into(self, buffer: Any) -> None: ...
 
 
-def inline(nbytes: int, blocks: list[Any]) -> dict[str, Any]:
-    data = bytearray().join(blocks)
-    if len(data) != nbytes:
-        raise ValueError(f"row blocks hold {len(data)} bytes, expected {nbytes}")
+# Puts rows where the reply can find them and returns what the reply says about them:
+# ``{"data": bytearray}`` inline, ``{"pool": ...}`` or ``{"file": ...}`` shared.
+Sink = Callable[[Rows], dict[str, Any]]
+
+
+def inline(rows: Rows) -> dict[str, Any]:
+    data = bytearray().join(rows.blocks)
+    if len(data) != rows.nbytes:
+        raise ValueError(f"row blocks hold {len(data)} bytes, expected {rows.nbytes}")
     return {"data": data}
 
 
@@ -77,10 +88,11 @@ class HandoffTarget:
     """The frontend process's hand-off directory and marker (made on first use, removed at exit)."""
 
     _current: "HandoffTarget | None" = None
-    claimed = 0  # files claimed by this process (tests and diagnostics)
+    claimed = 0  # blocks claimed by this process, from files and the pool (tests and diagnostics)
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
+        self.pool_views = PoolViews()
         self.token = uuid.uuid4().hex
         self.marker = os.path.join(directory, MARKER_PREFIX + self.token)
         with open(self.marker, "x"):
@@ -102,41 +114,40 @@ class HandoffTarget:
                 raise RuntimeError(f"lens_evals: cannot use {directory!r} for the row hand-off ({exc}); "
                                    f"set {DIR_ENV} to a writable directory or {HANDOFF_ENV}=0") from exc
         target = cls._current
-        return {"dir": target.directory, "token": target.token, "pid": os.getpid()}
+        return {"dir": target.directory, "token": target.token, "pid": os.getpid(), "free": target.pool_views.take_freed()}
 
 
 def claim(packed: dict[str, Any]) -> dict[str, Any]:
-    """A block the worker left in a file: map it and delete its name (the mapping stays valid)."""
+    """A block the worker left in the shared pool (a view of its region) or in a file of its own
+    (mapped, its name deleted: the mapping stays valid)."""
+    target = HandoffTarget._current
+    header = {key: value for key, value in packed.items() if key not in ("file", "pool", "offset", "nbytes")}
+    if "pool" in packed:
+        if target is None:
+            raise ValueError("a hand-off pool block came back, but this process sent no hand-off target")
+        HandoffTarget.claimed += 1
+        return header | {"data": target.pool_views.view(target.directory, packed)}
     name = packed.get("file")
     if name is None:
         return packed
-    directory = HandoffTarget._current.directory if HandoffTarget._current is not None else None
+    directory = target.directory if target is not None else None
     if directory is None or not isinstance(name, str) or not _ROWS_NAME.match(name):
         raise ValueError(f"unexpected hand-off file name {name!r}")
     path = os.path.join(directory, name)
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        raise ValueError(f"hand-off file {path} is gone (deleted before the frontend claimed it)") from None
-    try:
-        os.unlink(path)
-        size = os.fstat(fd).st_size
-        if size != int(packed.get("nbytes", -1)):
-            raise ValueError(f"hand-off file {path} has {size} bytes, the reply says {packed.get('nbytes')}")
-        mapping = mmap.mmap(fd, size) if size else bytearray()
-    finally:
-        os.close(fd)
+    mapping = map_and_unlink(path)
+    if len(mapping) != int(packed.get("nbytes", -1)):
+        raise ValueError(f"hand-off file {path} has {len(mapping)} bytes, the reply says {packed.get('nbytes')}")
     HandoffTarget.claimed += 1
-    return {key: value for key, value in packed.items() if key not in ("file", "nbytes")} | {"data": mapping}
+    return header | {"data": mapping}
 
 
 def claim_all(rank_results: list[Any]) -> None:
-    """Claim every hand-off file in a fetch reply at once (also those of requests that failed on
-    another rank), so no file outlives the call."""
+    """Claim every hand-off block in a fetch reply at once (also those of requests that failed
+    on another rank), so no file outlives the call and every pool region is tracked."""
     for per_rank in rank_results:
         for result in (per_rank or {}).values():
             for name in ("residual_stream", "probe_scores"):
-                if isinstance(result, dict) and isinstance(result.get(name), dict) and "file" in result[name]:
+                if isinstance(result, dict) and isinstance(result.get(name), dict) and ("file" in result[name] or "pool" in result[name]):
                     result[name] = claim(result[name])
 
 
@@ -150,14 +161,15 @@ def _remove(path: str) -> None:
 class _WorkerFiles:
     seen: dict[tuple[str, str], bool]  # (directory, token) -> the marker is visible here
     made: set[str]  # files made and perhaps not claimed yet (removed at exit)
+    pools: dict[str, SharedPool]  # token -> the pool for that frontend
     prune_at: int = 1024
 
 
-_files = _WorkerFiles({}, set())
+_files = _WorkerFiles({}, set(), {})
 
 
 def _cleanup_unclaimed() -> None:
-    for path in list(_files.made):
+    for path in list(_files.made) + [path for pool in _files.pools.values() for path in pool.segment_paths()]:
         _remove(path)
 
 
@@ -178,16 +190,34 @@ def sink_for(target: dict[str, Any] | None) -> Sink:
     if not seen:
         return inline
     min_bytes = int(os.environ.get(MIN_BYTES_ENV, DEFAULT_MIN_BYTES))
+    for other, old_pool in list(_files.pools.items()):  # frontends that exited: their pools go
+        if other != token and not os.path.exists(old_pool.marker):
+            _cleanup_pool(_files.pools.pop(other))
+    pool = _files.pools.get(token)
+    if pool is None:
+        pool = _files.pools[token] = SharedPool(directory, os.path.join(directory, MARKER_PREFIX + token))
+    pool.release(target.get("free"))
     if len(_files.made) >= _files.prune_at:  # forget the files frontends have claimed
         _files.made = {path for path in _files.made if os.path.exists(path)}
         _files.prune_at = max(1024, 2 * len(_files.made))
 
-    def to_file(nbytes: int, blocks: list[Any]) -> dict[str, Any]:
-        if nbytes < min_bytes or _free_bytes(directory) < nbytes + ROOM_MARGIN:
-            return inline(nbytes, blocks)
-        return _write_file(directory, nbytes, blocks)
+    def to_shared(rows: Rows) -> dict[str, Any]:
+        if rows.nbytes < min_bytes:
+            return inline(rows)
+        pooled = pool.write(rows)
+        if pooled is not None:
+            return pooled
+        if _free_bytes(directory) < rows.nbytes + ROOM_MARGIN:
+            return inline(rows)
+        return _write_file(directory, rows)
 
-    return to_file
+    return to_shared
+
+
+def _cleanup_pool(pool: SharedPool) -> None:
+    for path in pool.segment_paths():
+        _remove(path)
+    pool.close()
 
 
 def _write_all(fd: int, blocks: list[Any]) -> int:
@@ -210,22 +240,22 @@ def _write_all(fd: int, blocks: list[Any]) -> int:
     return total
 
 
-def _write_file(directory: str, nbytes: int, blocks: list[Any]) -> dict[str, Any]:
+def _write_file(directory: str, rows: Rows) -> dict[str, Any]:
     """The blocks written into a new file (plain writes: a full directory is an error now, not a
     SIGBUS later as with a mapping); inline bytes if the directory is full."""
     name = ROWS_PREFIX + uuid.uuid4().hex
     path = os.path.join(directory, name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        written = _write_all(fd, blocks)
+        written = _write_all(fd, rows.blocks)
     except OSError as exc:
         _remove(path)
-        logger.warning("lens_evals: hand-off file of %d bytes in %s failed (%s); sending the rows inline", nbytes, directory, exc)
-        return inline(nbytes, blocks)
+        logger.warning("lens_evals: hand-off file of %d bytes in %s failed (%s); sending the rows inline", rows.nbytes, directory, exc)
+        return inline(rows)
     finally:
         os.close(fd)
-    if written != nbytes:
+    if written != rows.nbytes:
         _remove(path)
-        raise ValueError(f"row blocks hold {written} bytes, expected {nbytes}")
+        raise ValueError(f"row blocks hold {written} bytes, expected {rows.nbytes}")
     _files.made.add(path)
-    return {"file": name, "nbytes": nbytes}
+    return {"file": name, "nbytes": rows.nbytes}

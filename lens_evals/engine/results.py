@@ -1,5 +1,5 @@
 """A fetch's results on the worker: each released request's result and where its rows are
-(``TakenResult``), then the rows written out, on several threads for a large batch."""
+(``TakenResult``), then the rows written out (optionally on several threads)."""
 
 from __future__ import annotations
 
@@ -36,13 +36,16 @@ THREADS_ENV = "LENS_EVALS_WRITE_THREADS"
 
 
 def writer_threads() -> int:
-    return max(1, int(os.environ.get(THREADS_ENV, min(8, os.cpu_count() or 1))))
+    """1 unless ``LENS_EVALS_WRITE_THREADS`` says more. Measured on the H200's host
+    (``scripts/fetch_path_bench.py``, 258 MiB): into memory touched before (the pool's steady
+    state) one thread writes in ~80 ms and 4-8 threads in 180-270 ms; only into fresh files do
+    threads help (4-8 threads 57-84 ms, one 170-196 ms)."""
+    return max(1, int(os.environ.get(THREADS_ENV, 1)))
 
 
 def write_results(taken: dict[str, TakenResult], sink: handoff.Sink, threads: int | None = None) -> dict[str, dict[str, Any] | None]:
     """Write the fetched rows; a large fetch of several requests on ``threads`` threads (default
-    ``LENS_EVALS_WRITE_THREADS``, else up to 8): the copies into hand-off files release the GIL,
-    so a batch's hundreds of MB are written by several cores."""
+    ``writer_threads()``): the copies into hand-off files release the GIL."""
     threads = threads or writer_threads()
     if threads == 1 or len(taken) < 2 or sum(t.nbytes for t in taken.values()) < PARALLEL_WRITE_BYTES:
         return {key: t.write(sink) for key, t in taken.items()}

@@ -269,10 +269,10 @@ class PackedRows:
         numpy_dtype, torch_dtype = cls.DTYPES[packed["dtype"]]
         shape = [int(n) for n in packed["shape"]]
         data = packed.get("data")
-        if not isinstance(data, (bytearray, bytes, mmap.mmap)) or len(data) != int(np.prod(shape)) * np.dtype(numpy_dtype).itemsize:
+        if not isinstance(data, (bytearray, bytes, mmap.mmap, np.ndarray)) or len(data) != int(np.prod(shape)) * np.dtype(numpy_dtype).itemsize:
             raise ValueError("row data does not match its shape")
         # bytes (from msgpack) are read-only: one copy makes the tensor writable; a bytearray or
-        # a claimed hand-off mapping (``handoff.claim``) is used as it is
+        # a claimed hand-off mapping or pool region (``handoff.claim``) is used as it is
         array = np.frombuffer(bytearray(data) if isinstance(data, bytes) else data, dtype=numpy_dtype).reshape(shape)
         tensor = torch.from_numpy(array)
         return tensor.view(torch_dtype) if torch_dtype == torch.bfloat16 else tensor
@@ -288,9 +288,20 @@ class RowBlocks:
     nbytes: int
     blocks: list[np.ndarray]
     gaps: list[int]
+    shape: tuple[int, ...]
 
     def write(self, sink: Sink) -> dict[str, Any]:
-        return self.header | sink(self.nbytes, self.blocks)
+        return self.header | sink(self)
+
+    def copy_into(self, buffer: Any) -> None:
+        """The packed rows into ``buffer`` (``nbytes`` writable bytes): one copy call per id."""
+        dest = np.frombuffer(buffer, dtype=self.blocks[0].dtype, count=int(np.prod(self.shape))).reshape(self.shape)
+        if len(self.blocks) == 1:
+            dest[...] = self.blocks[0].reshape(self.shape)
+            return
+        per_id = len(self.blocks) // self.shape[0]
+        for index in range(self.shape[0]):
+            np.concatenate(self.blocks[index * per_id : (index + 1) * per_id], axis=0, out=dest[index])
 
 
 def row_blocks(pieces: list[Piece]) -> RowBlocks:
@@ -320,7 +331,7 @@ def row_blocks(pieces: list[Piece]) -> RowBlocks:
         gaps = np.flatnonzero(~covered)[:10].tolist()
         blocks = [joined]
     nbytes = int(np.prod(shape)) * arrays[0].dtype.itemsize
-    return RowBlocks(PackedRows.header(pieces[0].buffer.data.dtype, shape), nbytes, blocks, gaps)
+    return RowBlocks(PackedRows.header(pieces[0].buffer.data.dtype, shape), nbytes, blocks, gaps, shape)
 
 
 def assemble(pieces: list[Piece], sink: Sink = inline) -> tuple[dict[str, Any] | None, list[int]]:

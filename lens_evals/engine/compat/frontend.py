@@ -7,7 +7,6 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
 
 from lens_evals.engine.compat._base import _patch, logger
 

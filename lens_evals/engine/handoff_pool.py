@@ -1,0 +1,200 @@
+"""A reused shared pool for the row hand-off: memory touched once, written at copy speed after.
+
+A new file for every fetched block costs more in first-touch page faults than in copying (on the
+lent H200's host and this CPU machine, writing 258 MiB into fresh pages takes 150-250 ms, into
+pages touched before 25-30 ms). So a worker keeps, per frontend, a few shared segment files
+(64 MiB, or one block's size) in the frontend's hand-off directory, maps them once, and copies
+each block into a free region of one; the reply names the segment and offset. The frontend maps
+each segment once (and deletes its name: only the two mappings remain), returns tensors that are
+views of their region, and when such a tensor is freed (``weakref.finalize`` on the region's
+array) reports the region free with its next fetch; the worker then reuses it. A tensor the user
+keeps keeps its region; beyond ``LENS_EVALS_HANDOFF_POOL_MIB`` (default 1024) of segments per
+frontend, blocks go to files of their own (``handoff``). A frontend's pool is dropped when its
+marker file is gone (the frontend exited).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import mmap
+import os
+import re
+import threading
+import uuid
+import weakref
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger("lens_evals")
+POOL_ENV = "LENS_EVALS_HANDOFF_POOL_MIB"
+DEFAULT_POOL_MIB = 1024
+SEGMENT_BYTES = 64 * 2**20
+ALIGN = 4096
+SEGMENT_PREFIX = "lens_evals-pool-"
+SEGMENT_NAME = re.compile(rf"^{SEGMENT_PREFIX}[0-9a-f]{{32}}$")
+
+
+class _Segment:
+    """One shared file, mapped by the worker, with its free regions (sorted, coalesced)."""
+
+    def __init__(self, directory: str, size: int) -> None:
+        self.name = SEGMENT_PREFIX + uuid.uuid4().hex
+        self.path = os.path.join(directory, self.name)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)  # the memory now, or ENOSPC now (not SIGBUS later)
+            self.map = mmap.mmap(fd, size)
+        except OSError:
+            os.unlink(self.path)
+            raise
+        finally:
+            os.close(fd)
+        self.size = size
+        self.free_starts: list[int] = [0]
+        self.free_lengths: dict[int, int] = {0: size}
+        self.used: dict[int, int] = {}  # offset -> length
+
+    def take(self, nbytes: int) -> int | None:
+        size = -(-nbytes // ALIGN) * ALIGN
+        for start in self.free_starts:  # first fit: low offsets stay in use, pages stay warm
+            length = self.free_lengths[start]
+            if length >= size:
+                self.free_starts.remove(start)
+                del self.free_lengths[start]
+                if length > size:
+                    bisect.insort(self.free_starts, start + size)
+                    self.free_lengths[start + size] = length - size
+                self.used[start] = size
+                return start
+        return None
+
+    def give(self, offset: int) -> bool:
+        size = self.used.pop(offset, None)
+        if size is None:
+            return False
+        index = bisect.bisect(self.free_starts, offset)
+        after = offset + size
+        if index < len(self.free_starts) and self.free_starts[index] == after:  # join the next region
+            size += self.free_lengths.pop(after)
+            self.free_starts.pop(index)
+        if index > 0:  # join the previous region
+            before = self.free_starts[index - 1]
+            if before + self.free_lengths[before] == offset:
+                self.free_lengths[before] += size
+                return True
+        self.free_starts.insert(index, offset)
+        self.free_lengths[offset] = size
+        return True
+
+
+class SharedPool:
+    """A worker's segments for one frontend (thread-safe: fetches write on several threads)."""
+
+    def __init__(self, directory: str, marker: str) -> None:
+        self.directory = directory
+        self.marker = marker
+        self.segments: dict[str, _Segment] = {}
+        self.lock = threading.Lock()
+
+    @property
+    def limit(self) -> int:
+        return int(float(os.environ.get(POOL_ENV, DEFAULT_POOL_MIB)) * 2**20)
+
+    @property
+    def pooled_bytes(self) -> int:
+        return sum(segment.size for segment in self.segments.values())
+
+    def release(self, regions: Any) -> None:
+        """Regions the frontend no longer uses: ``[[segment name, offset], ...]``."""
+        with self.lock:
+            for region in regions if isinstance(regions, list) else []:
+                if isinstance(region, (list, tuple)) and len(region) == 2 and region[0] in self.segments:
+                    self.segments[region[0]].give(int(region[1]))
+
+    def write(self, rows: Any) -> dict[str, Any] | None:
+        """``rows`` (``handoff.Rows``) copied into a free region: the reply's reference (None:
+        the pool is full)."""
+        with self.lock:
+            place = self._allocate(rows.nbytes)
+        if place is None:
+            return None
+        segment, offset = place
+        view = memoryview(segment.map)[offset : offset + rows.nbytes]
+        try:
+            rows.copy_into(view)
+        finally:
+            view.release()
+        return {"pool": segment.name, "offset": offset, "nbytes": rows.nbytes}
+
+    def _allocate(self, nbytes: int) -> tuple[_Segment, int] | None:
+        for segment in self.segments.values():
+            offset = segment.take(nbytes)
+            if offset is not None:
+                return segment, offset
+        size = max(SEGMENT_BYTES, -(-nbytes // ALIGN) * ALIGN)
+        if self.pooled_bytes + size > self.limit:
+            return None
+        try:
+            segment = _Segment(self.directory, size)
+        except OSError as exc:
+            logger.warning("lens_evals: no hand-off pool segment of %d bytes in %s (%s)", size, self.directory, exc)
+            return None
+        self.segments[segment.name] = segment
+        return segment, segment.take(nbytes)
+
+    def segment_paths(self) -> list[str]:
+        return [segment.path for segment in self.segments.values()]
+
+    def close(self) -> None:
+        for segment in self.segments.values():
+            segment.map.close()
+        self.segments.clear()
+
+
+# ----------------------------------------------------------------- frontend side
+class PoolViews:
+    """The frontend's mappings of the worker segments it has seen, and the regions freed since
+    the last fetch (sent with the next one)."""
+
+    def __init__(self) -> None:
+        self.maps: dict[str, mmap.mmap] = {}
+        self.freed: list[list[Any]] = []
+
+    def _region_freed(self, region: list[Any]) -> None:
+        self.freed.append(region)
+
+    def take_freed(self) -> list[list[Any]]:
+        freed, self.freed = self.freed, []
+        return freed
+
+    def view(self, directory: str, packed: dict[str, Any]) -> np.ndarray:
+        """The bytes of a pooled block, as an array that frees its region when it dies."""
+        name, offset, nbytes = packed.get("pool"), int(packed.get("offset", -1)), int(packed.get("nbytes", -1))
+        if not isinstance(name, str) or not SEGMENT_NAME.match(name):
+            raise ValueError(f"unexpected hand-off pool segment {name!r}")
+        mapping = self.maps[name] if name in self.maps else self._open(directory, name)
+        if offset < 0 or nbytes < 0 or offset + nbytes > len(mapping):
+            raise ValueError(f"hand-off region {offset}+{nbytes} is outside segment {name} ({len(mapping)} bytes)")
+        array = np.frombuffer(mapping, dtype=np.uint8, count=nbytes, offset=offset)
+        weakref.finalize(array, self._region_freed, [name, offset])  # not freed.append: take_freed swaps the list
+        return array
+
+    def _open(self, directory: str, name: str) -> mmap.mmap:
+        mapping = self.maps[name] = map_and_unlink(os.path.join(directory, name))
+        return mapping
+
+
+def map_and_unlink(path: str) -> mmap.mmap | bytearray:
+    """Map a hand-off file and delete its name: from now on only the mappings hold it."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        raise ValueError(f"hand-off file {path} is gone (deleted before the frontend claimed it)") from None
+    try:
+        os.unlink(path)
+        size = os.fstat(fd).st_size
+        return mmap.mmap(fd, size) if size else bytearray()
+    finally:
+        os.close(fd)
