@@ -23,6 +23,7 @@ import re
 import threading
 import uuid
 import weakref
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -160,14 +161,18 @@ class PoolViews:
 
     def __init__(self) -> None:
         self.maps: dict[str, mmap.mmap] = {}
-        self.freed: list[list[Any]] = []
+        # appended by finalizers, which run whenever the garbage collector does (any thread, even
+        # inside take_freed): a deque's append and popleft are atomic, no lock can deadlock
+        self.freed: deque[list[Any]] = deque()
 
     def _region_freed(self, region: list[Any]) -> None:
         self.freed.append(region)
 
     def take_freed(self) -> list[list[Any]]:
-        freed, self.freed = self.freed, []
-        return freed
+        taken = []
+        while self.freed:
+            taken.append(self.freed.popleft())
+        return taken
 
     def view(self, directory: str, packed: dict[str, Any]) -> np.ndarray:
         """The bytes of a pooled block, as an array that frees its region when it dies."""
@@ -178,7 +183,7 @@ class PoolViews:
         if offset < 0 or nbytes < 0 or offset + nbytes > len(mapping):
             raise ValueError(f"hand-off region {offset}+{nbytes} is outside segment {name} ({len(mapping)} bytes)")
         array = np.frombuffer(mapping, dtype=np.uint8, count=nbytes, offset=offset)
-        weakref.finalize(array, self._region_freed, [name, offset])  # not freed.append: take_freed swaps the list
+        weakref.finalize(array, self._region_freed, [name, offset])
         return array
 
     def _open(self, directory: str, name: str) -> mmap.mmap:
