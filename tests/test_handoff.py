@@ -10,7 +10,7 @@ import torch
 
 from lens_evals.engine import handoff, handoff_pool
 from lens_evals.engine.handoff import HandoffTarget, sink_for, claim, claim_all
-from lens_evals.engine.store import Piece, PieceStore, assemble, result_tensors
+from lens_evals.engine.store import Piece, PieceStore, assemble, result_tensors, row_blocks
 
 
 @pytest.fixture
@@ -181,3 +181,22 @@ def test_segment_regions_never_overlap_and_coalesce_when_freed(tmp_path) -> None
     assert segment.free_starts == [0] and segment.free_lengths == {0: segment.size}
     assert not segment.give(12345)  # an unknown offset is ignored
     segment.map.close()
+
+
+def test_each_engine_gets_back_only_its_own_freed_regions(tmp_path, target) -> None:
+    """Two engines in one frontend process (their workers: two pools): a region is reported free
+    only with a fetch from the engine whose worker owns it."""
+    import gc
+
+    first, _, packed_first = _fetch(sink_for(target))
+    other_worker = handoff_pool.SharedPool(str(tmp_path), HandoffTarget._current.marker)
+    rows = row_blocks(_pieces(torch.float32, "other"))
+    packed_other = rows.header | other_worker.write(rows)
+    reply = [{"other": {"residual_stream": dict(packed_other), "layers": [0, 1]}}]
+    claim_all(reply, source=7)  # fetched by the other engine's frontend
+    other = result_tensors(reply[0]["other"])["residual_stream"]
+    del first, other, reply
+    gc.collect()
+    assert sent()["free"] == [[packed_first["pool"], packed_first["offset"]]]  # engine 0's next fetch
+    assert HandoffTarget.for_this_process(7)["free"] == [[packed_other["pool"], packed_other["offset"]]]
+    other_worker.close()

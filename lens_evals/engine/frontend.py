@@ -210,8 +210,9 @@ def attach_offline(llm: Any, outputs: list[Any]) -> None:
     if not pending:
         return
     with timing.phase("fetch: worker round trip"):
-        rank_results = compat.offline_collective_rpc(llm, FETCH_METHOD, ([p.key for p in pending.values()], HandoffTarget.for_this_process()))
-        claim_all(rank_results)
+        target = HandoffTarget.for_this_process(id(processor))
+        rank_results = compat.offline_collective_rpc(llm, FETCH_METHOD, ([p.key for p in pending.values()], target))
+        claim_all(rank_results, id(processor))
     errors = []
     with timing.phase("fetch: attach to outputs"):
         for output in outputs:
@@ -229,8 +230,9 @@ async def attach_async(engine: Any, output: Any) -> None:
     pending = _registry(processor).pop(output.request_id, None)
     if pending is None:
         return
-    rank_results = await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key], HandoffTarget.for_this_process()))
-    claim_all(rank_results)
+    target = HandoffTarget.for_this_process(id(processor))
+    rank_results = await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key], target))
+    claim_all(rank_results, id(processor))
     error = _apply(processor, output.request_id, output, pending, rank_results)
     sink = HTTP_SINK.get()
     if sink is not None:

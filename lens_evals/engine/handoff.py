@@ -100,8 +100,9 @@ class HandoffTarget:
         atexit.register(_remove, self.marker)
 
     @classmethod
-    def for_this_process(cls) -> dict[str, Any] | None:
-        """What a fetch call sends the workers (None: hand-off off or no usable directory)."""
+    def for_this_process(cls, source: int = 0) -> dict[str, Any] | None:
+        """What a fetch call to the workers of engine ``source`` sends them (None: hand-off off
+        or no usable directory)."""
         if not _enabled():
             return None
         if cls._current is None:
@@ -114,10 +115,10 @@ class HandoffTarget:
                 raise RuntimeError(f"lens_evals: cannot use {directory!r} for the row hand-off ({exc}); "
                                    f"set {DIR_ENV} to a writable directory or {HANDOFF_ENV}=0") from exc
         target = cls._current
-        return {"dir": target.directory, "token": target.token, "pid": os.getpid(), "free": target.pool_views.take_freed()}
+        return {"dir": target.directory, "token": target.token, "pid": os.getpid(), "free": target.pool_views.take_freed(source)}
 
 
-def claim(packed: dict[str, Any]) -> dict[str, Any]:
+def claim(packed: dict[str, Any], source: int = 0) -> dict[str, Any]:
     """A block the worker left in the shared pool (a view of its region) or in a file of its own
     (mapped, its name deleted: the mapping stays valid)."""
     target = HandoffTarget._current
@@ -126,7 +127,7 @@ def claim(packed: dict[str, Any]) -> dict[str, Any]:
         if target is None:
             raise ValueError("a hand-off pool block came back, but this process sent no hand-off target")
         HandoffTarget.claimed += 1
-        return header | {"data": target.pool_views.view(target.directory, packed)}
+        return header | {"data": target.pool_views.view(target.directory, packed, source)}
     name = packed.get("file")
     if name is None:
         return packed
@@ -141,14 +142,14 @@ def claim(packed: dict[str, Any]) -> dict[str, Any]:
     return header | {"data": mapping}
 
 
-def claim_all(rank_results: list[Any]) -> None:
+def claim_all(rank_results: list[Any], source: int = 0) -> None:
     """Claim every hand-off block in a fetch reply at once (also those of requests that failed
     on another rank), so no file outlives the call and every pool region is tracked."""
     for per_rank in rank_results:
         for result in (per_rank or {}).values():
             for name in ("residual_stream", "probe_scores"):
                 if isinstance(result, dict) and isinstance(result.get(name), dict) and ("file" in result[name] or "pool" in result[name]):
-                    result[name] = claim(result[name])
+                    result[name] = claim(result[name], source)
 
 
 def _remove(path: str) -> None:

@@ -157,37 +157,42 @@ class SharedPool:
 # ----------------------------------------------------------------- frontend side
 class PoolViews:
     """The frontend's mappings of the worker segments it has seen, and the regions freed since
-    the last fetch (sent with the next one)."""
+    the last fetch, by source (the engine whose workers own the segment: each engine's fetch
+    reports only its own regions, so two engines in one process do not lose each other's)."""
 
     def __init__(self) -> None:
         self.maps: dict[str, mmap.mmap] = {}
+        self.sources: dict[str, int] = {}  # segment name -> the engine it came from
         # appended by finalizers, which run whenever the garbage collector does (any thread, even
         # inside take_freed): a deque's append and popleft are atomic, no lock can deadlock
-        self.freed: deque[list[Any]] = deque()
+        self.freed: dict[int, deque[list[Any]]] = {}
 
     def _region_freed(self, region: list[Any]) -> None:
-        self.freed.append(region)
+        self.freed[self.sources[region[0]]].append(region)
 
-    def take_freed(self) -> list[list[Any]]:
+    def take_freed(self, source: int) -> list[list[Any]]:
+        freed = self.freed.get(source)
         taken = []
-        while self.freed:
-            taken.append(self.freed.popleft())
+        while freed:
+            taken.append(freed.popleft())
         return taken
 
-    def view(self, directory: str, packed: dict[str, Any]) -> np.ndarray:
+    def view(self, directory: str, packed: dict[str, Any], source: int) -> np.ndarray:
         """The bytes of a pooled block, as an array that frees its region when it dies."""
         name, offset, nbytes = packed.get("pool"), int(packed.get("offset", -1)), int(packed.get("nbytes", -1))
         if not isinstance(name, str) or not SEGMENT_NAME.match(name):
             raise ValueError(f"unexpected hand-off pool segment {name!r}")
-        mapping = self.maps[name] if name in self.maps else self._open(directory, name)
+        mapping = self.maps[name] if name in self.maps else self._open(directory, name, source)
         if offset < 0 or nbytes < 0 or offset + nbytes > len(mapping):
             raise ValueError(f"hand-off region {offset}+{nbytes} is outside segment {name} ({len(mapping)} bytes)")
         array = np.frombuffer(mapping, dtype=np.uint8, count=nbytes, offset=offset)
         weakref.finalize(array, self._region_freed, [name, offset])
         return array
 
-    def _open(self, directory: str, name: str) -> mmap.mmap:
+    def _open(self, directory: str, name: str, source: int) -> mmap.mmap:
         mapping = self.maps[name] = map_and_unlink(os.path.join(directory, name))
+        self.sources[name] = source
+        self.freed.setdefault(source, deque())
         return mapping
 
 
