@@ -24,6 +24,7 @@ from lens_evals.hooks import check_registered_args
 from lens_evals.spec import INTERNAL_KEY, LENS_KEYS, parse_lens_args, refuse_misspelled_keys
 
 REGISTRY_ATTR = "_lens_evals_pending"
+TAPPED_ATTR = "_lens_evals_graph_layers"
 DEFAULT_MAX_CAPTURE_GIB = 4.0
 # Set by the HTTP middleware for the duration of one HTTP request; results land here too.
 HTTP_SINK: contextvars.ContextVar[list[tuple[str, Any]] | None] = contextvars.ContextVar(
@@ -63,6 +64,13 @@ def _registry(processor: Any) -> dict[str, PendingRequest]:
     return registry
 
 
+def _tapped_layers(processor: Any, num_layers: int) -> list[int] | None:
+    """The engine's graph-mode layers (None: eager mode), read from its config once."""
+    if not hasattr(processor, TAPPED_ATTR):
+        setattr(processor, TAPPED_ATTR, configured_layers(processor.vllm_config, num_layers))
+    return getattr(processor, TAPPED_ATTR)
+
+
 def on_request(processor: Any, request_id: str, request: Any) -> None:
     """Validate and normalise one request's lens keys (raises ValueError -> HTTP 400)."""
     params = compat.request_sampling_params(request)
@@ -83,7 +91,7 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
     prompt_len = len(request.prompt_token_ids or [])
     max_positions = prompt_len + int(params.max_tokens or 1) - 1
     lens.check_model(shape.num_layers, shape.hidden_size, max(max_positions, 1), max_capture_bytes())
-    tapped = configured_layers(processor.vllm_config, shape.num_layers)
+    tapped = _tapped_layers(processor, shape.num_layers)
     if tapped is not None and (reason := refusal(lens, tapped)) is not None:
         raise ValueError(reason)
     for hook in lens.hooks:

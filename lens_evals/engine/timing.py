@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Iterator
 
 ENABLED = os.environ.get("LENS_EVALS_TIMING", "0") == "1"
@@ -16,11 +16,16 @@ _seconds: dict[str, float] = defaultdict(float)
 _calls: dict[str, int] = defaultdict(int)
 
 
+_OFF = nullcontext()
+
+
+def phase(name: str) -> AbstractContextManager[None]:
+    """Time a block under ``name`` (a shared no-op context when timing is off)."""
+    return _timed(name) if ENABLED else _OFF
+
+
 @contextmanager
-def phase(name: str) -> Iterator[None]:
-    if not ENABLED:
-        yield
-        return
+def _timed(name: str) -> Iterator[None]:
     started = time.perf_counter()
     try:
         yield
