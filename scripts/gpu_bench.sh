@@ -13,7 +13,8 @@
 #
 # One system set per call (each vLLM engine start loads the 16 GB model; the machine keeps /tmp
 # between calls while it stays warm, so the model is built once and results accumulate in
-# $BENCH_DIR; every call copies the report so far to $OUT/bench):
+# $BENCH_DIR; every call copies the report so far to $OUT/bench, with every system's JSON and
+# log in $OUT/bench/all.tar.gz):
 #   ... last chunk call: cp .gpu/cNN/* /tmp/w/ && . .gpu/install.sh && bash scripts/gpu_bench.sh vllm-graphs,vllm-eager
 #   bash scripts/gpu_bench.sh lens-capture-1,lens-steer-1
 #   bash scripts/gpu_bench.sh lens-probe,hf-hook
@@ -23,6 +24,12 @@
 # separate BENCH_DIR because the config differs):
 #   BENCH_DIR=/tmp/lens-evals-syncs bash scripts/gpu_bench.sh vllm-eager,lens-capture-1,lens-steer-1 \
 #     --engine inprocess --sync-debug --prompts 64 --max-tokens 16
+# Device time seen (2026-12-03): a machine start 120-180 s, the eight chunk calls ~35 s, the 8B
+# model build ~25 s, vllm-graphs 146-159 s to start (compile + graph capture), the graph-mode
+# systems 21-49 s, eager systems 13-19 s; each timed run 1.6-5 s. Two sessions' budgets (1800 s)
+# fitted: graphs + graph capture in one call, the other graph systems + eager in the next.
+# Without vLLM (no chunks needed): `python3 scripts/fetch_path_bench.py` times the end of a
+# capture run (release, write, claim; inline / files / the shared pool) on the GPU host.
 # Extra arguments go to `lens-evals bench` (e.g. --prompts 64 --max-tokens 32 --gpu-layers 8 for
 # a quick smoke run; use the same ones in every call, or the earlier results are not reused).
 set -uo pipefail
@@ -37,8 +44,9 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 python3 -m lens_evals.cli bench --gpu --resume --systems "$systems" --out "$BENCH_DIR" \
   --gpu-model-dir /tmp/lens-evals-bench-llama8b --timeout "${BENCH_SYSTEM_TIMEOUT:-420}" "$@" 2>&1 | tee "$BENCH_DIR.log"
 status=${PIPESTATUS[0]}
+# The device returns at most 8 files a call: the report, and everything else in one archive.
 mkdir -p "${OUT:-/tmp/out}/bench"
-cp "$BENCH_DIR.log" "$BENCH_DIR"/bench.* "$BENCH_DIR"/config.json "${OUT:-/tmp/out}/bench/" 2>/dev/null
-cp -r "$BENCH_DIR"/logs "${OUT:-/tmp/out}/bench/" 2>/dev/null
-mkdir -p "${OUT:-/tmp/out}/bench/systems" && cp "$BENCH_DIR"/systems/*.json "${OUT:-/tmp/out}/bench/systems/" 2>/dev/null
+cp "$BENCH_DIR"/bench.* "${OUT:-/tmp/out}/bench/" 2>/dev/null
+cp "$BENCH_DIR.log" "$BENCH_DIR/run.log" 2>/dev/null
+tar czf "${OUT:-/tmp/out}/bench/all.tar.gz" -C "$BENCH_DIR" . || echo "gpu_bench: could not pack $BENCH_DIR" >&2
 exit "$status"
