@@ -70,7 +70,12 @@ def _enabled() -> bool:
 
 
 def _free_bytes(directory: str) -> int:
-    stats = os.statvfs(directory)
+    """Free bytes in ``directory``; 0 when it cannot be read (the rows then go inline)."""
+    try:
+        stats = os.statvfs(directory)
+    except OSError as exc:
+        logger.warning("lens_evals: hand-off directory %s is unusable (%s)", directory, exc)
+        return 0
     return stats.f_bavail * stats.f_frsize
 
 
@@ -246,7 +251,11 @@ def _write_file(directory: str, rows: Rows) -> dict[str, Any]:
     SIGBUS later as with a mapping); inline bytes if the directory is full."""
     name = ROWS_PREFIX + uuid.uuid4().hex
     path = os.path.join(directory, name)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:  # e.g. out of file descriptors, or the directory went away
+        logger.warning("lens_evals: cannot create a hand-off file in %s (%s); sending the rows inline", directory, exc)
+        return inline(rows)
     try:
         written = _write_all(fd, rows.blocks)
     except OSError as exc:
