@@ -138,7 +138,7 @@ def test_worker_data_path_with_plan_reuse_and_a_request_leaving() -> None:
 
 
 def test_packed_rows_refuse_unknown_dtypes_and_wrong_lengths() -> None:
-    good = PackedRows.encode(bytearray(2 * 3 * 4), torch.float32, (2, 3))
+    good = PackedRows.header(torch.float32, (2, 3)) | {"data": bytearray(2 * 3 * 4)}
     assert PackedRows.decode(good).shape == (2, 3)
     assert PackedRows.decode({**good, "data": bytes(24)}).shape == (2, 3)  # bytes (msgpack) work too
     with pytest.raises(ValueError, match="dtype"):

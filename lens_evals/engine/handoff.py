@@ -79,7 +79,7 @@ def _free_bytes(directory: str) -> int:
     return stats.f_bavail * stats.f_frsize
 
 
-def _default_dir() -> str | None:
+def _default_dir() -> str:
     configured = os.environ.get(DIR_ENV)
     if configured:
         return configured
@@ -112,8 +112,6 @@ class HandoffTarget:
             return None
         if cls._current is None:
             directory = _default_dir()
-            if directory is None:
-                return None
             try:
                 cls._current = cls(directory)
             except OSError as exc:
@@ -126,6 +124,8 @@ class HandoffTarget:
 def claim(packed: dict[str, Any], source: int = 0) -> dict[str, Any]:
     """A block the worker left in the shared pool (a view of its region) or in a file of its own
     (mapped, its name deleted: the mapping stays valid)."""
+    if "pool" not in packed and "file" not in packed:
+        return packed
     target = HandoffTarget._current
     header = {key: value for key, value in packed.items() if key not in ("file", "pool", "offset", "nbytes")}
     if "pool" in packed:
@@ -133,9 +133,7 @@ def claim(packed: dict[str, Any], source: int = 0) -> dict[str, Any]:
             raise ValueError("a hand-off pool block came back, but this process sent no hand-off target")
         HandoffTarget.claimed += 1
         return header | {"data": target.pool_views.view(target.directory, packed, source)}
-    name = packed.get("file")
-    if name is None:
-        return packed
+    name = packed["file"]
     directory = target.directory if target is not None else None
     if directory is None or not isinstance(name, str) or not _ROWS_NAME.match(name):
         raise ValueError(f"unexpected hand-off file name {name!r}")
@@ -153,8 +151,8 @@ def claim_all(rank_results: list[Any], source: int = 0) -> None:
     for per_rank in rank_results:
         for result in (per_rank or {}).values():
             for name in ("residual_stream", "probe_scores"):
-                if isinstance(result, dict) and isinstance(result.get(name), dict) and ("file" in result[name] or "pool" in result[name]):
-                    result[name] = claim(result[name], source)
+                if isinstance(result, dict) and isinstance(result.get(name), dict):
+                    result[name] = claim(result[name], source)  # inline rows come back as they are
 
 
 def _remove(path: str) -> None:

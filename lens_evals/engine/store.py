@@ -247,16 +247,13 @@ class PieceStore:
 
 
 class PackedRows:
-    """Assembled rows as a plain ``bytearray`` plus dtype name and shape: what crosses from a
-    worker to the frontend (``collective_rpc`` keeps bytes intact; nothing is pickled but bytes,
-    strings and lists). Writable, so the frontend's tensor shares the buffer without a copy."""
+    """Rows as dtype name and shape plus their bytes (``data``: a bytearray inline, or after
+    ``handoff.claim`` a mapped file or pool region): what crosses from a worker to the frontend
+    (nothing is pickled but bytes, strings and lists). Writable, so the frontend's tensor shares
+    the buffer without a copy."""
 
     DTYPES = {"float32": (np.float32, torch.float32), "float16": (np.float16, torch.float16),
               "bfloat16": (np.int16, torch.bfloat16)}
-
-    @staticmethod
-    def encode(data: bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> dict[str, Any]:
-        return PackedRows.header(dtype, shape) | {"data": data}
 
     @staticmethod
     def header(dtype: torch.dtype, shape: tuple[int, ...]) -> dict[str, Any]:
