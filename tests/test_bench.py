@@ -9,6 +9,7 @@ import pytest
 
 from lens_evals import spec
 from lens_evals.bench.config import BenchConfig
+from lens_evals.bench.interleaved import FEATURES, rotated, summarise
 from lens_evals.bench.measure import SystemUnavailable
 from lens_evals.bench.prompts import MAX_TOKENS, MIN_TOKENS, make_prompts
 from lens_evals.bench.systems import ALL_SYSTEMS
@@ -18,7 +19,7 @@ from lens_evals.cli import main
 
 def test_bench_end_to_end(tiny_path, tmp_path) -> None:
     out = tmp_path / "bench"
-    systems = ["vllm-eager", "lens-capture-1", "hf-hook"]
+    systems = ["vllm-eager", "lens-capture-1", "lens-mixed", "hf-hook"]
     code = main(["bench", "--model", str(tiny_path), "--prompts", "2", "--max-tokens", "2", "--systems", ",".join(systems), "--out", str(out)])
     report = json.loads((out / "bench.json").read_text())
     rows = {row["system"]: row for row in report["rows"]}
@@ -33,6 +34,12 @@ def test_bench_end_to_end(tiny_path, tmp_path) -> None:
     assert rows["lens-capture-1"]["capture_reference"] == "hf-hook"
     assert rows["lens-capture-1"]["capture_positions"] == sum(len(p) + 2 - 1 for p in _prompts(out))
     assert rows["lens-capture-1"]["capture_max_abs_diff"] < 1e-3
+    # One engine, every feature in alternating rounds: each timed per round, tokens as plain's.
+    mixed = rows["lens-mixed"]["interleaved"]
+    assert set(mixed["summary"]) == set(FEATURES)
+    assert all(len(mixed["times"][f]) == 2 and min(mixed["times"][f]) > 0 for f in FEATURES)
+    assert all("tokens equal plain on 2/2" in note for note in rows["lens-mixed"]["notes"][:3])
+    assert "| lens-mixed | steer-1 |" in (out / "bench.md").read_text()
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| lens-capture-1 |" in (out / "bench.md").read_text()
     assert code == 0
@@ -60,3 +67,14 @@ def test_probe_system_says_why_when_the_spec_lacks_probes() -> None:
     else:
         with pytest.raises(SystemUnavailable, match="LinearProbe"):
             lens_extra_args(ALL_SYSTEMS["lens-probe"], cfg)
+
+
+def test_interleaved_rounds_rotate_and_ratios_pair_rounds() -> None:
+    assert [rotated(("a", "b", "c"), i) for i in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    times = {"plain": [2.0, 4.0, 3.0], "steer-1": [3.0, 4.4, 3.0]}
+    summary = summarise(times)
+    # per round 1.5, 1.1, 1.0: median 1.1; the bests 3.0 / 2.0
+    assert summary["steer-1"]["x_plain_paired_median"] == pytest.approx(1.1)
+    assert (summary["steer-1"]["x_plain_paired_min"], summary["steer-1"]["x_plain_paired_max"]) == pytest.approx((1.0, 1.5))
+    assert summary["steer-1"]["x_plain_best"] == pytest.approx(1.5)
+    assert summary["plain"]["median_s"] == pytest.approx(3.0)

@@ -24,6 +24,10 @@ def _runner(kind: str) -> Callable[[System, BenchConfig], Measured]:
         from lens_evals.bench import hf_systems
 
         return {"hf": hf_systems.run_hf_hook, "nnsight-hf": hf_systems.run_nnsight_hf, "tl": hf_systems.run_tl_bridge}[kind]
+    if kind == "vllm-mixed":
+        from lens_evals.bench.interleaved import run_mixed
+
+        return run_mixed
     if kind == "nnsight-vllm":
         from lens_evals.bench.nnsight_vllm import run_nnsight_vllm
 
@@ -53,6 +57,8 @@ def run(config_path: Path, name: str, result_path: Path) -> dict:
             token_ids=measured.token_ids,
             notes=measured.notes,
         )
+        if measured.interleaved:
+            result["interleaved"] = measured.interleaved
         if measured.samples:
             from safetensors.torch import save_file
 

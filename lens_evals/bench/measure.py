@@ -28,6 +28,7 @@ class Measured:
     samples: dict[int, torch.Tensor] = field(default_factory=dict)  # prompt -> (positions, hidden) at the layer
     notes: list[str] = field(default_factory=list)
     all_seconds: list[float] = field(default_factory=list)  # every timed run
+    interleaved: dict = field(default_factory=dict)  # lens-mixed systems: times per feature and summary
 
 
 def best_of(repeats: int, run: Callable[[], T]) -> tuple[float, list[float], T]:

@@ -113,6 +113,11 @@ def targets(table: list[dict], device: str) -> list[dict]:
     ours, hf = by_name.get("lens-capture-1", {}).get("seconds"), by_name.get(REFERENCE, {}).get("seconds")
     speedup = hf / ours if ours and hf else None
     found.append({"target": f"lens-capture-1 >= {MIN_SPEEDUP_VS_HF:.0f}x faster than HF + hook", "value": speedup, "met": None if speedup is None else speedup >= MIN_SPEEDUP_VS_HF})
+    mixed = by_name.get("lens-mixed", {}).get("interleaved", {}).get("summary", {})
+    for name, limit in TARGETS_VS_EAGER.items():
+        ratio = mixed.get(name.removeprefix("lens-"), {}).get("x_plain_paired_median")
+        found.append({"target": f"{name} <= {limit:.2f}x plain requests on the same engine (lens-mixed, median of paired rounds)",
+                      "value": ratio, "met": None if ratio is None else ratio <= limit})
     if device == "cuda":
         for name in ("lens-capture-1", *(n for n in MOONSHOT_SYSTEMS if n in by_name)):
             ratio = by_name.get(name, {}).get("x_graphs")
@@ -163,11 +168,27 @@ def markdown(meta: dict, table: list[dict], goals: list[dict]) -> str:
                 "; ".join(r.get("notes", [])).replace("|", "/"),
             ]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += interleaved_markdown(table)
     lines += ["", "Targets (issue #10):"]
     for goal in goals:
         state = "not measured" if goal["met"] is None else ("met" if goal["met"] else "NOT met")
         lines.append(f"- {goal['target']}: {_fmt(goal['value'], '.2f', 'x')} ({state})")
     return "\n".join(lines) + "\n"
+
+
+def interleaved_markdown(table: list[dict]) -> list[str]:
+    """The lens-mixed systems: each feature against plain requests of the same round, same engine."""
+    mixed = [r for r in table if r.get("status") == "ok" and r.get("interleaved")]
+    if not mixed:
+        return []
+    lines = ["", "Same engine, interleaved rounds (ratios to the plain requests of the same round; "
+             "median, and the range over rounds):", "",
+             "| system | feature | best s | median s | x plain (median paired) | range | x plain (bests) |", "|---|---|---|---|---|---|---|"]
+    for r in mixed:
+        for feature, v in r["interleaved"]["summary"].items():
+            lines.append(f"| {r['system']} | {feature} | {v['best_s']:.2f} | {v['median_s']:.2f} | {v['x_plain_paired_median']:.3f}x | "
+                         f"{v['x_plain_paired_min']:.3f}-{v['x_plain_paired_max']:.3f} | {v['x_plain_best']:.3f}x |")
+    return lines
 
 
 def bar_chart(table: list[dict], meta: dict, path: Path) -> None:
@@ -182,7 +203,7 @@ def bar_chart(table: list[dict], meta: dict, path: Path) -> None:
     names = [r["system"] for r in done] + [r["system"] for r in missing]
     values = [r["seconds"] for r in done] + [0.0] * len(missing)
     colors = ["#888888" if ALL_SYSTEMS[r["system"]].kind == "vllm" and ALL_SYSTEMS[r["system"]].lens is None
-              else "#2a7ab0" if ALL_SYSTEMS[r["system"]].kind == "vllm" else "#c0504d" for r in done]
+              else "#2a7ab0" if ALL_SYSTEMS[r["system"]].kind.startswith("vllm") else "#c0504d" for r in done]
     ax.barh(names, values, color=colors + ["white"] * len(missing))
     for i, r in enumerate(done):
         ratio = r.get("x_eager")

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 class System:
     name: str
     label: str
-    kind: str  # "vllm" (pure or ours), "hf", "nnsight-hf", "nnsight-vllm", "tl"
-    lens: str | None = None  # our feature: "plain" (none), "capture-1", "capture-all", "steer-1", "probe"
+    kind: str  # "vllm" (pure or ours), "vllm-mixed" (ours, features interleaved), "hf", "nnsight-hf", "nnsight-vllm", "tl"
+    lens: str | None = None  # our feature: "plain" (none), "capture-1", "capture-all", "steer-1", "probe", "mixed"
     cuda_graphs: bool = False  # pure vLLM with CUDA graphs / torch.compile (GPU only)
     gpu_only: bool = False
     captures_layer: bool = False  # yields the hooked layer's stream to compare with HF
@@ -40,6 +40,10 @@ ALL_SYSTEMS: dict[str, System] = {
                cuda_graphs=True, gpu_only=True, captures_layer=True),
         System("lens-graphs-steer-1", "ours, graph mode: steer 1 layer", "vllm", lens="steer-1", cuda_graphs=True, gpu_only=True),
         System("lens-graphs-probe", "ours, graph mode: probe on worker", "vllm", lens="probe", cuda_graphs=True, gpu_only=True),
+        # One engine, plain requests and each feature in alternating rounds (see ``interleaved``)
+        System("lens-mixed", "ours, same engine: plain / capture / steer / probe rounds", "vllm-mixed", lens="mixed"),
+        System("lens-graphs-mixed", "ours, graph mode, same engine: plain / capture / steer / probe rounds", "vllm-mixed",
+               lens="mixed", cuda_graphs=True, gpu_only=True),
         System(REFERENCE, "HF generate + forward hook", "hf", captures_layer=True),
         System("nnsight-hf", "nnsight 0.8, HF backend", "nnsight-hf", captures_layer=True),
         System("nnsight-vllm", "nnsight 0.8, vLLM backend", "nnsight-vllm", captures_layer=True),

@@ -53,7 +53,7 @@ def lens_extra_args(system: System, cfg: BenchConfig) -> dict[str, Any] | None:
     raise ValueError(f"unknown lens feature {system.lens!r}")
 
 
-def _sampling_params(cfg: BenchConfig, max_tokens: int, extra: dict[str, Any] | None) -> Any:
+def sampling_params(cfg: BenchConfig, max_tokens: int, extra: dict[str, Any] | None) -> Any:
     from vllm import SamplingParams
 
     return SamplingParams(
@@ -65,10 +65,8 @@ def _probe_scores(output: Any) -> Any:
     return ((getattr(output, "activations", None) or {}).get("probe_scores") or {}).get(PROBE_NAME)
 
 
-def run_vllm(system: System, cfg: BenchConfig) -> Measured:
-    extra = lens_extra_args(system, cfg)  # before the engine starts: an unavailable feature costs nothing
-    from vllm import LLM
-
+def engine_options(system: System, cfg: BenchConfig) -> dict[str, Any]:
+    """The LLM(...) arguments every vLLM system shares; graph mode taps ``cfg.layer``."""
     options: dict[str, Any] = {
         "model": cfg.model_dir,
         "dtype": cfg.dtype,
@@ -85,15 +83,22 @@ def run_vllm(system: System, cfg: BenchConfig) -> Measured:
         options["gpu_memory_utilization"] = cfg.gpu_memory_utilization
     if system.graph_mode:
         options["additional_config"] = {"lens_evals": {"graph_layers": [cfg.layer]}}
+    return options
+
+
+def run_vllm(system: System, cfg: BenchConfig) -> Measured:
+    extra = lens_extra_args(system, cfg)  # before the engine starts: an unavailable feature costs nothing
+    from vllm import LLM
+
     started = time.perf_counter()
-    llm = LLM(**options)
+    llm = LLM(**engine_options(system, cfg))
     start_seconds = time.perf_counter() - started
 
     prompts = [{"prompt_token_ids": list(p)} for p in cfg.prompts]
     warm = Stopwatch()
     with warm.timing():
-        llm.generate(prompts[: min(4, len(prompts))], _sampling_params(cfg, cfg.warmup_tokens, extra), use_tqdm=False)
-    params = _sampling_params(cfg, cfg.max_tokens, extra)
+        llm.generate(prompts[: min(4, len(prompts))], sampling_params(cfg, cfg.warmup_tokens, extra), use_tqdm=False)
+    params = sampling_params(cfg, cfg.max_tokens, extra)
     runs: list[list[list[int]]] = []
 
     def generate() -> Any:
@@ -120,11 +125,11 @@ def run_vllm(system: System, cfg: BenchConfig) -> Measured:
     if system.lens == "steer-1":
         measured.notes.append(f"steering scale {cfg.steer_scale}")
     if cfg.sync_debug:
-        measured.notes.append(_count_syncs(cfg, lambda: llm.generate(prompts, params, use_tqdm=False)))
+        measured.notes.append(count_syncs(cfg, lambda: llm.generate(prompts, params, use_tqdm=False)))
     return measured
 
 
-def _count_syncs(cfg: BenchConfig, run: Any) -> str:
+def count_syncs(cfg: BenchConfig, run: Any) -> str:
     """One more (untimed) run under torch.cuda.set_sync_debug_mode("warn"): how many calls made
     the host wait for the GPU, by the Python line that made them."""
     if cfg.device != "cuda" or cfg.engine != "inprocess":

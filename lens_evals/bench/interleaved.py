@@ -1,0 +1,114 @@
+"""Our features and plain requests on ONE engine, in alternating rounds (systems ``lens-mixed``
+and ``lens-graphs-mixed``).
+
+Separate processes per system (the other rows) compare against pure vLLM with the plugin off,
+but two processes of the same work differ by 5-30 % on a shared, host-bound machine. Here every
+round runs the plain requests and each feature back to back on the same engine, in an order
+that rotates each round, so each feature's time is paired with a plain time taken moments
+before or after; the median of those per-round ratios is what the report calls the same-engine
+ratio. Plain requests on this engine go through the plugin's step hook with nothing to do (the
+``lens-plain`` row measures that against pure vLLM with the plugin off).
+
+``LENS_EVALS_BENCH_PROFILE=DIR``: one more round per feature under cProfile, the top functions
+written to ``DIR/<system>-<feature>.txt`` (with the in-process engine this includes the engine
+and worker; with the multiprocess engine only the frontend)."""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from lens_evals.bench.config import BenchConfig
+from lens_evals.bench.measure import Measured, Stopwatch
+from lens_evals.bench.systems import System
+
+FEATURES = ("plain", "capture-1", "steer-1", "probe")
+PROFILE_ENV = "LENS_EVALS_BENCH_PROFILE"
+
+
+def rotated(features: tuple[str, ...], round_index: int) -> list[str]:
+    """Round ``i`` starts at feature ``i mod n``: each feature runs first, second, ... equally often."""
+    shift = round_index % len(features)
+    return list(features[shift:] + features[:shift])
+
+
+def paired_ratios(times: dict[str, list[float]], feature: str) -> list[float]:
+    """The feature's time over the plain time of the same round, per round."""
+    return [t / p for t, p in zip(times[feature], times["plain"]) if p > 0]
+
+
+def summarise(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Per feature: best and median seconds, the ratio of bests and the median paired ratio."""
+    best_plain = min(times["plain"])
+    out = {}
+    for feature, seconds in times.items():
+        ratios = paired_ratios(times, feature)
+        out[feature] = {
+            "best_s": min(seconds),
+            "median_s": statistics.median(seconds),
+            "x_plain_best": min(seconds) / best_plain,
+            "x_plain_paired_median": statistics.median(ratios),
+            "x_plain_paired_min": min(ratios),
+            "x_plain_paired_max": max(ratios),
+        }
+    return out
+
+
+def _profiled(run: Callable[[], Any], path: Path) -> None:
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        run()
+    finally:
+        profile.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profile, stream=text).strip_dirs()
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(40)
+    path.write_text(text.getvalue())
+
+
+def run_mixed(system: System, cfg: BenchConfig) -> Measured:
+    from vllm import LLM
+
+    from lens_evals.bench.vllm_systems import count_syncs, engine_options, lens_extra_args, sampling_params
+
+    extras = {f: lens_extra_args(System(f, f, "vllm", lens=f), cfg) for f in FEATURES}
+    started = time.perf_counter()
+    llm = LLM(**engine_options(system, cfg))
+    start_seconds = time.perf_counter() - started
+    prompts = [{"prompt_token_ids": list(p)} for p in cfg.prompts]
+    warm = Stopwatch()
+    with warm.timing():
+        for extra in extras.values():
+            llm.generate(prompts[: min(4, len(prompts))], sampling_params(cfg, cfg.warmup_tokens, extra), use_tqdm=False)
+    params = {f: sampling_params(cfg, cfg.max_tokens, extra) for f, extra in extras.items()}
+    times: dict[str, list[float]] = {f: [] for f in FEATURES}
+    tokens: dict[str, list[list[int]]] = {}
+    for round_index in range(max(2, cfg.repeats)):
+        for feature in rotated(FEATURES, round_index):
+            began = time.perf_counter()
+            outputs = llm.generate(prompts, params[feature], use_tqdm=False)
+            times[feature].append(time.perf_counter() - began)
+            tokens[feature] = [list(o.outputs[0].token_ids) for o in outputs]
+    measured = Measured(start_seconds, warm.seconds, min(times["plain"]), tokens["plain"], all_seconds=times["plain"])
+    measured.interleaved = {"times": times, "summary": summarise(times)}
+    for feature in FEATURES[1:]:
+        same = sum(a == b for a, b in zip(tokens[feature], tokens["plain"]))
+        measured.notes.append(f"{feature} last round: tokens equal plain on {same}/{len(prompts)}")
+    if cfg.sync_debug:
+        for feature in FEATURES:
+            measured.notes.append(f"{feature}: " + count_syncs(cfg, lambda: llm.generate(prompts, params[feature], use_tqdm=False)))
+    profile_dir = os.environ.get(PROFILE_ENV)
+    if profile_dir:
+        Path(profile_dir).mkdir(parents=True, exist_ok=True)
+        for feature in FEATURES:
+            _profiled(lambda: llm.generate(prompts, params[feature], use_tqdm=False), Path(profile_dir) / f"{system.name}-{feature}.txt")
+        measured.notes.append(f"profiles in {profile_dir}")
+    return measured
