@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lens_evals.bench.config import BenchConfig
-from lens_evals.bench.measure import Measured, Stopwatch
+from lens_evals.bench.measure import Measured
 from lens_evals.bench.systems import System
 
 FEATURES = ("plain", "capture-1", "steer-1", "probe")
@@ -75,19 +75,11 @@ def _profiled(run: Callable[[], Any], path: Path) -> None:
 
 
 def run_mixed(system: System, cfg: BenchConfig) -> Measured:
-    from vllm import LLM
-
-    from lens_evals.bench.vllm_systems import count_syncs, engine_options, lens_extra_args, sampling_params
+    from lens_evals.bench.vllm_systems import count_syncs, lens_extra_args, sampling_params, start_engine
 
     extras = {f: lens_extra_args(System(f, f, "vllm", lens=f), cfg) for f in FEATURES}
-    started = time.perf_counter()
-    llm = LLM(**engine_options(system, cfg))
-    start_seconds = time.perf_counter() - started
+    llm, start_seconds, warm_seconds = start_engine(system, cfg, list(extras.values()))
     prompts = [{"prompt_token_ids": list(p)} for p in cfg.prompts]
-    warm = Stopwatch()
-    with warm.timing():
-        for extra in extras.values():
-            llm.generate(prompts[: min(4, len(prompts))], sampling_params(cfg, cfg.warmup_tokens, extra), use_tqdm=False)
     params = {f: sampling_params(cfg, cfg.max_tokens, extra) for f, extra in extras.items()}
     times: dict[str, list[float]] = {f: [] for f in FEATURES}
     tokens: dict[str, list[list[int]]] = {}
@@ -97,7 +89,7 @@ def run_mixed(system: System, cfg: BenchConfig) -> Measured:
             outputs = llm.generate(prompts, params[feature], use_tqdm=False)
             times[feature].append(time.perf_counter() - began)
             tokens[feature] = [list(o.outputs[0].token_ids) for o in outputs]
-    measured = Measured(start_seconds, warm.seconds, min(times["plain"]), tokens["plain"], all_seconds=times["plain"])
+    measured = Measured(start_seconds, warm_seconds, min(times["plain"]), tokens["plain"], all_seconds=times["plain"])
     measured.interleaved = {"times": times, "summary": summarise(times)}
     for feature in FEATURES[1:]:
         same = sum(a == b for a, b in zip(tokens[feature], tokens["plain"]))

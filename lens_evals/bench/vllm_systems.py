@@ -86,18 +86,25 @@ def engine_options(system: System, cfg: BenchConfig) -> dict[str, Any]:
     return options
 
 
-def run_vllm(system: System, cfg: BenchConfig) -> Measured:
-    extra = lens_extra_args(system, cfg)  # before the engine starts: an unavailable feature costs nothing
+def start_engine(system: System, cfg: BenchConfig, extras: list[dict[str, Any] | None]) -> tuple[Any, float, float]:
+    """(LLM, start seconds, warm-up seconds): the engine, warmed with a few prompts per extra_args."""
     from vllm import LLM
 
     started = time.perf_counter()
     llm = LLM(**engine_options(system, cfg))
     start_seconds = time.perf_counter() - started
-
-    prompts = [{"prompt_token_ids": list(p)} for p in cfg.prompts]
+    first = [{"prompt_token_ids": list(p)} for p in cfg.prompts[:4]]
     warm = Stopwatch()
     with warm.timing():
-        llm.generate(prompts[: min(4, len(prompts))], sampling_params(cfg, cfg.warmup_tokens, extra), use_tqdm=False)
+        for extra in extras:
+            llm.generate(first, sampling_params(cfg, cfg.warmup_tokens, extra), use_tqdm=False)
+    return llm, start_seconds, warm.seconds
+
+
+def run_vllm(system: System, cfg: BenchConfig) -> Measured:
+    extra = lens_extra_args(system, cfg)  # before the engine starts: an unavailable feature costs nothing
+    llm, start_seconds, warm_seconds = start_engine(system, cfg, [extra])
+    prompts = [{"prompt_token_ids": list(p)} for p in cfg.prompts]
     params = sampling_params(cfg, cfg.max_tokens, extra)
     runs: list[list[list[int]]] = []
 
@@ -108,7 +115,7 @@ def run_vllm(system: System, cfg: BenchConfig) -> Measured:
 
     best, times, outputs = best_of(cfg.repeats, generate)
 
-    measured = Measured(start_seconds, warm.seconds, best, runs[-1], all_seconds=times)
+    measured = Measured(start_seconds, warm_seconds, best, runs[-1], all_seconds=times)
     if len(runs) > 1:  # the engine's own run-to-run agreement: the noise floor of the token check
         same = sum(a == b for a, b in zip(runs[0], runs[-1]))
         measured.notes.append(f"runs 1 and {len(runs)} agree on {same}/{len(prompts)} outputs")
