@@ -78,3 +78,18 @@ def test_interleaved_rounds_rotate_and_ratios_pair_rounds() -> None:
     assert (summary["steer-1"]["x_plain_paired_min"], summary["steer-1"]["x_plain_paired_max"]) == pytest.approx((1.0, 1.5))
     assert summary["steer-1"]["x_plain_best"] == pytest.approx(1.5)
     assert summary["plain"]["median_s"] == pytest.approx(3.0)
+
+
+def test_token_check_reports_differences_under_the_baselines_own_noise_floor() -> None:
+    from lens_evals.bench.checks import token_check
+
+    cfg = BenchConfig(model_dir="", prompts=[[1], [2], [3]], max_tokens=1, layer=1, num_layers=2, hidden_size=8)
+    ours = {"system": "lens-capture-1", "status": "ok", "token_ids": [[5], [6], [9]]}
+    steady = {"system": "vllm-eager", "status": "ok", "token_ids": [[5], [6], [7]], "runs_agree": 3}
+    assert token_check(ours, steady, cfg) == {"tokens_equal": False, "prompts_equal": 2}
+    flaky = {**steady, "runs_agree": 1}  # the baseline itself changed 2 of 3 outputs between runs
+    found = token_check(ours, flaky, cfg)
+    assert found["tokens_equal"] is None and "1/3 (noise floor)" in found["tokens_note"]
+    assert token_check({**ours, "token_ids": steady["token_ids"]}, flaky, cfg)["tokens_equal"] is True
+    graphs = token_check({**ours, "system": "vllm-graphs"}, steady, cfg)
+    assert graphs["tokens_equal"] is None and graphs["prompts_equal"] == 2

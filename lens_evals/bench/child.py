@@ -56,6 +56,7 @@ def run(config_path: Path, name: str, result_path: Path) -> dict:
             generated_tokens=sum(len(t) for t in measured.token_ids),
             token_ids=measured.token_ids,
             notes=measured.notes,
+            runs_agree=measured.runs_agree,
         )
         if measured.interleaved:
             result["interleaved"] = measured.interleaved

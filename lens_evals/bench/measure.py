@@ -28,6 +28,7 @@ class Measured:
     samples: dict[int, torch.Tensor] = field(default_factory=dict)  # prompt -> (positions, hidden) at the layer
     notes: list[str] = field(default_factory=list)
     all_seconds: list[float] = field(default_factory=list)  # every timed run
+    runs_agree: int | None = None  # prompts whose outputs were equal in the first and last timed run
     interleaved: dict = field(default_factory=dict)  # lens-mixed systems: times per feature and summary
 
 

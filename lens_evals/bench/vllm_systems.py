@@ -119,6 +119,7 @@ def run_vllm(system: System, cfg: BenchConfig) -> Measured:
     if len(runs) > 1:  # the engine's own run-to-run agreement: the noise floor of the token check
         same = sum(a == b for a, b in zip(runs[0], runs[-1]))
         measured.notes.append(f"runs 1 and {len(runs)} agree on {same}/{len(prompts)} outputs")
+        measured.runs_agree = same
     if system.captures_layer:
         index = cfg.layer if system.lens == "capture-all" else 0
         for i, output in enumerate(outputs[: cfg.check_prompts]):

@@ -14,7 +14,7 @@ import torch
 
 from lens_evals.engine.compat import BatchLayout
 from lens_evals.engine.hooks import HookCall
-from lens_evals.engine.requests import WorkerProbe, WorkerRequest
+from lens_evals.engine.requests import WorkerProbe, WorkerRequest, to_device
 
 
 @dataclass
@@ -106,18 +106,13 @@ def span_of(spans: list[tuple[int, int]]) -> tuple[int, int] | None:
     return spans[0][0], expected
 
 
-def _device_index(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    tensor = torch.from_numpy(array)
-    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
-
-
 def _plan_hooks(
     plan: StepPlan, req: WorkerRequest, rows: tuple[int, int], positions: np.ndarray,
     step_ids: torch.Tensor | None, local_layers: set[int], device: torch.device,
 ) -> None:
     """The request's own hooks (sharing ``req.saved``), then its hook set's (``req.set_saved``)."""
     start, stop = rows
-    position_tensor = torch.from_numpy(positions).to(device, non_blocking=True)
+    position_tensor = to_device(positions, device)
     token_ids = step_ids[start:stop] if step_ids is not None else None
     for hooks, saved in ((req.hooks, req.saved), (req.set_hooks, req.set_saved)):
         for hook in hooks:
@@ -169,11 +164,11 @@ class _ProbePlanner:
             pair_probes = np.repeat(np.array([slot for slot, _ in slots], dtype=np.int64), [n for _, n in slots])
             pair_rows = rows_of(self.pair_spans[layer])
             out[layer] = LayerProbes(
-                rows=_device_index(rows_of(spans), device),
+                rows=to_device(rows_of(spans), device),
                 weights=torch.stack([p.weights for p in probes]),
-                bias=_device_index(np.array([p.bias for p in probes], dtype=np.float32), device),
-                pair_rows=_device_index(pair_rows, device),
-                pair_probes=_device_index(pair_probes, device),
+                bias=to_device(np.array([p.bias for p in probes], dtype=np.float32), device),
+                pair_rows=to_device(pair_rows, device),
+                pair_probes=to_device(pair_probes, device),
                 span=span_of(spans),
                 one_pair_per_row=len(probes) == 1 and np.array_equal(pair_rows, np.arange(self.num_rows[layer])),
             )
@@ -186,7 +181,7 @@ def _steer_table(vec: Any, positions: np.ndarray, span: tuple[int, int], device:
     if not hit.any():
         return None
     rows = np.arange(span[0], span[0] + span[1], dtype=np.int64)[hit]
-    return rows, torch.from_numpy(np.searchsorted(vec.positions, positions[hit])).to(device)
+    return rows, to_device(np.searchsorted(vec.positions, positions[hit]), device)
 
 
 def _layer_steer(parts: list[tuple[Any, torch.Tensor, float, bool]], device: torch.device, dtype: torch.dtype) -> LayerSteer:
@@ -201,13 +196,13 @@ def _layer_steer(parts: list[tuple[Any, torch.Tensor, float, bool]], device: tor
     norm = np.repeat(np.array([p[3] for p in parts], dtype=bool), counts)
     scale = np.repeat(np.array([p[2] for p in parts], dtype=np.float32), counts)
     vectors = torch.cat([block for _, block, _, _ in parts])
-    scale_t = _device_index(scale, device).to(dtype).unsqueeze(1)
+    scale_t = to_device(scale, device).to(dtype).unsqueeze(1)
     any_norm = bool(norm.any())
     return LayerSteer(
-        rows=_device_index(rows, device),
+        rows=to_device(rows, device),
         vectors=vectors,
         scale=scale_t,
-        norm_match=_device_index(norm, device).unsqueeze(1),
+        norm_match=to_device(norm, device).unsqueeze(1),
         any_norm_match=any_norm,
         delta=None if any_norm else vectors * scale_t,
         span=span,
@@ -281,7 +276,7 @@ def build_plan(
         index_of = {layer: i for i, layer in enumerate(union)}
         plan.capture_span = span_of(capture_spans)
         if plan.capture_span is None:
-            plan.capture_rows = _device_index(rows_of(capture_spans), device)
+            plan.capture_rows = to_device(rows_of(capture_spans), device)
         for req, row_start, n_rows, index in pending_slots:
             slots: tuple[int, ...] | None = tuple(index_of[layer] for layer in req.capture_layers if layer in index_of)
             if slots == tuple(range(len(union))):

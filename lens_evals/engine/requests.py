@@ -75,10 +75,17 @@ def decode_worker_request(
     )
 
 
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on ``device`` without making the host wait: on CUDA through pinned memory
+    and a non-blocking copy (a pageable copy would synchronise with the GPU)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor.to(device)
+
+
 def _decode_probe(index: int, probe: LinearProbe, device: torch.device) -> WorkerProbe:
     weights = np.ascontiguousarray(probe.weights, dtype=np.float32)
     digest = hashlib.sha256(weights.tobytes() + np.float64(probe.bias).tobytes()).hexdigest()
-    tensor = torch.from_numpy(weights).to(device=device)
+    tensor = to_device(weights, device)
     return WorkerProbe(index=index, layer=probe.layer, digest=digest, weights=tensor, bias=float(probe.bias))
 
 
@@ -89,7 +96,7 @@ def _decode_steering(vec: SteeringVector, device: torch.device, dtype: torch.dty
         order = np.argsort(vec.position_indices)
         positions = np.asarray(vec.position_indices, dtype=np.int64)[order]
         acts = acts[:, order, :]
-    tensor = torch.from_numpy(np.ascontiguousarray(acts)).to(device=device, dtype=torch.float32)
+    tensor = to_device(np.asarray(acts, dtype=np.float32), device)
     if vec.norm_match:
         tensor = tensor / tensor.norm(dim=-1, keepdim=True)
     tensor = tensor.to(dtype)
