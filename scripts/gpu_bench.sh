@@ -20,6 +20,9 @@
 #   bash scripts/gpu_bench.sh lens-probe,hf-hook
 #   bash scripts/gpu_bench.sh lens-capture-all
 #   bash scripts/gpu_bench.sh nnsight-hf,nnsight-vllm,tl-bridge
+# Our features against plain requests on ONE engine, rounds paired (what a noisy host cannot
+# blur; ~3-5 min each, add LENS_EVALS_BENCH_PROFILE=$BENCH_DIR/profiles for cProfile per feature):
+#   bash scripts/gpu_bench.sh lens-mixed,lens-graphs-mixed
 # Where our time goes (host-GPU syncs by Python line, one extra untimed run per vLLM system; a
 # separate BENCH_DIR because the config differs):
 #   BENCH_DIR=/tmp/lens-evals-syncs bash scripts/gpu_bench.sh vllm-eager,lens-capture-1,lens-steer-1 \
