@@ -74,6 +74,16 @@ def _profiled(run: Callable[[], Any], path: Path) -> None:
     path.write_text(text.getvalue())
 
 
+def delivered(feature: str, outputs: list[Any]) -> int:
+    """How many outputs carry what the feature asked for (a capture, probe scores); steering and
+    plain outputs carry nothing extra, so all count."""
+    if feature == "capture-1":
+        return sum((getattr(o, "activations", None) or {}).get("residual_stream") is not None for o in outputs)
+    if feature == "probe":
+        return sum(bool((getattr(o, "activations", None) or {}).get("probe_scores")) for o in outputs)
+    return len(outputs)
+
+
 def run_mixed(system: System, cfg: BenchConfig) -> Measured:
     from lens_evals.bench.vllm_systems import count_syncs, lens_extra_args, sampling_params, start_engine
 
@@ -89,6 +99,8 @@ def run_mixed(system: System, cfg: BenchConfig) -> Measured:
             outputs = llm.generate(prompts, params[feature], use_tqdm=False)
             times[feature].append(time.perf_counter() - began)
             tokens[feature] = [list(o.outputs[0].token_ids) for o in outputs]
+            if delivered(feature, outputs) != len(prompts):  # a cheap round that did no work is no result
+                raise RuntimeError(f"{feature}: only {delivered(feature, outputs)}/{len(prompts)} outputs carry their result")
     measured = Measured(start_seconds, warm_seconds, min(times["plain"]), tokens["plain"], all_seconds=times["plain"])
     measured.interleaved = {"times": times, "summary": summarise(times)}
     for feature in FEATURES[1:]:

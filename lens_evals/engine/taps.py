@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from lens_evals.engine import compat
+from lens_evals.engine import compat, timing
 from lens_evals.engine.hooks import HookCall, run_calls
 
 if TYPE_CHECKING:
@@ -79,7 +79,8 @@ def _make_tap(state: "LensWorkerState", layer_index: int):
             return None
         try:
             hidden, residual = compat.split_layer_output(output)
-            run_layer(state, plan, layer_index, hidden, residual)
+            with timing.phase("taps (queued)"):
+                run_layer(state, plan, layer_index, hidden, residual)
         except Exception as exc:  # noqa: BLE001 - reported to every lens request of the step
             logger.exception("lens_evals: layer %d tap failed", layer_index)
             state.fail_keys(plan.keys, f"layer {layer_index} hook failed: {type(exc).__name__}: {exc}")
