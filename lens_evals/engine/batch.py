@@ -14,7 +14,8 @@ import torch
 
 from lens_evals.engine.compat import BatchLayout
 from lens_evals.engine.hooks import HookCall
-from lens_evals.engine.requests import WorkerProbe, WorkerRequest, to_device
+from lens_evals.engine.requests import WorkerProbe, WorkerRequest
+from lens_evals.engine.transfer import to_device
 
 
 @dataclass

@@ -20,6 +20,7 @@ from torch import nn
 
 from lens_evals import wire
 from lens_evals.engine import compat
+from lens_evals.engine.transfer import to_device
 from lens_evals.hooks import Hook, import_target, registered_hook
 
 logger = logging.getLogger("lens_evals")
@@ -94,13 +95,13 @@ def resolve(ref: str) -> Callable[..., Any]:
 
 
 def decode_hooks(items: list[Mapping[str, Any]], device: torch.device) -> list[WorkerHook]:
-    def to_device(array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+    def on_device(array: np.ndarray) -> torch.Tensor:
+        return to_device(array, device)
 
     return [
         WorkerHook(
             name=str(item["name"]), fn=resolve(str(item["ref"])), layers=[int(i) for i in item["layers"]],
-            pre=bool(item["pre"]), module=item.get("module"), args=wire.decode_tree(item.get("args") or {}, to_device),
+            pre=bool(item["pre"]), module=item.get("module"), args=wire.decode_tree(item.get("args") or {}, on_device),
         )
         for item in items
     ]

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from lens_evals.engine.hooks import WorkerHook, decode_hooks
+from lens_evals.engine.transfer import to_device
 from lens_evals.spec import INTERNAL_KEY, LinearProbe, SteeringVector
 
 
@@ -73,13 +74,6 @@ def decode_worker_request(
         hook_set=hook_set,
         set_hooks=list(hook_sets.get(hook_set, [])) if hook_set else [],
     )
-
-
-def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on ``device`` without making the host wait: on CUDA through pinned memory
-    and a non-blocking copy (a pageable copy would synchronise with the GPU)."""
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
-    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor.to(device)
 
 
 def _decode_probe(index: int, probe: LinearProbe, device: torch.device) -> WorkerProbe:
