@@ -85,22 +85,27 @@ def delivered(feature: str, outputs: list[Any]) -> int:
 
 
 def run_mixed(system: System, cfg: BenchConfig) -> Measured:
-    from lens_evals.bench.vllm_systems import count_syncs, lens_extra_args, sampling_params, start_engine
+    from lens_evals.bench.vllm_systems import count_syncs, engine_prompts, lens_extra_args, sampling_params, start_engine
 
     extras = {f: lens_extra_args(System(f, f, "vllm", lens=f), cfg) for f in FEATURES}
     llm, start_seconds, warm_seconds = start_engine(system, cfg, list(extras.values()))
-    prompts = [{"prompt_token_ids": list(p)} for p in cfg.prompts]
+    prompts = engine_prompts(cfg.prompts)
     params = {f: sampling_params(cfg, cfg.max_tokens, extra) for f, extra in extras.items()}
+
+    def generate(feature: str) -> list[Any]:
+        return llm.generate(prompts, params[feature], use_tqdm=False)
+
     times: dict[str, list[float]] = {f: [] for f in FEATURES}
     tokens: dict[str, list[list[int]]] = {}
     for round_index in range(max(2, cfg.repeats)):
         for feature in rotated(FEATURES, round_index):
             began = time.perf_counter()
-            outputs = llm.generate(prompts, params[feature], use_tqdm=False)
+            outputs = generate(feature)
             times[feature].append(time.perf_counter() - began)
             tokens[feature] = [list(o.outputs[0].token_ids) for o in outputs]
-            if delivered(feature, outputs) != len(prompts):  # a cheap round that did no work is no result
-                raise RuntimeError(f"{feature}: only {delivered(feature, outputs)}/{len(prompts)} outputs carry their result")
+            carried = delivered(feature, outputs)
+            if carried != len(prompts):  # a cheap round that did no work is no result
+                raise RuntimeError(f"{feature}: only {carried}/{len(prompts)} outputs carry their result")
     measured = Measured(start_seconds, warm_seconds, min(times["plain"]), tokens["plain"], all_seconds=times["plain"])
     measured.interleaved = {"times": times, "summary": summarise(times)}
     for feature in FEATURES[1:]:
@@ -108,11 +113,11 @@ def run_mixed(system: System, cfg: BenchConfig) -> Measured:
         measured.notes.append(f"{feature} last round: tokens equal plain on {same}/{len(prompts)}")
     if cfg.sync_debug:
         for feature in FEATURES:
-            measured.notes.append(f"{feature}: " + count_syncs(cfg, lambda: llm.generate(prompts, params[feature], use_tqdm=False)))
+            measured.notes.append(f"{feature}: " + count_syncs(cfg, lambda: generate(feature)))
     profile_dir = os.environ.get(PROFILE_ENV)
     if profile_dir:
         Path(profile_dir).mkdir(parents=True, exist_ok=True)
         for feature in FEATURES:
-            _profiled(lambda: llm.generate(prompts, params[feature], use_tqdm=False), Path(profile_dir) / f"{system.name}-{feature}.txt")
+            _profiled(lambda: generate(feature), Path(profile_dir) / f"{system.name}-{feature}.txt")
         measured.notes.append(f"profiles in {profile_dir}")
     return measured

@@ -203,7 +203,7 @@ def bar_chart(table: list[dict], meta: dict, path: Path) -> None:
     names = [r["system"] for r in done] + [r["system"] for r in missing]
     values = [r["seconds"] for r in done] + [0.0] * len(missing)
     colors = ["#888888" if ALL_SYSTEMS[r["system"]].kind == "vllm" and ALL_SYSTEMS[r["system"]].lens is None
-              else "#2a7ab0" if ALL_SYSTEMS[r["system"]].kind.startswith("vllm") else "#c0504d" for r in done]
+              else "#2a7ab0" if ALL_SYSTEMS[r["system"]].on_vllm else "#c0504d" for r in done]
     ax.barh(names, values, color=colors + ["white"] * len(missing))
     for i, r in enumerate(done):
         ratio = r.get("x_eager")

@@ -42,10 +42,10 @@ def system_env(system: System, cfg: BenchConfig) -> dict[str, str]:
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if cfg.engine == "inprocess" else "1"
     # The plugin plans steps from vLLM's V1 model runner (vLLM 0.26 on GPU would pick V2 for
     # Llama): every vLLM system runs on V1, so pure vLLM and ours are the same engine.
-    if system.kind in ("vllm", "vllm-mixed", "nnsight-vllm"):
+    if system.on_vllm or system.kind == "nnsight-vllm":
         env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     workers = cfg.tensor_parallel_size * cfg.pipeline_parallel_size
-    if workers > 1 and cfg.device == "cpu" and system.kind in ("vllm", "vllm-mixed"):
+    if workers > 1 and cfg.device == "cpu" and system.on_vllm:
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(core) for core in range(workers)))
     if system.lens is None:  # pure vLLM and the other tools run without our plugin
         env["LENS_EVALS_DISABLE"] = "1"

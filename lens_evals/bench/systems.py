@@ -16,6 +16,11 @@ class System:
     captures_layer: bool = False  # yields the hooked layer's stream to compare with HF
 
     @property
+    def on_vllm(self) -> bool:
+        """Pure vLLM or ours (one feature or interleaved): a vLLM engine this package starts."""
+        return self.kind in ("vllm", "vllm-mixed")
+
+    @property
     def graph_mode(self) -> bool:
         """Ours with CUDA graphs / torch.compile kept on (the layer tapped in the graph)."""
         return self.cuda_graphs and self.lens is not None

@@ -65,6 +65,11 @@ def _probe_scores(output: Any) -> Any:
     return ((getattr(output, "activations", None) or {}).get("probe_scores") or {}).get(PROBE_NAME)
 
 
+def engine_prompts(prompts: list[list[int]]) -> list[dict[str, list[int]]]:
+    """Token-id prompts in the form ``LLM.generate`` takes."""
+    return [{"prompt_token_ids": list(p)} for p in prompts]
+
+
 def engine_options(system: System, cfg: BenchConfig) -> dict[str, Any]:
     """The LLM(...) arguments every vLLM system shares; graph mode taps ``cfg.layer``."""
     options: dict[str, Any] = {
@@ -93,7 +98,7 @@ def start_engine(system: System, cfg: BenchConfig, extras: list[dict[str, Any] |
     started = time.perf_counter()
     llm = LLM(**engine_options(system, cfg))
     start_seconds = time.perf_counter() - started
-    first = [{"prompt_token_ids": list(p)} for p in cfg.prompts[:4]]
+    first = engine_prompts(cfg.prompts[:4])
     warm = Stopwatch()
     with warm.timing():
         for extra in extras:
@@ -104,7 +109,7 @@ def start_engine(system: System, cfg: BenchConfig, extras: list[dict[str, Any] |
 def run_vllm(system: System, cfg: BenchConfig) -> Measured:
     extra = lens_extra_args(system, cfg)  # before the engine starts: an unavailable feature costs nothing
     llm, start_seconds, warm_seconds = start_engine(system, cfg, [extra])
-    prompts = [{"prompt_token_ids": list(p)} for p in cfg.prompts]
+    prompts = engine_prompts(cfg.prompts)
     params = sampling_params(cfg, cfg.max_tokens, extra)
     runs: list[list[list[int]]] = []
 
