@@ -25,6 +25,7 @@ from lens_evals.spec import INTERNAL_KEY, LENS_KEYS, parse_lens_args, refuse_mis
 
 REGISTRY_ATTR = "_lens_evals_pending"
 TAPPED_ATTR = "_lens_evals_graph_layers"
+REFUSAL_ATTR = "_lens_evals_refusal"
 DEFAULT_MAX_CAPTURE_GIB = 4.0
 # Set by the HTTP middleware for the duration of one HTTP request; results land here too.
 HTTP_SINK: contextvars.ContextVar[list[tuple[str, Any]] | None] = contextvars.ContextVar(
@@ -71,6 +72,15 @@ def _tapped_layers(processor: Any, num_layers: int) -> list[int] | None:
     return getattr(processor, TAPPED_ATTR)
 
 
+def _engine_refusal(processor: Any) -> str | None:
+    """Why this engine takes no lens requests (its configuration, or an unverified
+    architecture; None: it takes them), read once."""
+    if not hasattr(processor, REFUSAL_ATTR):
+        config = processor.vllm_config
+        setattr(processor, REFUSAL_ATTR, compat.engine_refusal(config) or compat.frontend_refusal(config.model_config))
+    return getattr(processor, REFUSAL_ATTR)
+
+
 def on_request(processor: Any, request_id: str, request: Any) -> None:
     """Validate and normalise one request's lens keys (raises ValueError -> HTTP 400)."""
     params = compat.request_sampling_params(request)
@@ -85,6 +95,8 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
     lens = parse_lens_args(extra)
     if not lens.active:
         return
+    if (engine_refusal := _engine_refusal(processor)) is not None:
+        raise ValueError(engine_refusal)
     if getattr(params, "n", 1) != 1:
         raise ValueError(f"{'/'.join(LENS_KEYS)} need n=1 (send n separate requests)")
     shape = compat.model_shape(processor.vllm_config)

@@ -111,11 +111,21 @@ def refusal(lens: Any, tapped: Iterable[int]) -> str | None:
     return None
 
 
+def graph_refusal(support: Any) -> str | None:
+    """Graph mode relies on the architecture's contract inside a compiled graph: only
+    architectures verified in graph mode may use it (or any, with LENS_EVALS_TRUST_ARCH=1)."""
+    entry = compat.VERIFIED.get(support.architecture)
+    if (entry is not None and entry.graph_mode) or compat.trust_unverified():
+        return None
+    return (f"graph mode ({GRAPH_LAYERS_ENV}) is not verified on architecture {support.architecture}: start the "
+            f"engine without it (eager hooks), or set {compat.TRUST_ENV}=1 at your own risk")
+
+
 class GraphTaps:
     """The static buffers of the tapped layers of one worker, and the host side of each step."""
 
     def __init__(self, layer_modules: dict[int, nn.Module], layers: list[int], max_rows: int,
-                 hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
+                 hidden_size: int, dtype: torch.dtype, device: torch.device, contract: compat.StreamContract) -> None:
         self.steer: dict[int, torch.Tensor] = {}
         self.capture: dict[int, torch.Tensor] = {}
         self._dirty_rows: dict[int, int] = {}  # rows of ``steer`` written and not cleared since
@@ -128,7 +138,7 @@ class GraphTaps:
             capture = torch.zeros(max_rows, hidden_size, dtype=dtype, device=device)
             layer.register_buffer(STEER_BUFFER, steer, persistent=False)
             layer.register_buffer(CAPTURE_BUFFER, capture, persistent=False)
-            layer.register_forward_hook(_graph_tap)
+            layer.register_forward_hook(_graph_tap(contract))
             self.steer[index], self.capture[index] = steer, capture
         logger.info("lens_evals: graph mode, layers %s tapped (%d rows, %.0f MiB of buffers)", sorted(self.steer),
                     max_rows, 2 * len(self.steer) * max_rows * hidden_size * torch.finfo(dtype).bits / 8 / 2**20)
@@ -155,7 +165,10 @@ class GraphTaps:
         return self.capture[layer][:num_rows]
 
 
-def _graph_tap(module: nn.Module, args: Any, output: Any) -> Any:
-    hidden, residual = compat.split_layer_output(output)
-    steered = torch.ops.lens_evals.tap_stream(hidden, residual, getattr(module, STEER_BUFFER), getattr(module, CAPTURE_BUFFER))
-    return compat.join_layer_output(output, steered)
+def _graph_tap(contract: compat.StreamContract) -> Any:
+    def tap(module: nn.Module, args: Any, output: Any) -> Any:
+        hidden, residual = contract.read_output(output)
+        steered = torch.ops.lens_evals.tap_stream(hidden, residual, getattr(module, STEER_BUFFER), getattr(module, CAPTURE_BUFFER))
+        return contract.write_output(output, steered)
+
+    return tap

@@ -21,16 +21,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger("lens_evals")
 
 
-def install_taps(state: "LensWorkerState", model: nn.Module, num_layers: int) -> dict[int, nn.Module]:
-    """Register a forward hook on every decoder layer of this stage; return them by index."""
-    installed = {}
-    for index, layer in compat.decoder_layers(model, num_layers):
-        layer.register_forward_hook(_make_tap(state, index))
-        installed[index] = layer
-    return installed
+def install_taps(state: "LensWorkerState", layers: dict[int, nn.Module], contract: compat.StreamContract) -> None:
+    """Register a forward hook on every decoder layer of this stage."""
+    for index, layer in layers.items():
+        layer.register_forward_hook(_make_tap(state, index, contract))
 
 
-def install_hook_tap(state: "LensWorkerState", layer: nn.Module, site: tuple[int, str | None, bool]) -> None:
+def install_hook_tap(state: "LensWorkerState", layer: nn.Module, site: tuple[int, str | None, bool], contract: compat.StreamContract) -> None:
     """A tap for generic hooks at (layer index, module path inside the layer or None, pre),
     installed the first time a request asks for that site. Raises AttributeError for a bad path."""
     layer_index, module_path, pre = site
@@ -44,7 +41,7 @@ def install_hook_tap(state: "LensWorkerState", layer: nn.Module, site: tuple[int
     if pre:
         def pre_tap(mod: nn.Module, args: Any, kwargs: Any) -> None:
             if state.plan is not None and site in state.plan.hook_calls:
-                run(*(compat.split_layer_input(args, kwargs) if module_path is None else (compat.first_input(args, kwargs), None)))
+                run(*(contract.read_input(layer, args, kwargs) if module_path is None else (compat.first_input(args, kwargs), None)))
             return None
 
         module.register_forward_pre_hook(pre_tap, with_kwargs=True)
@@ -72,13 +69,13 @@ def _run_hooks(state: "LensWorkerState", calls: list[HookCall], hidden: torch.Te
     run_calls(calls, stream_of, put, layer_index, state.hook_context, state.fail_key, state.has_failed)
 
 
-def _make_tap(state: "LensWorkerState", layer_index: int):
+def _make_tap(state: "LensWorkerState", layer_index: int, contract: compat.StreamContract):
     def tap(module: nn.Module, args: Any, output: Any) -> None:
         plan = state.plan
         if plan is None or layer_index not in plan.hooked_layers:
             return None
         try:
-            hidden, residual = compat.split_layer_output(output)
+            hidden, residual = contract.read_output(output)
             with timing.phase("taps (queued)"):
                 run_layer(state, plan, layer_index, hidden, residual)
         except Exception as exc:  # noqa: BLE001 - reported to every lens request of the step

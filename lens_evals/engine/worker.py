@@ -18,8 +18,9 @@ from lens_evals.engine.results import TakenResult, write_results
 from lens_evals.engine.store import Piece, PieceStore, row_blocks, to_host
 from lens_evals.engine.requests import WorkerRequest, decode_worker_request
 from lens_evals import wire
+from lens_evals.spec import INTERNAL_KEY
 from lens_evals.engine.hooks import HookCall, HookContext, ParameterCache, WorkerHook, decode_hooks
-from lens_evals.engine.graph_taps import GraphTaps, configured_layers
+from lens_evals.engine.graph_taps import GraphTaps, configured_layers, graph_refusal
 from lens_evals.engine.taps import install_hook_tap, install_taps, read_step
 
 logger = logging.getLogger("lens_evals")
@@ -42,14 +43,23 @@ class LensWorkerState:
         self.num_layers = compat.num_layers_of(runner)
         tp_rank, _ = compat.parallel_ranks()
         self.graph: GraphTaps | None = None
+        try:
+            self.layer_modules = dict(compat.find_decoder_layers(self.model, self.num_layers))
+        except RuntimeError:
+            self.layer_modules = {}
+        self.support = compat.layer_support(runner.model_config, self.layer_modules)
         graph_layers = configured_layers(runner.vllm_config, self.num_layers)
-        if graph_layers is None:
-            self.layer_modules = install_taps(self, self.model, self.num_layers)
+        self.refusal = self.support.refusal or (graph_refusal(self.support) if graph_layers is not None else None)
+        contract = self.support.contract
+        if self.refusal is not None or contract is None:
+            logger.warning("lens_evals: %s", self.refusal)
+        elif graph_layers is None:
+            install_taps(self, self.layer_modules, contract)
         else:
-            self.layer_modules = dict(compat.decoder_layers(self.model, self.num_layers))
             self.graph = GraphTaps(
                 self.layer_modules, graph_layers, compat.max_step_rows(runner),
                 compat.model_shape(runner.vllm_config).hidden_size, runner.model_config.dtype, compat.runner_device(runner),
+                contract,
             )
         self._init_data_path(compat.runner_device(runner), runner.model_config.dtype, set(self.layer_modules), tp_rank == 0)
         self.parameters = ParameterCache(self.model, compat.checkpoint_dir(runner))
@@ -59,6 +69,7 @@ class LensWorkerState:
         """The step planning and host store without a model runner (``lens_evals.bench.host_path``)."""
         state = cls.__new__(cls)
         state.graph = None
+        state.refusal = None
         state._init_data_path(device, dtype, local_layers, capture_here=True)
         return state
 
@@ -153,20 +164,29 @@ class LensWorkerState:
 
     def _admit(self, req_id: str) -> None:
         extra = compat.request_extra_args(self.runner, req_id)
+        if self.refusal is not None and extra and INTERNAL_KEY in extra:
+            key = str(extra[INTERNAL_KEY].get("key", req_id))
+            self.errors[key] = self.refusal
+            self.track(req_id, None, key)
+            return
         try:
             req = decode_worker_request(extra, self.device, self.dtype, self.hook_sets)
         except (ValueError, KeyError, TypeError, ImportError, AttributeError) as exc:
-            key = str((extra or {}).get("_lens_evals", {}).get("key", req_id))
+            key = str((extra or {}).get(INTERNAL_KEY, {}).get("key", req_id))
             self.errors[key] = f"could not decode lens request on the worker: {exc}"
-            req = None
+            self.track(req_id, None, key)
+            return
         self.track(req_id, req)
 
-    def track(self, req_id: str, req: WorkerRequest | None) -> None:
-        """Follow a (decoded) request from now on; None: a plain request."""
+    def track(self, req_id: str, req: WorkerRequest | None, failed_key: str | None = None) -> None:
+        """Follow a (decoded) request from now on; None: a plain request, or a lens request
+        that already failed (``failed_key``: its key, so its error is released with it)."""
         self.requests[req_id] = req
         if req is not None:
             self.req_keys[req_id] = req.key
             self.by_key[req.key] = req
+        elif failed_key is not None:
+            self.req_keys[req_id] = failed_key
 
     def _install_hook_sites(self, plan: StepPlan) -> None:
         """Taps for hook sites seen for the first time; a bad module path fails its requests."""
@@ -174,7 +194,7 @@ class LensWorkerState:
             if site in self.hook_sites:
                 continue
             try:
-                install_hook_tap(self, self.layer_modules[site[0]], site)
+                install_hook_tap(self, self.layer_modules[site[0]], site, self.support.contract)
                 self.hook_sites.add(site)
             except AttributeError:
                 calls = plan.hook_calls.pop(site)

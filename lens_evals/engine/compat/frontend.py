@@ -168,6 +168,19 @@ def max_step_rows(runner: Any) -> int:
     return max(rows, int(capture), int(getattr(runner, "max_num_tokens", 0) or 0))
 
 
+def engine_refusal(vllm_config: Any) -> str | None:
+    """Why this engine's configuration takes no lens requests: the plugin's patches reach only
+    vLLM's V1 model runner, and speculative decoding runs draft rows the taps would count as the
+    request's own. Plain requests are served either way."""
+    if getattr(vllm_config, "use_v2_model_runner", False):
+        return ("lens requests need vLLM's V1 model runner and this engine runs Model Runner V2 "
+                "(VLLM_USE_V2_MODEL_RUNNER=1): start it with VLLM_USE_V2_MODEL_RUNNER=0")
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        return ("lens requests are not supported with speculative decoding (draft tokens would be captured "
+                "and steered as the request's own): start the engine without speculative_config")
+    return None
+
+
 def prefer_v1_model_runner() -> None:
     """vLLM 0.26 on GPU picks "Model Runner V2" for Llama-like models; our taps plan each step
     from the V1 runner's input batch. Ask for V1 unless the user chose explicitly."""

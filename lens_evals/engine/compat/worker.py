@@ -4,7 +4,7 @@ layout, requests' extra args, decoder layers, layer inputs / outputs, parallel r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -126,41 +126,6 @@ def runner_from_worker(worker: Any) -> Any:
     raise RuntimeError(f"lens_evals: no model runner found on {type(worker).__name__}")
 
 
-def decoder_layers(model: nn.Module, num_layers: int) -> Iterator[tuple[int, nn.Module]]:
-    """(absolute index, layer) for the decoder layers present on this pipeline stage."""
-    from vllm.model_executor.models.utils import PPMissingLayer
-
-    for module in model.modules():
-        layers = getattr(module, "layers", None)
-        if isinstance(layers, nn.ModuleList) and len(layers) == num_layers:
-            for index, layer in enumerate(layers):
-                if not isinstance(layer, PPMissingLayer):
-                    yield index, layer
-            return
-    raise RuntimeError(f"lens_evals: could not find {num_layers} decoder layers in {type(model).__name__}")
-
-
-def split_layer_output(output: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A decoder layer returns ``(hidden, residual)`` (fused residual: the stream is their
-    sum) or the stream itself."""
-    if isinstance(output, tuple) and len(output) == 2 and isinstance(output[0], torch.Tensor):
-        return output[0], output[1]
-    if isinstance(output, torch.Tensor):
-        return output, None
-    raise TypeError(f"lens_evals: unsupported decoder layer output {type(output).__name__}")
-
-
-def split_layer_input(args: tuple, kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A decoder layer is called as ``layer(positions, hidden_states, residual)``: the stream
-    entering it is hidden_states + residual (residual is None at the first layer)."""
-    names = ("positions", "hidden_states", "residual")
-    values = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in names}
-    hidden = values.get("hidden_states")
-    if not isinstance(hidden, torch.Tensor):
-        raise TypeError("lens_evals: decoder layer called without a hidden_states tensor")
-    return hidden, values.get("residual")
-
-
 def first_input(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
     for value in list(args) + list(kwargs.values()):
         if isinstance(value, torch.Tensor):
@@ -237,12 +202,6 @@ def forward_input_ids(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | Non
     """The token ids of one ``_model_forward`` call (None when the model gets embeddings)."""
     value = kwargs.get("input_ids", args[0] if args else None)
     return value if isinstance(value, torch.Tensor) else None
-
-
-def join_layer_output(original: Any, hidden: torch.Tensor) -> Any:
-    if isinstance(original, tuple):
-        return (hidden, original[1])
-    return hidden
 
 
 def parallel_ranks() -> tuple[int, int]:

@@ -1,0 +1,241 @@
+"""Per architecture: how the residual stream is read from a vLLM decoder layer and written back.
+
+The residual stream after layer i is what HF transformers calls ``hidden_states[i + 1]`` (for
+the last layer: the input of the final norm). vLLM's decoder layers hand that stream to the
+next layer in different ways, and nothing in a layer's output says which: a 2-tuple may be
+``(hidden, residual)`` whose SUM is the stream, or ``(stream, something else)``. So the
+contract of each decoder-layer class is written down here, read off vLLM's own model file
+(cited per entry), and trusted only once the architecture matrix (tests/test_architectures.py)
+has compared capture, steering, hooks and probes with HF transformers. A model whose
+architecture is not in ``VERIFIED`` serves plain requests as usual; its lens requests are
+refused with ``refusal_message`` unless ``LENS_EVALS_TRUST_ARCH=1``.
+
+Adding an architecture: docs/model_support.md ("Adding an architecture").
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from lens_evals.engine.compat._base import logger
+
+TRUST_ENV = "LENS_EVALS_TRUST_ARCH"
+
+
+@dataclass(frozen=True)
+class StreamContract:
+    """How one decoder-layer class carries the residual stream.
+
+    ``kind``:
+      * ``"fused"``: the layer returns ``(hidden, residual)`` and the stream is their sum (vLLM's
+        fused add + norm: the next layer adds them first). A residual of None means the stream
+        is ``hidden`` alone.
+      * ``"stream"``: the layer returns the stream itself (a tensor).
+      * ``"stream_first"``: the layer returns a tuple whose FIRST element is the whole stream;
+        the other elements are something else (e.g. StableLM's stream before the MLP) and are
+        never added to it.
+    ``hidden_arg`` / ``residual_arg``: the names of the layer's ``forward`` parameters that carry
+    the incoming stream (bound by signature, since the argument order differs between models).
+    """
+
+    kind: str
+    hidden_arg: str = "hidden_states"
+    residual_arg: str | None = "residual"
+
+    def read_output(self, output: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(hidden, residual) of a layer's output: the stream is hidden + residual (residual None:
+        hidden alone). ``hidden`` is the tensor the next layer reads: writing into it in place
+        moves the stream."""
+        if self.kind == "fused":
+            if isinstance(output, tuple) and len(output) == 2 and isinstance(output[0], torch.Tensor):
+                return output[0], output[1]
+        elif self.kind == "stream":
+            if isinstance(output, torch.Tensor):
+                return output, None
+        elif isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
+            return output[0], None
+        raise TypeError(f"lens_evals: a {self.kind!r} decoder layer returned {_describe(output)}")
+
+    def write_output(self, output: Any, hidden: torch.Tensor) -> Any:
+        """The layer's output with ``hidden`` (as returned by ``read_output``) replaced."""
+        if isinstance(output, tuple):
+            return (hidden,) + tuple(output[1:])
+        return hidden
+
+    def read_input(self, layer: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(hidden, residual) entering a layer: the stream after the previous layer (the
+        embeddings at layer 0)."""
+        bound = _bind(type(layer), args, kwargs)
+        hidden = bound.get(self.hidden_arg)
+        if not isinstance(hidden, torch.Tensor):
+            raise TypeError(f"lens_evals: decoder layer called without a {self.hidden_arg!r} tensor")
+        residual = bound.get(self.residual_arg) if self.residual_arg else None
+        return hidden, residual if isinstance(residual, torch.Tensor) else None
+
+
+FUSED = StreamContract("fused")
+STREAM = StreamContract("stream", residual_arg=None)
+STREAM_FIRST = StreamContract("stream_first", residual_arg=None)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A verified architecture: the decoder-layer class vLLM builds for it (``module.Class``,
+    the module's last dotted part) and that class's contract; ``source``: where vLLM says it."""
+
+    layer_class: str
+    contract: StreamContract
+    source: str
+    graph_mode: bool = False  # graph-mode taps verified on the GPU
+
+
+def _vllm(layer_class: str, contract: StreamContract, note: str = "", graph_mode: bool = False) -> Architecture:
+    module = layer_class.split(".")[0]
+    return Architecture(layer_class, contract, f"vllm/model_executor/models/{module}.py {note}".strip(), graph_mode)
+
+
+def _hf(layer_class: str) -> Architecture:
+    """Served by vLLM's Transformers backend: the decoder layers are transformers' own, which
+    return the stream (transformers 5: ``hidden_states = residual + mlp(...)``; ``return
+    hidden_states``)."""
+    module = layer_class.split(".")[0]
+    return Architecture(layer_class, STREAM, f"vllm/model_executor/models/transformers/ + transformers/models/{module.removeprefix('modeling_')}/{module}.py")
+
+
+# HF architecture name (config.json "architectures") -> verified contract. Each entry was read off
+# vLLM 0.32's model file (the line it cites: the decoder layer's return and the model's layer
+# loop) and checked against vLLM 0.26; the matrix test proves it. Keep alphabetical.
+VERIFIED: dict[str, Architecture] = {
+    "LlamaForCausalLM": _vllm("llama.LlamaDecoderLayer", FUSED, "(return hidden_states, residual; norm(hidden, residual))", graph_mode=True),
+    "MixtralForCausalLM": _vllm("mixtral.MixtralDecoderLayer", FUSED),
+    "StableLmForCausalLM": _vllm("stablelm.StablelmDecoderLayer", STREAM_FIRST, "(return hidden_states, residual: residual is the stream before the MLP, never added)"),
+}
+
+
+def guessed(layer: nn.Module) -> StreamContract:
+    """With LENS_EVALS_TRUST_ARCH=1 only: a contract read from the layer's signature (a
+    ``residual`` parameter means vLLM's fused residual), never verified."""
+    names = set(inspect.signature(layer.forward).parameters)
+    hidden_arg = "hidden_states" if "hidden_states" in names else next(iter(names), "hidden_states")
+    if "residual" in names:
+        return StreamContract("fused", hidden_arg=hidden_arg)
+    return StreamContract("stream_first", hidden_arg=hidden_arg, residual_arg=None)
+
+
+def trust_unverified() -> bool:
+    return os.environ.get(TRUST_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def class_name(layer: nn.Module) -> str:
+    cls = type(layer)
+    return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
+
+
+def architecture_of(model_config: Any) -> str:
+    """The architecture named by the checkpoint's config.json (vLLM's ModelConfig)."""
+    hf_config = model_config.hf_config
+    names = list(getattr(hf_config, "architectures", None) or [])
+    return names[0] if names else type(hf_config).__name__
+
+
+def refusal_message(architecture: str, layer_class: str | None) -> str:
+    layer = f", decoder layer {layer_class}" if layer_class else ""
+    return (
+        f"lens requests are not supported on architecture {architecture}{layer}: how its decoder layers "
+        "carry the residual stream has not been verified against HF transformers, and a wrong guess gives "
+        f"wrong activations silently. Set {TRUST_ENV}=1 on the server / engine process to use a guessed "
+        "contract at your own risk, or add the architecture (docs/model_support.md, 'Adding an architecture')"
+    )
+
+
+def frontend_refusal(model_config: Any) -> str | None:
+    """Why lens requests on this model are refused (None: verified, or trusted by opt-in)."""
+    arch = architecture_of(model_config)
+    if arch in VERIFIED or trust_unverified():
+        return None
+    return refusal_message(arch, _layer_classes_of_model_file(model_config))
+
+
+def _layer_classes_of_model_file(model_config: Any) -> str | None:
+    """For the refusal message only (the frontend has no model): the decoder-layer classes that
+    the vLLM model file of this architecture defines (``*DecoderLayer`` / ``*Block``)."""
+    import sys
+
+    from vllm.model_executor.model_loader.utils import get_model_architecture
+
+    try:
+        model_class, _ = get_model_architecture(model_config)
+    except (ValueError, ImportError, AttributeError) as exc:
+        logger.debug("lens_evals: could not resolve the model class of %s: %s", architecture_of(model_config), exc)
+        return None
+    module = sys.modules.get(model_class.__module__)
+    names = sorted(
+        f"{model_class.__module__.rsplit('.', 1)[-1]}.{name}" for name, value in vars(module or object).items()
+        if isinstance(value, type) and issubclass(value, nn.Module) and name.endswith(("DecoderLayer", "Block"))
+        and value.__module__ == model_class.__module__
+    )
+    return ", ".join(names) or f"(none in {model_class.__module__}: served by {model_class.__name__})"
+
+
+def find_decoder_layers(model: nn.Module, num_layers: int) -> Iterator[tuple[int, nn.Module]]:
+    """(absolute index, layer) for the decoder layers present on this pipeline stage: the
+    ModuleList of ``num_layers`` entries (named ``layers`` in most models, ``h`` in GPT-2 style
+    ones)."""
+    from vllm.model_executor.models.utils import PPMissingLayer
+
+    for module in model.modules():
+        for name, child in module.named_children():
+            if isinstance(child, nn.ModuleList) and len(child) == num_layers and name in ("layers", "h", "blocks"):
+                for index, layer in enumerate(child):
+                    if not isinstance(layer, PPMissingLayer):
+                        yield index, layer
+                return
+    raise RuntimeError(f"lens_evals: could not find {num_layers} decoder layers in {type(model).__name__}")
+
+
+@dataclass(frozen=True)
+class LayerSupport:
+    """What the worker found: the contract to use, or why lens requests are refused."""
+
+    architecture: str
+    layer_class: str | None
+    contract: StreamContract | None
+    refusal: str | None
+
+
+def layer_support(model_config: Any, layers: dict[int, nn.Module]) -> LayerSupport:
+    arch = architecture_of(model_config)
+    found = sorted({class_name(layer) for layer in layers.values()})
+    layer_class = ", ".join(found) if found else None
+    entry = VERIFIED.get(arch)
+    if entry is not None and found == [entry.layer_class]:
+        return LayerSupport(arch, layer_class, entry.contract, None)
+    if trust_unverified() and len(found) == 1:
+        return LayerSupport(arch, layer_class, guessed(next(iter(layers.values()))), None)
+    message = refusal_message(arch, layer_class)
+    if entry is not None:
+        message += f" (verified with decoder layer {entry.layer_class}; this vLLM builds {layer_class})"
+    return LayerSupport(arch, layer_class, None, message)
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_signature(layer_type: type) -> inspect.Signature:
+    return inspect.signature(layer_type.forward)
+
+
+def _bind(layer_type: type, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The layer's forward arguments by name (``self`` bound to None)."""
+    return dict(_forward_signature(layer_type).bind_partial(None, *args, **kwargs).arguments)
+
+
+def _describe(output: Any) -> str:
+    if isinstance(output, tuple):
+        return "a tuple of (" + ", ".join(type(item).__name__ for item in output) + ")"
+    return type(output).__name__
