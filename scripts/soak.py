@@ -2,7 +2,7 @@
 (streams closed early, non-streaming requests timed out by the client). Records the RSS of the
 server's process tree and the worker's held capture bytes; writes JSON and a PNG.
 
-    PYTHONPATH=$PWD .venv/bin/python scripts/soak.py --requests 1000 --out logs/reliability
+    PYTHONPATH=$PWD .venv/bin/python scripts/soak.py --requests 1000 --out docs/reliability
 
 Starts its own tiny-llama server (with VLLM_SERVER_DEV_MODE=1 so ``/collective_rpc`` can ask the
 worker for ``lens_evals_memory``) unless ``--url`` and ``--pid`` name a running one.
@@ -141,7 +141,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=Path("logs/reliability"))
+    parser.add_argument("--out", type=Path, default=Path("docs/reliability"))
     parser.add_argument("--url", help="a running server started with VLLM_SERVER_DEV_MODE=1 (else one is started)")
     parser.add_argument("--pid", type=int, help="that server's process id (for RSS)")
     args = parser.parse_args()

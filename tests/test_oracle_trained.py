@@ -1,7 +1,7 @@
 """The trained SmolLM2 oracle beats its zero-vector baseline on held-out items (slow: it
 trains the oracle first if the cache has none, which takes minutes on a quiet 2-core CPU).
 
-Bounds, from the measurement in the README (`lens-evals oracle train`, 40 held-out items per
+Bounds, from the measurement in docs/oracles.md (`lens-evals oracle train`, 40 held-out items per
 family): the oracle gets the answer from the activations on sentiment, topic and word, where the
 zero-vector baseline is at chance or below, so each of those must beat the baseline by at least
 MIN_FAMILY_GAIN and the whole mix by MIN_OVERALL_GAIN. Truth (Geometry of Truth) stays near

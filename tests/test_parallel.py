@@ -7,7 +7,7 @@
   layer, in order.
 * Data parallel (server): requests spread over both engines each get their own activations.
 * Mixture of experts (tiny Mixtral) under tensor parallelism; expert parallel where vLLM runs it.
-vLLM's CPU build cannot run expert parallel or the Ray executor: see README "Parallelism".
+vLLM's CPU build cannot run expert parallel or the Ray executor: see docs/parallelism.md.
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ def test_moe_tensor_parallel_2_equals_single_worker(tiny_moe_path, moe_single_wo
 
 @pytest.mark.slow
 @two_workers
-@pytest.mark.skipif(not on_gpu(), reason="vLLM 0.32's CPU MoE kernel ignores the expert map and crashes (README: Parallelism)")
+@pytest.mark.skipif(not on_gpu(), reason="vLLM 0.32's CPU MoE kernel ignores the expert map and crashes (docs/parallelism.md)")
 def test_moe_expert_parallel_2_equals_single_worker(tiny_moe_path, moe_single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(
         tiny_moe_path, moe_single_worker, rank_replies, "MoE EP=2", tensor_parallel_size=2, enable_expert_parallel=True
