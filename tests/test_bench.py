@@ -4,13 +4,13 @@ pieces that need no engine."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from lens_evals import spec
 from lens_evals.bench.config import BenchConfig
 from lens_evals.bench.interleaved import FEATURES, rotated, summarise
-from lens_evals.bench.measure import SystemUnavailable
 from lens_evals.bench.prompts import MAX_TOKENS, MIN_TOKENS, make_prompts
 from lens_evals.bench.systems import ALL_SYSTEMS
 from lens_evals.bench.vllm_systems import lens_extra_args
@@ -59,14 +59,15 @@ def test_prompt_set_is_deterministic_and_varied(tiny_path) -> None:
     assert all(1000 <= t < 128256 for p in no_tokenizer for t in p)
 
 
-def test_probe_system_says_why_when_the_spec_lacks_probes() -> None:
+def test_probe_system_asks_for_one_fixed_probe_on_the_bench_layer() -> None:
+    """The probe is the same in every system's process (its scores are checked against w.h + b
+    of the capture), on the configured layer and of the model's hidden size."""
     cfg = BenchConfig(model_dir="", prompts=[[1]], max_tokens=1, layer=1, num_layers=2, hidden_size=8)
-    if hasattr(spec, "LinearProbe"):
-        (probe,) = lens_extra_args(ALL_SYSTEMS["lens-probe"], cfg)[spec.PROBE_KEY]
-        assert probe.layer == 1 and probe.weights.shape == (8,)
-    else:
-        with pytest.raises(SystemUnavailable, match="LinearProbe"):
-            lens_extra_args(ALL_SYSTEMS["lens-probe"], cfg)
+    (probe,) = lens_extra_args(ALL_SYSTEMS["lens-probe"], cfg)[spec.PROBE_KEY]
+    assert isinstance(probe, spec.LinearProbe) and probe.layer == 1 and probe.weights.shape == (8,)
+    (again,) = lens_extra_args(ALL_SYSTEMS["lens-probe"], cfg)[spec.PROBE_KEY]
+    assert again.name == probe.name and again.bias == probe.bias and (again.weights == probe.weights).all()
+    assert lens_extra_args(ALL_SYSTEMS["lens-probe"], replace(cfg, layer=0))[spec.PROBE_KEY][0].layer == 0
 
 
 def test_interleaved_rounds_rotate_and_ratios_pair_rounds() -> None:

@@ -18,12 +18,12 @@ import torch
 from lens_evals import LinearProbe, SteeringVector, wire
 from lens_evals.client import activations_from_response, lens_xargs
 from lens_evals.evals.server_process import LensServer
-from tests.conftest import capture, engine_tolerance, greedy, lens_server, make_llm
+from tests.conftest import capture, greedy, lens_server, make_llm
+from tests.tolerance import assert_stream_close
 
 PROMPT = "the cat reads a book."
 LAYERS = [0, 3]
 HIDDEN = 128
-TOL = engine_tolerance()
 # Small per-request cap so "capture too large" is reachable on the tiny model: 4 layers x 1024
 # positions x 128 x 4 B = 2 MiB is refused, the good request (2 x ~210 x 128 x 4 B) passes.
 CAP_GIB = "0.0005"
@@ -140,10 +140,6 @@ def complete(server: LensServer, **body: Any) -> requests.Response:
     return requests.post(f"{server.url}/v1/completions", json=payload, timeout=300)
 
 
-def test_table_is_large_enough() -> None:
-    assert len(BAD) >= 40
-
-
 def test_every_bad_request_gets_400_while_a_good_capture_completes(server, llm) -> None:
     result: dict[str, requests.Response] = {}
     good = threading.Thread(target=lambda: result.setdefault("resp", complete(server, max_tokens=200, vllm_xargs=lens_xargs(LAYERS))))
@@ -163,7 +159,7 @@ def test_every_bad_request_gets_400_while_a_good_capture_completes(server, llm) 
     token_ids = llm.get_tokenizer()(PROMPT).input_ids
     reference = llm.generate([PROMPT], greedy(200, output_residual_stream=LAYERS))[0]
     assert got.shape[1] == len(token_ids) + 199
-    torch.testing.assert_close(got, capture(reference), atol=TOL, rtol=TOL)
+    assert_stream_close(got, capture(reference), "capture over HTTP beside bad requests vs offline")
     assert requests.get(f"{server.url}/health", timeout=10).status_code == 200
 
 

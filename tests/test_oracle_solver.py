@@ -14,6 +14,7 @@ from lens_evals.oracle.train import OracleTrainConfig
 from lens_evals.spec import CAPTURE_KEY, STEERING_KEY
 from tests.conftest import capture, greedy, make_llm
 from tests.lora_helpers import random_adapter
+from tests.tolerance import assert_stream_close, token_relative_error
 
 SETTINGS = OracleSettings(target_layer=2, injection_layer=1, num_tokens=None, placeholder=" cat", coefficient=1.0)
 QUESTION = "which word is the text about?"
@@ -51,7 +52,8 @@ def test_placeholder_must_be_one_token(tokenizer, smollm2_path) -> None:
 
 def test_injection_lands_on_exactly_the_placeholders(tiny_path, adapter, tokenizer) -> None:
     """The stream after the injection layer differs from an uninjected run at the placeholder
-    positions only, by c * ||h|| * v / ||v|| with h the uninjected stream there."""
+    positions only, by c * ||h|| * v / ||v|| with h the uninjected stream there: a relative change
+    of c = 1 per token, against numeric noise held to stream_bound()."""
     from vllm.lora.request import LoRARequest
 
     acts = np.random.default_rng(0).normal(size=(4, 128)).astype(np.float32)
@@ -66,12 +68,14 @@ def test_injection_lands_on_exactly_the_placeholders(tiny_path, adapter, tokeniz
                                                           greedy(2, **{CAPTURE_KEY: [layer]})],
                                        lora_request=[lora, lora], use_tqdm=False)
     after, before = capture(injected)[0, : len(ids)], capture(plain)[0, : len(ids)]
-    changed = sorted(torch.nonzero((after - before).abs().amax(-1) > 0).flatten().tolist())
+    changed = torch.nonzero(token_relative_error(after, before) > SETTINGS.coefficient / 2).flatten().tolist()
     assert changed == [p for k, p in enumerate(positions) if k != 2]
+    expected = before.clone()
     for k, p in enumerate(positions):
         v = torch.from_numpy(acts[k])
-        expected = before[p] + (SETTINGS.coefficient * before[p].norm() * v / v.norm() if k != 2 else 0)
-        torch.testing.assert_close(after[p], expected, atol=1e-4, rtol=1e-4)
+        if k != 2:
+            expected[p] += SETTINGS.coefficient * before[p].norm() * v / v.norm()
+    assert_stream_close(after, expected, "injected stream vs uninjected + c * ||h|| * v / ||v|| at the placeholders")
 
 
 def test_zero_vector_oracle_equals_plain_lora_generation(tiny_path, adapter, tokenizer) -> None:
