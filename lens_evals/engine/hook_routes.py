@@ -6,11 +6,17 @@ same code runs on every vLLM version's app):
     DELETE /lens/hook_sets/{id}         -> {"id", "dropped_results"}
 
 Only registered hooks (by name, JSON args) are accepted; bad input is a 400 with the reason,
-an unknown id a 404.
+an unknown id a 404, a set over LENS_EVALS_MAX_HOOK_SETS / LENS_EVALS_MAX_HOOK_SET_MIB a 429
+saying which bound and how to free one. On a server started with ``--api-key`` (or
+``VLLM_API_KEY``) every route needs ``Authorization: Bearer KEY`` like vLLM's ``/v1`` routes:
+:func:`authorized`, checked by the middleware before any lens route runs (vLLM's own check
+guards only its ``/v1``-like prefixes and runs inside our middleware).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 from typing import Any, Callable
@@ -20,6 +26,25 @@ from lens_evals.engine import compat, hook_sets
 logger = logging.getLogger("lens_evals")
 HOOK_SETS_PATH = "/lens/hook_sets"
 MAX_BODY_BYTES = 64 * 2**20
+UNAUTHORIZED = {"error": "Unauthorized"}  # vLLM's own 401 body
+
+
+def authorized(scope: dict[str, Any]) -> bool:
+    """True without configured API keys, else when ``Authorization: Bearer`` carries one of
+    them (read and compared as vLLM does: SHA-256 digests compared in constant time, every
+    key checked)."""
+    keys = compat.server_api_keys(scope)
+    if not keys:
+        return True
+    header = next((value for name, value in scope.get("headers", ()) if name.lower() == b"authorization"), b"")
+    scheme, _, token = header.decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    digest = hashlib.sha256(token.encode("utf-8")).digest()
+    match = False
+    for key in keys:
+        match |= hmac.compare_digest(digest, hashlib.sha256(key.encode("utf-8")).digest())
+    return match
 
 
 async def _read_body(receive: Callable) -> bytes:
@@ -35,7 +60,7 @@ async def _read_body(receive: Callable) -> bytes:
             return b"".join(parts)
 
 
-async def _reply(send: Callable, status: int, payload: dict[str, Any]) -> None:
+async def reply(send: Callable, status: int, payload: dict[str, Any]) -> None:
     body = json.dumps(payload).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -58,14 +83,16 @@ async def serve_hook_sets(scope: dict[str, Any], receive: Callable, send: Callab
             hooks = body["hooks"]
             if any(not isinstance(hook, (dict, str)) for hook in hooks if isinstance(hooks, list)):
                 raise ValueError("hooks must be registered hooks in JSON form")
-            await _reply(send, 200, await hook_sets.register_async(engine, hooks))
+            await reply(send, 200, await hook_sets.register_async(engine, hooks))
         elif method == "POST" and len(parts) == 2 and parts[1] == "collect":
-            await _reply(send, 200, hook_sets.collect_async(engine, parts[0]))
+            await reply(send, 200, hook_sets.collect_async(engine, parts[0]))
         elif method == "DELETE" and len(parts) == 1:
-            await _reply(send, 200, await hook_sets.clear_async(engine, parts[0]))
+            await reply(send, 200, await hook_sets.clear_async(engine, parts[0]))
         else:
-            await _reply(send, 404, _error(f"no such endpoint: {method} {scope['path']}", 404))
+            await reply(send, 404, _error(f"no such endpoint: {method} {scope['path']}", 404))
     except hook_sets.UnknownHookSet as exc:
-        await _reply(send, 404, _error(str(exc.args[0]), 404))
+        await reply(send, 404, _error(str(exc.args[0]), 404))
+    except hook_sets.HookSetLimit as exc:
+        await reply(send, 429, _error(str(exc), 429))
     except ValueError as exc:  # json.JSONDecodeError and pydantic errors are ValueErrors
-        await _reply(send, 400, _error(str(exc), 400))
+        await reply(send, 400, _error(str(exc), 400))

@@ -5,7 +5,10 @@ Only requests that name the set run its hooks, so on a shared server one researc
 neither sees nor changes other users' requests; the id (a random UUID) is the capability to use,
 collect and clear it. Results wait in the frontend process, encoded (JSON-safe), bounded by
 ``LENS_EVALS_MAX_HOOK_RESULTS_MIB`` over all sets: a request whose result does not fit fails
-with a message saying to collect or clear.
+with a message saying to collect or clear. The sets themselves are bounded per engine: at most
+``LENS_EVALS_MAX_HOOK_SETS`` live sets (default 64) whose hooks' JSON form (args included) totals
+at most ``LENS_EVALS_MAX_HOOK_SET_MIB`` (default 256); a set over either bound is refused
+(:class:`HookSetLimit`, HTTP 429) until one is cleared.
 
 Offline: :func:`register_hook_set` (returns a :class:`HookSet` with ``extra_args``, ``collect()``
 and ``clear()``). Server: the HTTP endpoints in ``lens_evals.engine.server``.
@@ -32,16 +35,24 @@ from lens_evals.spec import HOOK_SET_KEY, LensRequest
 STORE_ATTR = "_lens_evals_hook_sets"
 DEFAULT_MAX_RESULTS_MIB = 512.0
 MAX_HOOKS_PER_SET = 256
+DEFAULT_MAX_HOOK_SETS = 64
+DEFAULT_MAX_HOOK_SET_MIB = 256.0
+FREE_HINT = "free one with DELETE /lens/hook_sets/{id} (offline: HookSet.clear())"
 
 
 class UnknownHookSet(KeyError):
     pass
 
 
+class HookSetLimit(ValueError):
+    """A new hook set would pass LENS_EVALS_MAX_HOOK_SETS or LENS_EVALS_MAX_HOOK_SET_MIB."""
+
+
 @dataclass
 class _Record:
     hooks: list[dict[str, Any]]  # the worker's form
     local_ids: list[str]
+    hook_chars: int = 0  # the JSON size of ``hooks``, counted against LENS_EVALS_MAX_HOOK_SET_MIB
     results: list[dict[str, Any]] = field(default_factory=list)
     chars: int = 0
     refused: int = 0
@@ -53,6 +64,42 @@ class HookSetStore:
     def __init__(self) -> None:
         self.sets: dict[str, _Record] = {}
         self.held_chars = 0
+        self.hook_chars = 0  # over the registered sets
+        self.pending: list[_Record] = []  # admitted, waiting for the workers
+
+    @property
+    def max_sets(self) -> int:
+        return int(os.environ.get("LENS_EVALS_MAX_HOOK_SETS", DEFAULT_MAX_HOOK_SETS))
+
+    @property
+    def max_hook_chars(self) -> int:
+        return int(float(os.environ.get("LENS_EVALS_MAX_HOOK_SET_MIB", DEFAULT_MAX_HOOK_SET_MIB)) * 2**20)
+
+    def admit(self, record: _Record) -> None:
+        """Count a new set against both bounds (HookSetLimit if it does not fit) until
+        :meth:`add` or :meth:`release`; sets still being registered count too."""
+        live = len(self.sets) + len(self.pending)
+        if live >= self.max_sets:
+            raise HookSetLimit(
+                f"too many hook sets: {live} live, the bound is {self.max_sets} (LENS_EVALS_MAX_HOOK_SETS); "
+                f"{FREE_HINT} and try again"
+            )
+        held = self.hook_chars + sum(pending.hook_chars for pending in self.pending)
+        if held + record.hook_chars > self.max_hook_chars:
+            raise HookSetLimit(
+                f"hook sets' hooks would hold {(held + record.hook_chars) / 2**20:.1f} MiB, over the bound of "
+                f"{self.max_hook_chars / 2**20:.1f} MiB (LENS_EVALS_MAX_HOOK_SET_MIB; {held / 2**20:.1f} MiB held by "
+                f"{live} sets, this one {record.hook_chars / 2**20:.1f} MiB): {FREE_HINT} and try again"
+            )
+        self.pending.append(record)
+
+    def release(self, record: _Record) -> None:
+        self.pending = [pending for pending in self.pending if pending is not record]
+
+    def add(self, set_id: str, record: _Record) -> None:
+        self.release(record)
+        self.sets[set_id] = record
+        self.hook_chars += record.hook_chars
 
     @property
     def max_chars(self) -> int:
@@ -93,6 +140,7 @@ class HookSetStore:
         record = self.record(set_id)
         del self.sets[set_id]
         self.held_chars -= record.chars
+        self.hook_chars -= record.hook_chars
         forget_local(record.local_ids)
         return record
 
@@ -118,7 +166,7 @@ def prepare(processor: Any, hooks: Sequence[Any]) -> tuple[str, _Record]:
     shape = compat.model_shape(processor.vllm_config)
     LensRequest(hooks=parsed).check_model(shape.num_layers, shape.hidden_size, 1, 2**62)
     encoded, local_ids = encode_hooks(parsed)
-    return uuid.uuid4().hex, _Record(encoded, local_ids)
+    return uuid.uuid4().hex, _Record(encoded, local_ids, hook_chars=len(json.dumps(encoded)))
 
 
 def _check_workers(replies: list[Any]) -> None:
@@ -162,13 +210,21 @@ def register_hook_set(llm: Any, hooks: Sequence[Any]) -> HookSet:
     """Register hooks once on an offline engine (callables or registered hooks)."""
     processor = compat.offline_input_processor(llm)
     set_id, record = prepare(processor, hooks)
+    store = store_of(processor)
+    try:
+        store.admit(record)
+    except HookSetLimit:
+        forget_local(record.local_ids)
+        raise
     try:
         _check_workers(compat.offline_collective_rpc(llm, REGISTER_SET_METHOD, (set_id, record.hooks)))
     except ValueError:
         forget_local(record.local_ids)
         compat.offline_collective_rpc(llm, CLEAR_SET_METHOD, (set_id,))
         raise
-    store_of(processor).sets[set_id] = record
+    finally:
+        store.release(record)
+    store.add(set_id, record)
     return HookSet(set_id, llm)
 
 
@@ -176,12 +232,20 @@ def register_hook_set(llm: Any, hooks: Sequence[Any]) -> HookSet:
 async def register_async(engine: Any, hooks: Sequence[Any]) -> dict[str, Any]:
     processor = compat.async_input_processor(engine)
     set_id, record = prepare(processor, hooks)
+    store = store_of(processor)
+    try:
+        store.admit(record)  # before the await: concurrent creates cannot pass the bounds together
+    except HookSetLimit:
+        forget_local(record.local_ids)
+        raise
     try:
         _check_workers(await compat.async_collective_rpc(engine, REGISTER_SET_METHOD, (set_id, record.hooks)))
     except ValueError:
         await compat.async_collective_rpc(engine, CLEAR_SET_METHOD, (set_id,))
         raise
-    store_of(processor).sets[set_id] = record
+    finally:
+        store.release(record)
+    store.add(set_id, record)  # no await since release: atomic on the event loop
     return {"id": set_id, "hooks": [hook["name"] for hook in record.hooks]}
 
 

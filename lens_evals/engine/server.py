@@ -13,7 +13,7 @@ import torch
 
 from lens_evals import wire
 from lens_evals.engine.frontend import HTTP_SINK
-from lens_evals.engine.hook_routes import HOOK_SETS_PATH, serve_hook_sets
+from lens_evals.engine.hook_routes import HOOK_SETS_PATH, UNAUTHORIZED, authorized, reply, serve_hook_sets
 
 logger = logging.getLogger("lens_evals")
 Scope = dict[str, Any]
@@ -42,13 +42,18 @@ def encode_activations(activations: dict[str, Any]) -> dict[str, Any]:
 
 class LensResponseMiddleware:
     """Buffers non-streaming completion/chat responses that carried lens requests and adds
-    ``"activations"`` (one request) or a list of them (several prompts, in prompt order)."""
+    ``"activations"`` (one request) or a list of them (several prompts, in prompt order).
+    It also answers the lens routes (``/lens/...``), each behind the server's API keys: it runs
+    outside vLLM's authentication, which guards only ``/v1``-like prefixes anyway."""
 
     def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         if scope.get("type") == "http" and scope.get("path", "").startswith(HOOK_SETS_PATH):
+            if not authorized(scope):
+                await reply(send, 401, UNAUTHORIZED)
+                return
             await serve_hook_sets(scope, receive, send)
             return
         if scope.get("type") != "http" or scope.get("method") != "POST" or not scope.get("path", "").endswith("completions"):

@@ -237,6 +237,21 @@ def engine_client_from_scope(scope: dict[str, Any]) -> Any:
     return engine
 
 
+def server_api_keys(scope: dict[str, Any]) -> list[str]:
+    """The API keys vLLM's OpenAI-compatible server requires (empty: no authentication), read
+    as vLLM reads them (0.26 ``build_app``, 0.32 ``init_entrypoints_middleware``): the
+    ``--api-key`` list, kept on ``app.state.args``, else the ``VLLM_API_KEY`` environment
+    variable; empty keys ignored. vLLM's own check guards only ``/v1``, ``/v2``, ``/inference``
+    (and ``/cohere`` in 0.32), so the lens routes check these keys themselves."""
+    from vllm import envs
+
+    args = getattr(getattr(scope.get("app"), "state", None), "args", None)
+    keys = getattr(args, "api_key", None) or [envs.VLLM_API_KEY]
+    if isinstance(keys, str):
+        keys = [keys]
+    return [key for key in keys if key]
+
+
 async def async_collective_rpc(engine: Any, method: str, args: tuple) -> list[Any]:
     """Call a worker method installed by :func:`add_worker_methods` on every worker. By name:
     vLLM refuses to send functions between processes unless insecure serialisation is on.
