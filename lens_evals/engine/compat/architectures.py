@@ -50,34 +50,40 @@ class StreamContract:
     residual_arg: str | None = "residual"
 
     def read_output(self, output: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(hidden, residual) of a layer's output: the stream is hidden + residual (residual None:
-        hidden alone). ``hidden`` is the tensor the next layer reads: writing into it in place
-        moves the stream."""
+        """(hidden, residual) of a layer's output, as (tokens, hidden) rows: the stream is hidden +
+        residual (residual None: hidden alone). ``hidden`` is (a view of) the tensor the next
+        layer reads: writing into it in place moves the stream."""
         if self.kind == "fused":
             if isinstance(output, tuple) and len(output) == 2 and isinstance(output[0], torch.Tensor):
-                return output[0], output[1]
+                return _rows(output[0]), None if output[1] is None else _rows(output[1])
         elif self.kind == "stream":
             if isinstance(output, torch.Tensor):
-                return output, None
+                return _rows(output), None
         elif isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
-            return output[0], None
+            return _rows(output[0]), None
         raise TypeError(f"lens_evals: a {self.kind!r} decoder layer returned {_describe(output)}")
 
     def write_output(self, output: Any, hidden: torch.Tensor) -> Any:
-        """The layer's output with ``hidden`` (as returned by ``read_output``) replaced."""
-        if isinstance(output, tuple):
-            return (hidden,) + tuple(output[1:])
-        return hidden
+        """The layer's output with its stream part replaced by ``hidden`` ((tokens, hidden) rows)."""
+        first = output[0] if isinstance(output, tuple) else output
+        new = hidden.view(first.shape) if first.dim() != hidden.dim() else hidden
+        return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
 
     def read_input(self, layer: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(hidden, residual) entering a layer: the stream after the previous layer (the
+        """(hidden, residual) rows entering a layer: the stream after the previous layer (the
         embeddings at layer 0)."""
         bound = _bind(type(layer), args, kwargs)
         hidden = bound.get(self.hidden_arg)
         if not isinstance(hidden, torch.Tensor):
             raise TypeError(f"lens_evals: decoder layer called without a {self.hidden_arg!r} tensor")
         residual = bound.get(self.residual_arg) if self.residual_arg else None
-        return hidden, residual if isinstance(residual, torch.Tensor) else None
+        return _rows(hidden), _rows(residual) if isinstance(residual, torch.Tensor) else None
+
+
+def _rows(tensor: torch.Tensor) -> torch.Tensor:
+    """(tokens, hidden) rows: transformers' layers (vLLM's Transformers backend) see the step as
+    one sequence of a batch of 1, (1, tokens, hidden); a view, so writes reach the layer's tensor."""
+    return tensor[0] if tensor.dim() == 3 and tensor.shape[0] == 1 else tensor
 
 
 FUSED = StreamContract("fused")
@@ -113,8 +119,72 @@ def _hf(layer_class: str) -> Architecture:
 # vLLM 0.32's model file (the line it cites: the decoder layer's return and the model's layer
 # loop) and checked against vLLM 0.26; the matrix test proves it. Keep alphabetical.
 VERIFIED: dict[str, Architecture] = {
+    # -- fused: the layer returns (hidden, residual); the model ends with norm(hidden, residual)
+    "AfmoeForCausalLM": _vllm("afmoe.AfmoeDecoderLayer", FUSED),
+    "ExaoneMoeForCausalLM": _vllm("exaone_moe.ExaoneMoeDecoderLayer", FUSED),
+    "HYV3ForCausalLM": _vllm("hy_v3.HYV3DecoderLayer", FUSED, "(the model adds hidden + residual before its norm)"),
+    "Llama4ForCausalLM": _vllm("llama4.Llama4DecoderLayer", FUSED, "(Llama4Model(LlamaModel))"),
+    "MiMoV2FlashForCausalLM": _vllm("mimo_v2.MiMoV2FlashDecoderLayer", FUSED),
+    "ApertusForCausalLM": _vllm("apertus.ApertusDecoderLayer", FUSED),
+    "DeepseekV2ForCausalLM": _vllm("deepseek_v2.DeepseekV2DecoderLayer", FUSED),
+    "DeepseekV3ForCausalLM": _vllm("deepseek_v2.DeepseekV2DecoderLayer", FUSED),
+    "Ernie4_5ForCausalLM": _vllm("llama.LlamaDecoderLayer", FUSED, "(ernie45.py: Ernie4_5ForCausalLM(LlamaForCausalLM))"),
+    "GemmaForCausalLM": _vllm("gemma.GemmaDecoderLayer", FUSED),
+    "Gemma2ForCausalLM": _vllm("gemma2.Gemma2DecoderLayer", FUSED, "(post-norms inside the layer; norm(hidden, residual))"),
+    "Gemma3ForCausalLM": _vllm("gemma3.Gemma3DecoderLayer", FUSED),
+    "Glm4ForCausalLM": _vllm("glm4.Glm4DecoderLayer", FUSED, "(Glm4Model(LlamaModel))"),
+    "Glm4MoeForCausalLM": _vllm("glm4_moe.Glm4MoeDecoderLayer", FUSED),
+    "GptOssForCausalLM": _vllm("gpt_oss.TransformerBlock", FUSED, "(called as layer(x, positions, residual): bound by name)"),
     "LlamaForCausalLM": _vllm("llama.LlamaDecoderLayer", FUSED, "(return hidden_states, residual; norm(hidden, residual))", graph_mode=True),
+    "Ministral3ForCausalLM": _vllm("mistral.MistralDecoderLayer", FUSED, "(MistralModel(LlamaModel))"),
+    "MistralForCausalLM": _vllm("mistral.MistralDecoderLayer", FUSED, "(MistralModel(LlamaModel))"),
     "MixtralForCausalLM": _vllm("mixtral.MixtralDecoderLayer", FUSED),
+    "NemotronForCausalLM": _vllm("nemotron.NemotronDecoderLayer", FUSED),
+    "OlmoeForCausalLM": _vllm("olmoe.OlmoeDecoderLayer", FUSED),
+    "Phi3ForCausalLM": _vllm("llama.LlamaDecoderLayer", FUSED, "(phi3.py: Phi3ForCausalLM(LlamaForCausalLM))"),
+    "Qwen2ForCausalLM": _vllm("qwen2.Qwen2DecoderLayer", FUSED),
+    "Qwen2MoeForCausalLM": _vllm("qwen2_moe.Qwen2MoeDecoderLayer", FUSED),
+    "Qwen3ForCausalLM": _vllm("qwen3.Qwen3DecoderLayer", FUSED, "(Qwen3Model(Qwen2Model))"),
+    "Qwen3MoeForCausalLM": _vllm("qwen3_moe.Qwen3MoeDecoderLayer", FUSED),
+    # -- stream: the layer returns the stream; the model ends with norm(hidden_states)
+    "BloomForCausalLM": _vllm("bloom.BloomBlock", STREAM),
+    "DbrxForCausalLM": _vllm("dbrx.DbrxBlock", STREAM),
+    "FalconForCausalLM": _vllm("falcon.FalconDecoderLayer", STREAM),
+    "GPT2LMHeadModel": _vllm("gpt2.GPT2Block", STREAM, "(hidden_states = layer(hidden_states); ln_f(hidden_states))"),
+    "GPTJForCausalLM": _vllm("gpt_j.GPTJBlock", STREAM),
+    "GraniteForCausalLM": _vllm("granite.GraniteDecoderLayer", STREAM, "(residual_multiplier inside the layer)"),
+    "GraniteMoeForCausalLM": _vllm("granitemoe.GraniteMoeDecoderLayer", STREAM),
+    "GraniteMoeSharedForCausalLM": _vllm("granitemoeshared.GraniteMoeSharedDecoderLayer", STREAM),
+    "GraniteMoeSWAForCausalLM": _vllm("granitemoeshared.GraniteMoeSharedDecoderLayer", STREAM),
+    "GraniteSWAForCausalLM": _vllm("granite.GraniteDecoderLayer", STREAM),
+    "OPTForCausalLM": _vllm("opt.OPTDecoderLayer", STREAM),
+    # -- stream via vLLM's Transformers backend: transformers' own decoder layers
+    "ArceeForCausalLM": _hf("modeling_arcee.ArceeDecoderLayer"),
+    "CwmForCausalLM": _hf("modeling_cwm.CwmDecoderLayer"),
+    "FlexOlmoForCausalLM": _hf("modeling_flex_olmo.FlexOlmoDecoderLayer"),
+    "GlmForCausalLM": _hf("modeling_glm.GlmDecoderLayer"),
+    "GPTBigCodeForCausalLM": _hf("modeling_gpt_bigcode.GPTBigCodeBlock"),
+    "GPTNeoXForCausalLM": _hf("modeling_gpt_neox.GPTNeoXLayer"),
+    "HunYuanDenseV1ForCausalLM": _hf("modeling_hunyuan_v1_dense.HunYuanDenseV1DecoderLayer"),
+    "HunYuanMoEV1ForCausalLM": _hf("modeling_hunyuan_v1_moe.HunYuanMoEV1DecoderLayer"),
+    "Jais2ForCausalLM": _hf("modeling_jais2.Jais2DecoderLayer"),
+    "MellumForCausalLM": _hf("modeling_mellum.MellumDecoderLayer"),
+    "OlmoForCausalLM": _hf("modeling_olmo.OlmoDecoderLayer"),
+    "Olmo2ForCausalLM": _hf("modeling_olmo2.Olmo2DecoderLayer"),
+    "Olmo3ForCausalLM": _hf("modeling_olmo3.Olmo3DecoderLayer"),
+    "PhiForCausalLM": _hf("modeling_phi.PhiDecoderLayer"),
+    "SeedOssForCausalLM": _hf("modeling_seed_oss.SeedOssDecoderLayer"),
+    "SmolLM3ForCausalLM": _hf("modeling_smollm3.SmolLM3DecoderLayer"),
+    "Starcoder2ForCausalLM": _hf("modeling_starcoder2.Starcoder2DecoderLayer"),
+    "VaultGemmaForCausalLM": _hf("modeling_vaultgemma.VaultGemmaDecoderLayer"),
+    # -- stream_first: the layer returns (stream, X) and X is never added (the model ends with
+    #    norm(hidden_states)); several of these take a `residual` argument they ignore
+    "CohereForCausalLM": _vllm("commandr.CohereDecoderLayer", STREAM_FIRST, "(residual argument ignored; its LayerNorm passes the residual through, never adds it)"),
+    "Exaone4ForCausalLM": _vllm("exaone4.Exaone4DecoderLayer", STREAM_FIRST, "(post-LN; returns the stream and the stream before the MLP)"),
+    "Gemma4ForCausalLM": _vllm("gemma4.Gemma4DecoderLayer", STREAM_FIRST, "(return hidden_states, None)"),
+    "HyperCLOVAXForCausalLM": _vllm("hyperclovax.HyperCLOVAXDecoderLayer", STREAM_FIRST, "(muP: the residual argument is reset)"),
+    "MiniCPM3ForCausalLM": _vllm("minicpm3.MiniCPM3DecoderLayer", STREAM_FIRST, "(MiniCPMDecoderLayer's forward)"),
+    "PhiMoEForCausalLM": _vllm("phimoe.PhiMoEDecoderLayer", STREAM_FIRST, "(returns the stream and the stream before the MoE)"),
     "StableLmForCausalLM": _vllm("stablelm.StablelmDecoderLayer", STREAM_FIRST, "(return hidden_states, residual: residual is the stream before the MLP, never added)"),
 }
 
