@@ -19,6 +19,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from lens_evals.engine.compat.architectures import VERIFIED  # noqa: E402
+from tests import arch_zoo  # noqa: E402
+
+# Where the matrix measured vLLM's own forward against HF and found them apart (no lens feature
+# involved): above this log-prob gap nothing about the stream can be verified (tests/test_architectures.py)
+GAP_LIMIT = {"cpu": 2e-3, "cuda": 5e-2}
+NOT_ONE_STREAM = {"Gemma3nForCausalLM": "AltUp: each layer carries several predictions of the stream, not one tensor"}
 
 FEATURES = ("capture", "steering", "steering_positions_norm_match", "hook_replace", "pre_hook", "probe")
 HEADER = """# Model support
@@ -74,10 +80,11 @@ def _load(paths: list[Path]) -> dict[tuple[str, str], dict]:
 def _cell(row: dict | None) -> str:
     if row is None:
         return "not run"
-    if row.get("error"):
-        return f"not run: {row['error']}"
     worst = max(row[name] for name in FEATURES if row[name] == row[name])  # NaN: not run in that mode
-    return f"{worst:.1e}"
+    gap = row["plain_logprob_gap"]
+    if row["dtype"] != "bfloat16" and gap > GAP_LIMIT[row["backend"].split("-")[0]]:
+        return f"vLLM differs from HF here (log-prob gap {gap:.1e}, no lens feature); stream {worst:.1e}"
+    return f"{worst:.1e}" + (" (bf16)" if row["dtype"] == "bfloat16" else "")
 
 
 def render(paths: list[Path]) -> str:
@@ -88,12 +95,32 @@ def render(paths: list[Path]) -> str:
         entry = VERIFIED[arch]
         cpu, gpu = rows.get((arch, "cpu")), rows.get((arch, "cuda"))
         graph = rows.get((arch, "cuda-graph")) or rows.get((arch, "cpu-graph"))
-        graph_cell = _cell(graph) if graph else ("verified" if entry.graph_mode else "refused")
+        graph_cell = ("" if entry.graph_mode else "refused; measured: ") + _cell(graph) if graph else "refused"
         lines.append(f"| {arch} | `{entry.layer_class}` | {entry.contract.kind} | {_cell(cpu)} | {_cell(gpu)} | {graph_cell} |")
-    others = sorted({arch for arch, _ in rows} - set(VERIFIED))
-    if others:
-        lines += ["", "Measured but not in the allow-list: " + ", ".join(others)]
+    lines += ["", "## Refused (lens requests get the refusal message; plain requests are served)", "",
+              "| architecture | why it is not verified |", "|---|---|"]
+    for arch, reason in sorted(_refusals(rows).items()):
+        lines.append(f"| {arch} | {reason} |")
     return "\n".join(lines) + "\n" + GUIDE
+
+
+def _refusals(rows: dict[tuple[str, str], dict]) -> dict[str, str]:
+    """Every architecture of the zoo or of vLLM's registry that is not in the allow-list, and why."""
+    reasons: dict[str, str] = {}
+    for (arch, backend), row in rows.items():
+        limit = GAP_LIMIT.get(backend)
+        if arch not in VERIFIED and limit is not None and row["plain_logprob_gap"] > limit:
+            reasons[arch] = (f"vLLM's own forward differs from HF's on the tiny model ({backend}: prompt log-prob gap "
+                             f"{row['plain_logprob_gap']:.1e}, no lens feature involved)")
+    for arch, why in arch_zoo.VLLM_CPU_FAILS.items():
+        reasons.setdefault(arch, f"vLLM's CPU build cannot run it ({why}); not run on the GPU")
+    reasons.update({arch: why for arch, why in NOT_ONE_STREAM.items() if arch not in VERIFIED})
+    for arch, why in arch_zoo.SKIPPED.items():
+        reasons.setdefault(arch, why)
+    for arch in arch_zoo.ZOO:
+        if arch not in VERIFIED:
+            reasons.setdefault(arch, "not run")
+    return {arch: why for arch, why in reasons.items() if arch not in VERIFIED}
 
 
 if __name__ == "__main__":

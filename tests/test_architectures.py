@@ -75,7 +75,7 @@ def test_every_verified_architecture_matches_hf(arch: str) -> None:
 GRAPH = ["LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "DeepseekV2ForCausalLM", "GptOssForCausalLM"]
 
 
-@pytest.mark.gpu
+@pytest.mark.slow  # torch.compile per architecture (CPU too); on the GPU with CUDA graphs
 @pytest.mark.parametrize("arch", GRAPH)
 def test_graph_mode_matches_hf(arch: str, monkeypatch) -> None:
     """Graph mode is refused on architectures not marked verified for it; this is how they get
@@ -84,7 +84,6 @@ def test_graph_mode_matches_hf(arch: str, monkeypatch) -> None:
     check_architecture(arch, graph=True)
 
 
-@pytest.mark.gpu
 def test_graph_mode_is_refused_where_unverified(tiny_path) -> None:
     unverified = sorted(arch for arch, entry in VERIFIED.items() if not entry.graph_mode and arch in ZOO)
     arch = "GPT2LMHeadModel" if "GPT2LMHeadModel" in unverified else unverified[0]

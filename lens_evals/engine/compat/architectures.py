@@ -99,7 +99,7 @@ class Architecture:
     layer_class: str
     contract: StreamContract
     source: str
-    graph_mode: bool = False  # graph-mode taps verified on the GPU
+    graph_mode: bool = False  # graph-mode taps verified (tests/test_architectures.py GRAPH, on the GPU)
 
 
 def _vllm(layer_class: str, contract: StreamContract, note: str = "", graph_mode: bool = False) -> Architecture:
@@ -131,7 +131,7 @@ VERIFIED: dict[str, Architecture] = {
     "Ernie4_5ForCausalLM": _vllm("llama.LlamaDecoderLayer", FUSED, "(ernie45.py: Ernie4_5ForCausalLM(LlamaForCausalLM))"),
     "GemmaForCausalLM": _vllm("gemma.GemmaDecoderLayer", FUSED),
     "Gemma2ForCausalLM": _vllm("gemma2.Gemma2DecoderLayer", FUSED, "(post-norms inside the layer; norm(hidden, residual))"),
-    "Gemma3ForCausalLM": _vllm("gemma3.Gemma3DecoderLayer", FUSED),
+    "Gemma3ForCausalLM": _vllm("gemma3.Gemma3DecoderLayer", FUSED, graph_mode=True),
     "Glm4ForCausalLM": _vllm("glm4.Glm4DecoderLayer", FUSED, "(Glm4Model(LlamaModel))"),
     "Glm4MoeForCausalLM": _vllm("glm4_moe.Glm4MoeDecoderLayer", FUSED),
     "GptOssForCausalLM": _vllm("gpt_oss.TransformerBlock", FUSED, "(called as layer(x, positions, residual): bound by name)"),
@@ -144,11 +144,10 @@ VERIFIED: dict[str, Architecture] = {
     "Phi3ForCausalLM": _vllm("llama.LlamaDecoderLayer", FUSED, "(phi3.py: Phi3ForCausalLM(LlamaForCausalLM))"),
     "Qwen2ForCausalLM": _vllm("qwen2.Qwen2DecoderLayer", FUSED),
     "Qwen2MoeForCausalLM": _vllm("qwen2_moe.Qwen2MoeDecoderLayer", FUSED),
-    "Qwen3ForCausalLM": _vllm("qwen3.Qwen3DecoderLayer", FUSED, "(Qwen3Model(Qwen2Model))"),
+    "Qwen3ForCausalLM": _vllm("qwen3.Qwen3DecoderLayer", FUSED, "(Qwen3Model(Qwen2Model))", graph_mode=True),
     "Qwen3MoeForCausalLM": _vllm("qwen3_moe.Qwen3MoeDecoderLayer", FUSED),
     # -- stream: the layer returns the stream; the model ends with norm(hidden_states)
     "BloomForCausalLM": _vllm("bloom.BloomBlock", STREAM),
-    "DbrxForCausalLM": _vllm("dbrx.DbrxBlock", STREAM),
     "FalconForCausalLM": _vllm("falcon.FalconDecoderLayer", STREAM),
     "GPT2LMHeadModel": _vllm("gpt2.GPT2Block", STREAM, "(hidden_states = layer(hidden_states); ln_f(hidden_states))"),
     "GPTJForCausalLM": _vllm("gpt_j.GPTJBlock", STREAM),
@@ -184,7 +183,6 @@ VERIFIED: dict[str, Architecture] = {
     "Gemma4ForCausalLM": _vllm("gemma4.Gemma4DecoderLayer", STREAM_FIRST, "(return hidden_states, None)"),
     "HyperCLOVAXForCausalLM": _vllm("hyperclovax.HyperCLOVAXDecoderLayer", STREAM_FIRST, "(muP: the residual argument is reset)"),
     "MiniCPM3ForCausalLM": _vllm("minicpm3.MiniCPM3DecoderLayer", STREAM_FIRST, "(MiniCPMDecoderLayer's forward)"),
-    "PhiMoEForCausalLM": _vllm("phimoe.PhiMoEDecoderLayer", STREAM_FIRST, "(returns the stream and the stream before the MoE)"),
     "StableLmForCausalLM": _vllm("stablelm.StablelmDecoderLayer", STREAM_FIRST, "(return hidden_states, residual: residual is the stream before the MLP, never added)"),
 }
 
