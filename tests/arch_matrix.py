@@ -163,6 +163,28 @@ def engine_options(graph: bool = False) -> dict[str, Any]:
 GPU_DTYPES = {"DeepseekV2ForCausalLM": "bfloat16", "DeepseekV3ForCausalLM": "bfloat16"}
 
 
+def run_matrix_isolated(path: Path, architecture: str, graph: bool = False) -> MatrixResult:
+    """:func:`run_matrix` in a fresh process: vLLM's Transformers backend rewrites transformers'
+    classes in the process that runs it (and an engine leaves vLLM state behind), which would
+    break every later test that loads an HF model in the test process."""
+    import subprocess
+    import sys
+
+    completed = subprocess.run(
+        [sys.executable, "-m", "tests.arch_matrix", "engine", str(path), architecture, "graph" if graph else "eager"],
+        cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+        env=os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")},
+    )
+    lines = [line for line in completed.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if completed.returncode != 0 or not lines:
+        raise AssertionError(f"the matrix run of {architecture} failed (exit {completed.returncode}):\n"
+                             f"{completed.stdout[-3000:]}\n{completed.stderr[-6000:]}")
+    return MatrixResult(**json.loads(lines[-1][len(RESULT_PREFIX):]))
+
+
+RESULT_PREFIX = "LENS_EVALS_MATRIX_RESULT "
+
+
 def run_matrix(path: Path, architecture: str, graph: bool = False) -> MatrixResult:
     """Every lens feature on one engine for the model at ``path``, compared with HF (fp32).
     Graph mode runs what it supports: capture, probes, steering without norm_match (no hooks)."""
@@ -340,7 +362,11 @@ def _record(result: MatrixResult) -> None:
     path.write_text(json.dumps(sorted(rows, key=lambda r: (r["architecture"], r["backend"])), indent=1) + "\n")
 
 
-if __name__ == "__main__":  # the HF side of hf_references, in its own process
+if __name__ == "__main__":  # run_matrix_isolated's engine side, or hf_references' HF side
     import sys
 
-    _reference_main(Path(sys.argv[1]), Path(sys.argv[2]))
+    if sys.argv[1] == "engine":
+        measured = run_matrix(Path(sys.argv[2]), sys.argv[3], graph=sys.argv[4] == "graph")
+        print(RESULT_PREFIX + json.dumps(asdict(measured)), flush=True)
+    else:
+        _reference_main(Path(sys.argv[1]), Path(sys.argv[2]))
