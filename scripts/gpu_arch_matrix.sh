@@ -6,9 +6,11 @@
 # another process on the device allocates or frees meanwhile (seen 2026-12-03 with three).
 # The default selection: the stream contracts in eager mode, graph mode (GRAPH list), Model
 # Runner V2, speculative decoding, unverified architectures, graph-mode refusal; K overrides it.
-# The tiny models are built here (transformers 5.19) and carried: LENS_EVALS_MODEL_DIR=.lens-models
-# (tests/arch_zoo.py build(); the tiny Llama beside them). Results: $OUT/gpu_*.json for
-# scripts/model_support_table.py, logs in $OUT/*.log.
+# The tiny models: copy the prepared tiny Llama (and any zoo models) into a git-ignored folder,
+# carry it in a call of its own (the 64 MiB limit; a chunk is 52 MB), copy it to /tmp/gm there and
+# set LENS_EVALS_MODEL_DIR=/tmp/gm; tests/arch_zoo.py builds what is missing or whose config
+# differs (GPU_OVERRIDES, another transformers version). Results: $OUT/gpu_matrix.json for
+# scripts/model_support_table.py (copy it under docs/model_support/), the log in $OUT/matrix.log.
 set -uo pipefail
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site . || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 LENS_EVALS_MODEL_DIR=${LENS_EVALS_MODEL_DIR:-$PWD/.lens-models}
