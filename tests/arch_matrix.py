@@ -33,6 +33,7 @@ from torch import nn
 from lens_evals import LinearProbe, SteeringVector
 from lens_evals.hooks import Hook
 from tests import tolerance
+from tests.conftest import GPU_MEMORY_FRACTION, on_gpu
 
 LONG_PROMPT = " ".join(f"the probe reads {n} small data." for n in range(8))
 CHUNK = 16
@@ -152,8 +153,8 @@ def engine_options(graph: bool = False) -> dict[str, Any]:
     graphs and torch.compile kept on), else eager."""
     options: dict[str, Any] = {"dtype": "float32", "max_model_len": 512, "seed": 0, "enable_chunked_prefill": True,
                                "max_num_batched_tokens": CHUNK, "enable_prefix_caching": False}
-    if torch.cuda.is_available():
-        options["gpu_memory_utilization"] = 0.2
+    if on_gpu():
+        options["gpu_memory_utilization"] = GPU_MEMORY_FRACTION
     if graph:
         options["additional_config"] = {"lens_evals": {"graph_layers": "all"}}
     return options

@@ -51,7 +51,7 @@ class LensWorkerState:
         graph_layers = configured_layers(runner.vllm_config, self.num_layers)
         self.refusal = self.support.refusal or (graph_refusal(self.support) if graph_layers is not None else None)
         contract = self.support.contract
-        if self.refusal is not None or contract is None:
+        if self.refusal is not None or contract is None:  # contract is None only with a refusal
             logger.warning("lens_evals: %s", self.refusal)
         elif graph_layers is None:
             install_taps(self, self.layer_modules, contract)

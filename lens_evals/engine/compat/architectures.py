@@ -121,21 +121,21 @@ def _hf(layer_class: str) -> Architecture:
 VERIFIED: dict[str, Architecture] = {
     # -- fused: the layer returns (hidden, residual); the model ends with norm(hidden, residual)
     "AfmoeForCausalLM": _vllm("afmoe.AfmoeDecoderLayer", FUSED),
-    "ExaoneMoeForCausalLM": _vllm("exaone_moe.ExaoneMoeDecoderLayer", FUSED),
-    "HYV3ForCausalLM": _vllm("hy_v3.HYV3DecoderLayer", FUSED, "(the model adds hidden + residual before its norm)"),
-    "Llama4ForCausalLM": _vllm("llama4.Llama4DecoderLayer", FUSED, "(Llama4Model(LlamaModel))"),
-    "MiMoV2FlashForCausalLM": _vllm("mimo_v2.MiMoV2FlashDecoderLayer", FUSED),
     "ApertusForCausalLM": _vllm("apertus.ApertusDecoderLayer", FUSED),
     "DeepseekV2ForCausalLM": _vllm("deepseek_v2.DeepseekV2DecoderLayer", FUSED, "(MLA + MoE; verified on the GPU)", graph_mode=True),
     "DeepseekV3ForCausalLM": _vllm("deepseek_v2.DeepseekV2DecoderLayer", FUSED, "(MLA + MoE, the Kimi-K2 family; verified on the GPU)"),
     "Ernie4_5ForCausalLM": _vllm("llama.LlamaDecoderLayer", FUSED, "(ernie45.py: Ernie4_5ForCausalLM(LlamaForCausalLM))"),
-    "GemmaForCausalLM": _vllm("gemma.GemmaDecoderLayer", FUSED),
+    "ExaoneMoeForCausalLM": _vllm("exaone_moe.ExaoneMoeDecoderLayer", FUSED),
     "Gemma2ForCausalLM": _vllm("gemma2.Gemma2DecoderLayer", FUSED, "(post-norms inside the layer; norm(hidden, residual))"),
     "Gemma3ForCausalLM": _vllm("gemma3.Gemma3DecoderLayer", FUSED, graph_mode=True),
+    "GemmaForCausalLM": _vllm("gemma.GemmaDecoderLayer", FUSED),
     "Glm4ForCausalLM": _vllm("glm4.Glm4DecoderLayer", FUSED, "(Glm4Model(LlamaModel))"),
     "Glm4MoeForCausalLM": _vllm("glm4_moe.Glm4MoeDecoderLayer", FUSED),
     "GptOssForCausalLM": _vllm("gpt_oss.TransformerBlock", FUSED, "(called as layer(x, positions, residual): bound by name)"),
+    "HYV3ForCausalLM": _vllm("hy_v3.HYV3DecoderLayer", FUSED, "(the model adds hidden + residual before its norm)"),
+    "Llama4ForCausalLM": _vllm("llama4.Llama4DecoderLayer", FUSED, "(Llama4Model(LlamaModel))"),
     "LlamaForCausalLM": _vllm("llama.LlamaDecoderLayer", FUSED, "(return hidden_states, residual; norm(hidden, residual))", graph_mode=True),
+    "MiMoV2FlashForCausalLM": _vllm("mimo_v2.MiMoV2FlashDecoderLayer", FUSED),
     "Ministral3ForCausalLM": _vllm("mistral.MistralDecoderLayer", FUSED, "(MistralModel(LlamaModel))"),
     "MistralForCausalLM": _vllm("mistral.MistralDecoderLayer", FUSED, "(MistralModel(LlamaModel))"),
     "MixtralForCausalLM": _vllm("mixtral.MixtralDecoderLayer", FUSED),
@@ -168,9 +168,9 @@ VERIFIED: dict[str, Architecture] = {
     "HunYuanMoEV1ForCausalLM": _hf("modeling_hunyuan_v1_moe.HunYuanMoEV1DecoderLayer"),
     "Jais2ForCausalLM": _hf("modeling_jais2.Jais2DecoderLayer"),
     "MellumForCausalLM": _hf("modeling_mellum.MellumDecoderLayer"),
-    "OlmoForCausalLM": _hf("modeling_olmo.OlmoDecoderLayer"),
     "Olmo2ForCausalLM": _hf("modeling_olmo2.Olmo2DecoderLayer"),
     "Olmo3ForCausalLM": _hf("modeling_olmo3.Olmo3DecoderLayer"),
+    "OlmoForCausalLM": _hf("modeling_olmo.OlmoDecoderLayer"),
     "PhiForCausalLM": _hf("modeling_phi.PhiDecoderLayer"),
     "SeedOssForCausalLM": _hf("modeling_seed_oss.SeedOssDecoderLayer"),
     "SmolLM3ForCausalLM": _hf("modeling_smollm3.SmolLM3DecoderLayer"),
@@ -190,7 +190,7 @@ VERIFIED: dict[str, Architecture] = {
 def guessed(layer: nn.Module) -> StreamContract:
     """With LENS_EVALS_TRUST_ARCH=1 only: a contract read from the layer's signature (a
     ``residual`` parameter means vLLM's fused residual), never verified."""
-    names = set(inspect.signature(layer.forward).parameters)
+    names = set(_forward_signature(type(layer)).parameters) - {"self"}
     hidden_arg = "hidden_states" if "hidden_states" in names else next(iter(names), "hidden_states")
     if "residual" in names:
         return StreamContract("fused", hidden_arg=hidden_arg)
@@ -201,8 +201,8 @@ def trust_unverified() -> bool:
     return os.environ.get(TRUST_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-def class_name(layer: nn.Module) -> str:
-    cls = type(layer)
+def class_name(cls: type) -> str:
+    """``module.Class`` with the module's last dotted part: how VERIFIED names layer classes."""
     return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
 
 
@@ -245,7 +245,7 @@ def _layer_classes_of_model_file(model_config: Any) -> str | None:
         return None
     module = sys.modules.get(model_class.__module__)
     names = sorted(
-        f"{model_class.__module__.rsplit('.', 1)[-1]}.{name}" for name, value in vars(module or object).items()
+        class_name(value) for name, value in vars(module or object).items()
         if isinstance(value, type) and issubclass(value, nn.Module) and name.endswith(("DecoderLayer", "Block"))
         and value.__module__ == model_class.__module__
     )
@@ -280,7 +280,7 @@ class LayerSupport:
 
 def layer_support(model_config: Any, layers: dict[int, nn.Module]) -> LayerSupport:
     arch = architecture_of(model_config)
-    found = sorted({class_name(layer) for layer in layers.values()})
+    found = sorted({class_name(type(layer)) for layer in layers.values()})
     layer_class = ", ".join(found) if found else None
     entry = VERIFIED.get(arch)
     if entry is not None and found == [entry.layer_class]:
