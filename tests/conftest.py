@@ -35,14 +35,6 @@ def on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def engine_tolerance() -> float:
-    """Absolute/relative tolerance between two fp32 runs that differ in batch shape or against
-    HF on CPU. CPU: 1e-4 (measured below 1e-5). GPU: vLLM runs fp32 matmuls in TF32, and
-    different batch shapes pick different kernels: measured up to 7.6e-3 on the tiny model
-    (values of order 1), so 2e-2 there. Tokens are always compared exactly."""
-    return 2e-2 if on_gpu() else 1e-4
-
-
 # Prompts for the tiny Llama (its tokenizer knows these words).
 TINY_PROMPTS = [
     "the cat reads a book.",
@@ -59,15 +51,21 @@ TINY_PROMPTS = [
 GPU_MEMORY_FRACTION = 0.2
 
 
+def engine_options(**kwargs: Any) -> dict[str, Any]:
+    """The tests' LLM options: fp32, short context, fixed seed and, on a GPU, a share of the device
+    small enough for several engines (the test process's and a subprocess's) at once."""
+    options: dict[str, Any] = {"dtype": "float32", "max_model_len": 1024, "seed": 0}
+    if on_gpu():
+        options["gpu_memory_utilization"] = GPU_MEMORY_FRACTION
+    options.update(kwargs)
+    return options
+
+
 @contextmanager
 def make_llm(path: Path, **kwargs: Any) -> Iterator[Any]:
     from vllm import LLM
 
-    options = {"dtype": "float32", "max_model_len": 1024, "seed": 0, "enable_prefix_caching": True}
-    if on_gpu():
-        options["gpu_memory_utilization"] = GPU_MEMORY_FRACTION
-    options.update(kwargs)
-    llm = LLM(str(path), **options)
+    llm = LLM(str(path), **engine_options(**{"enable_prefix_caching": True, **kwargs}))
     try:
         yield llm
     finally:
@@ -89,14 +87,11 @@ def capture(output: Any) -> Any:
 
 
 @contextmanager
-def lens_server(path: Path, env: dict[str, str] | None = None) -> Iterator[Any]:
-    """A LensServer for ``path`` served as "test", with the tests' engine options."""
+def lens_server(path: Path, env: dict[str, str] | None = None, server_args: dict[str, Any] | None = None) -> Iterator[Any]:
+    """A LensServer for ``path`` served as "test", with the tests' engine options (plus ``server_args``)."""
     from lens_evals.evals.server_process import LensServer
 
-    args: dict[str, Any] = {"dtype": "float32", "max_model_len": 1024, "seed": 0}
-    if on_gpu():
-        args["gpu_memory_utilization"] = GPU_MEMORY_FRACTION
-    server = LensServer(str(path), served_name="test", server_args=args, env=env).start()
+    server = LensServer(str(path), served_name="test", server_args=engine_options(**(server_args or {})), env=env).start()
     try:
         yield server
     finally:

@@ -14,11 +14,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from tests.conftest import engine_tolerance
+from tests.tolerance import assert_values_close
 
 SCRIPT = Path(__file__).parent / "scripts" / "run_capture.py"
 
-TOL = engine_tolerance()
 
 
 def metadata(path: Path, name: str) -> str:
@@ -69,4 +68,4 @@ def test_multiprocess_engine_matches_in_process(tiny_path, tmp_path, in_process,
         if name.startswith("tokens"):
             assert torch.equal(result[name], tensor), name
         else:
-            torch.testing.assert_close(result[name], tensor, atol=TOL, rtol=TOL)
+            assert_values_close(result[name], tensor, name)

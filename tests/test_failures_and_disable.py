@@ -14,7 +14,7 @@ import pytest
 from lens_evals import SteeringVector
 from lens_evals.engine import taps
 from lens_evals.engine.frontend import LensRequestError
-from tests.conftest import capture, greedy, make_llm
+from tests.conftest import capture, engine_options, greedy, make_llm
 
 PROMPTS = ["the cat reads a book.", "a model finds the truth.", "my friend"]
 VEC = SteeringVector(activations=np.ones((1, 128), dtype=np.float32), layer_indices=[1], scale=2.0)
@@ -46,7 +46,7 @@ DISABLED_SCRIPT = """
 import json, os, sys
 from vllm import LLM, SamplingParams
 if __name__ == "__main__":
-    llm = LLM(sys.argv[1], dtype="float32", max_model_len=1024, seed=0, enforce_eager=True)  # as the plugin would
+    llm = LLM(sys.argv[1], **json.loads(sys.argv[3]))  # the tests' options, eager as the plugin would
     sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, extra_args={"output_residual_stream": [0]})
     outs = llm.generate(json.loads(sys.argv[2]), sp)
     print("RESULT", json.dumps([[list(o.outputs[0].token_ids), hasattr(o, "activations")] for o in outs]))
@@ -56,7 +56,7 @@ if __name__ == "__main__":
 def test_disable_makes_the_plugin_a_no_op_and_plain_tokens_match(llm, tiny_path) -> None:
     env = {**os.environ, "LENS_EVALS_DISABLE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run(
-        [sys.executable, "-c", DISABLED_SCRIPT, str(tiny_path), json.dumps(PROMPTS)],
+        [sys.executable, "-c", DISABLED_SCRIPT, str(tiny_path), json.dumps(PROMPTS), json.dumps(engine_options(enforce_eager=True))],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -14,11 +14,11 @@ import torch
 
 from lens_evals import LinearProbe, SteeringVector
 from lens_evals.engine.graph_taps import parse_layer_spec, resolve_layers
-from tests.conftest import TINY_PROMPTS, capture, engine_tolerance, greedy, make_llm
+from tests.conftest import TINY_PROMPTS, capture, greedy, make_llm
+from tests.tolerance import assert_scores_close, assert_stream_close
 
 HIDDEN = 128
 TAPPED = [1, 2]
-TOL = engine_tolerance()
 LONG_PROMPT = " ".join(f"the probe reads {n} small data." for n in range(10))
 PROMPTS = [LONG_PROMPT, *TINY_PROMPTS[:5]]
 VECTOR = np.random.default_rng(3).normal(size=(1, HIDDEN)).astype(np.float32)
@@ -73,11 +73,12 @@ def test_graph_mode_equals_eager_mode_on_a_mixed_batch(graph_llm, eager_referenc
     assert eager_reference["tokens"][1] != eager_reference["plain_after"][1]  # same prompt, steered and not
     for index, want in eager_reference["captures"].items():
         assert got["captures"][index].shape == want.shape
-        torch.testing.assert_close(got["captures"][index], want, atol=TOL, rtol=TOL)
-    torch.testing.assert_close(got["scores"], eager_reference["scores"], atol=10 * TOL, rtol=TOL)
+        assert_stream_close(got["captures"][index], want, f"graph vs eager, request {index}")
+    weights = torch.from_numpy(PROBE.weights)
+    assert_scores_close(got["scores"], eager_reference["scores"], weights, eager_reference["captures"][3][0], "graph vs eager scores")
     stream = got["captures"][3][0].float()
-    expected = stream @ torch.from_numpy(PROBE.weights) + PROBE.bias  # the probe on the host
-    torch.testing.assert_close(got["scores"], expected, atol=10 * TOL, rtol=TOL)
+    expected = stream @ weights + PROBE.bias  # the probe on the host
+    assert_scores_close(got["scores"], expected, weights, stream, "graph scores vs the host projection")
 
 
 @pytest.mark.parametrize(

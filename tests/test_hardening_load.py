@@ -26,9 +26,9 @@ import torch
 from lens_evals import LinearProbe, SteeringVector
 from lens_evals.client import activations_from_response, lens_xargs
 from lens_evals.evals.server_process import LensServer
-from tests.conftest import engine_tolerance, greedy, lens_server, make_llm
+from tests.conftest import engine_options, greedy, lens_server, make_llm
+from tests.tolerance import assert_scores_close, assert_stream_close
 
-TOL = engine_tolerance()
 N_REQUESTS = 64
 KINDS = ("plain", "capture", "steer", "probe", "steer+capture")
 WORDS = "the cat reads a book while a model finds the truth in small data".split()
@@ -74,8 +74,9 @@ def solo(tiny_path) -> list[Any]:
                 extra["output_residual_stream"] = lens["capture_layers"]
             if "steering" in lens:
                 extra["apply_steering_vectors"] = lens["steering"]
-            if "probes" in lens:
+            if "probes" in lens:  # the probes' layers captured too: the reference rows for the score bound
                 extra["output_probe_scores"] = lens["probes"]
+                extra["output_residual_stream"] = sorted({p.layer for p in lens["probes"]})
             outputs.append(llm.generate([spec["prompt"]], greedy(spec["max_tokens"], **extra), use_tqdm=False)[0])
     return outputs
 
@@ -84,7 +85,7 @@ WITHOUT_PLUGIN = """
 import json, sys
 from vllm import LLM, SamplingParams
 if __name__ == "__main__":
-    llm = LLM(sys.argv[1], dtype="float32", max_model_len=1024, seed=0, enforce_eager=True)
+    llm = LLM(sys.argv[1], **json.loads(sys.argv[2]))
     specs = json.loads(sys.stdin.read())
     outs = [llm.generate([p], SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True), use_tqdm=False)[0] for p, m in specs]
     print("RESULT", json.dumps([list(o.outputs[0].token_ids) for o in outs]))
@@ -97,7 +98,7 @@ def without_plugin(tiny_path) -> dict[int, list[int]]:
     plain = [i for i, spec in enumerate(SPECS) if spec["kind"] == "plain"]
     env = {**os.environ, "LENS_EVALS_DISABLE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run(
-        [sys.executable, "-c", WITHOUT_PLUGIN, str(tiny_path)], input=json.dumps([[SPECS[i]["prompt"], SPECS[i]["max_tokens"]] for i in plain]),
+        [sys.executable, "-c", WITHOUT_PLUGIN, str(tiny_path), json.dumps(engine_options(enforce_eager=True))], input=json.dumps([[SPECS[i]["prompt"], SPECS[i]["max_tokens"]] for i in plain]),
         env=env, capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -139,11 +140,15 @@ def test_64_concurrent_mixed_requests_equal_solo_runs(server, solo, without_plug
             continue
         got = activations_from_response(body)
         if "capture_layers" in spec["lens"]:
-            torch.testing.assert_close(torch.from_numpy(got["residual_stream"]), reference.activations["residual_stream"], atol=TOL, rtol=TOL)
+            assert_stream_close(torch.from_numpy(got["residual_stream"]), reference.activations["residual_stream"], f"request {index}")
         if "probes" in spec["lens"]:
-            assert list(got["probe_scores"]) == [p.name for p in spec["lens"]["probes"]]
-            for name, scores in got["probe_scores"].items():
-                torch.testing.assert_close(torch.from_numpy(scores), reference.activations["probe_scores"][name], atol=TOL, rtol=TOL)
+            probes = spec["lens"]["probes"]
+            assert list(got["probe_scores"]) == [p.name for p in probes]
+            layers = sorted({p.layer for p in probes})
+            for probe in probes:
+                assert_scores_close(torch.from_numpy(got["probe_scores"][probe.name]), reference.activations["probe_scores"][probe.name],
+                                    torch.from_numpy(probe.weights), reference.activations["residual_stream"][layers.index(probe.layer)],
+                                    f"request {index} probe {probe.name}")
     assert not mismatches, "\n".join(mismatches)
     assert worker_memory(server)["held_bytes"] == 0
 

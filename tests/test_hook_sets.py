@@ -10,12 +10,12 @@ from lens_evals.engine.frontend import LensRequestError
 from lens_evals.engine.hook_sets import register_hook_set
 from lens_evals.hook_library import append_rows
 from lens_evals.hooks import Hook
-from tests.conftest import engine_tolerance, greedy, make_llm
+from tests.conftest import greedy, make_llm
 from tests.test_hooks import record_rows
+from tests.tolerance import assert_values_close
 
 PROMPTS = ["the cat reads a book.", "a model finds the truth.", "1 2 3 4 5 6 7 8", "my friend"]
 HOOKS = [Hook("record_norm", [1, 3]), Hook(record_rows, [2])]
-TOL = engine_tolerance()
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_register_run_collect_clear(llm) -> None:
         assert by_id[outs[i].request_id].keys() == expected.keys()
         for key, value in expected.items():
             if isinstance(value, torch.Tensor):
-                torch.testing.assert_close(by_id[outs[i].request_id][key], value, atol=TOL, rtol=TOL)
+                assert_values_close(by_id[outs[i].request_id][key], value, f"request {i} saved {key!r}")
             else:
                 assert by_id[outs[i].request_id][key] == value
     assert hook_set.collect()["results"] == []  # collecting empties the set

@@ -30,13 +30,13 @@ from lens_evals.engine.store import result_tensors
 from lens_evals.evals.server_process import LensServer
 from lens_evals.hooks import Hook
 from lens_evals.models import model_path
-from tests.conftest import capture, engine_tolerance, greedy, make_llm, on_gpu
+from tests.conftest import capture, greedy, make_llm, on_gpu
+from tests.tolerance import assert_scores_close, assert_stream_close, assert_values_close
 
 PROMPTS = ["the cat reads a book.", "our team builds many layers and the river sees the city.", "my friend"]
 CAPTURE = [3, 0, 1, 2]  # out of order on purpose: results come in ascending layer order
 HIDDEN = 128
 MAX_TOKENS = 5
-TOL = engine_tolerance()
 
 
 def vector(seed: int, layers: list[int], **kwargs: Any) -> SteeringVector:
@@ -91,18 +91,20 @@ def assert_same_activations(tokens: list[int], activations: dict[str, Any], want
     capture difference."""
     assert tokens == list(want.outputs[0].token_ids)
     got_stream = torch.as_tensor(activations["residual_stream"])
-    torch.testing.assert_close(got_stream, capture(want), atol=TOL, rtol=TOL)
+    assert_stream_close(got_stream, capture(want), "capture vs one worker")
     want_scores = want.activations.get("probe_scores", {})
     assert set(activations.get("probe_scores", {})) == set(want_scores)
-    for name, scores in want_scores.items():
-        torch.testing.assert_close(torch.as_tensor(activations["probe_scores"][name]), scores, atol=TOL, rtol=TOL)
+    for probe in PROBES:
+        if probe.name in want_scores:
+            assert_scores_close(torch.as_tensor(activations["probe_scores"][probe.name]), want_scores[probe.name],
+                                torch.from_numpy(probe.weights), capture(want)[sorted(CAPTURE).index(probe.layer)], probe.name)
     want_saved = want.activations.get("saved", {})
     assert set(activations.get("saved", {})) == set(want_saved)
     for name, value in want_saved.items():
         if name.startswith("top_ids"):
             assert torch.equal(torch.as_tensor(activations["saved"][name]), value), name
         else:
-            torch.testing.assert_close(torch.as_tensor(activations["saved"][name]), value, atol=TOL, rtol=TOL)
+            assert_values_close(torch.as_tensor(activations["saved"][name]), value, f"saved {name!r}")
     return float((got_stream - capture(want)).abs().max())
 
 
@@ -125,12 +127,12 @@ def _devices() -> int:
     return torch.cuda.device_count() if on_gpu() else len(os.sched_getaffinity(0))
 
 
-# Checked before any engine starts: two workers need two GPUs, or two CPU cores.
-two_workers = pytest.mark.skipif(_devices() < 2, reason=f"two workers need 2 GPUs or CPU cores, found {_devices()}")
-
-
 @pytest.fixture
 def bind_two_workers(monkeypatch) -> None:
+    """Two workers need two GPUs or two CPU cores: a machine with fewer FAILS these tests (CI has
+    2 cores; a skip there would pass CI without running them). Checked before any engine starts."""
+    if _devices() < 2:
+        pytest.fail(f"two workers need 2 GPUs or 2 usable CPU cores, found {_devices()}")
     if not on_gpu():
         monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(2))
 
@@ -194,14 +196,12 @@ def run_parallel(path: Path, reference: list[Any], rank_replies: list, label: st
     return returned_by_rank(replies)
 
 
-@two_workers
 def test_tensor_parallel_2_equals_single_worker(tiny_path, single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(tiny_path, single_worker["lens"], rank_replies, "TP=2", tensor_parallel_size=2)
     assert per_rank == [ALL_FROM_ONE_RANK, NOTHING]  # rank 0 keeps captures and scores, rank 1 nothing
 
 
 @pytest.mark.slow
-@two_workers
 def test_pipeline_parallel_2_equals_single_worker(tiny_path, single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(tiny_path, single_worker["lens"], rank_replies, "PP=2", pipeline_parallel_size=2)
     assert per_rank == [  # each stage its own layers and probes
@@ -211,7 +211,6 @@ def test_pipeline_parallel_2_equals_single_worker(tiny_path, single_worker, bind
 
 
 @pytest.mark.slow
-@two_workers
 def test_data_parallel_2_server_each_engine_returns_its_own_requests(tiny_path, single_worker) -> None:
     """Eight concurrent requests over two engines: each gets its own activations and tokens."""
     bind = {} if on_gpu() else {"VLLM_CPU_OMP_THREADS_BIND": cpu_bind(2), "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -252,14 +251,12 @@ def moe_single_worker(tiny_moe_path) -> list[Any]:
 
 
 @pytest.mark.slow
-@two_workers
 def test_moe_tensor_parallel_2_equals_single_worker(tiny_moe_path, moe_single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(tiny_moe_path, moe_single_worker, rank_replies, "MoE TP=2", tensor_parallel_size=2)
     assert per_rank == [ALL_FROM_ONE_RANK, NOTHING]
 
 
 @pytest.mark.slow
-@two_workers
 @pytest.mark.skipif(not on_gpu(), reason="vLLM 0.32's CPU MoE kernel ignores the expert map and crashes (docs/parallelism.md)")
 def test_moe_expert_parallel_2_equals_single_worker(tiny_moe_path, moe_single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(

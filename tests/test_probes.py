@@ -9,15 +9,13 @@ import pytest
 import torch
 
 from lens_evals import LinearProbe, SteeringVector
-from tests.conftest import capture, engine_tolerance, greedy, make_llm
+from tests.conftest import capture, greedy, make_llm
+from tests.tolerance import assert_scores_close, assert_stream_close
 
 HIDDEN = 128
 LONG_PROMPT = " ".join(f"the probe reads {n} small data." for n in range(10))  # > 2 chunks of 32
 PROMPTS = [LONG_PROMPT, "the cat reads a book.", "a model finds the truth.", "1 2 3 4 5 6 7 8", "my friend", "the truth"]
-TOL = engine_tolerance()
-# float32 dot products of 128 values, scores up to 69 in magnitude: measured max |diff| 1.9e-5
-# against the host projection of the same request's capture (CPU, 2026-12-02)
-SCORE_TOL = 1e-4 if TOL <= 1e-4 else TOL
+ALL_LAYERS = [0, 1, 2, 3]
 
 
 def probe(name: str, layer: int, seed: int, bias: float = 0.0) -> LinearProbe:
@@ -60,19 +58,21 @@ def test_scores_equal_capture_projected_on_the_host(llm, steer: bool) -> None:
     assert len(out.prompt_token_ids) > 2 * 32  # prefill spans several chunks
     got = scores(out)
     assert list(got) == [p.name for p in PROBES]
-    for name, reference in expected_scores(out, layers, PROBES).items():
-        assert got[name].dtype == torch.float32 and got[name].shape == (n_tokens,)
-        torch.testing.assert_close(got[name], reference, atol=SCORE_TOL, rtol=SCORE_TOL)
+    reference = expected_scores(out, layers, PROBES)
+    for p in PROBES:
+        assert got[p.name].dtype == torch.float32 and got[p.name].shape == (n_tokens,)
+        assert_scores_close(got[p.name], reference[p.name], torch.from_numpy(p.weights), capture(out)[layers.index(p.layer)], p.name)
     assert (got["honest"] - got["deceptive"]).abs().max() > 1.0  # different probes, different scores
 
 
 def test_steered_scores_differ_and_probes_alone_match_with_capture(llm) -> None:
     alone = llm.generate([PROMPTS[1]], greedy(6, output_probe_scores=PROBES))[0]
     assert set(alone.activations) == {"probe_scores"}  # only scores leave the worker
-    with_capture = llm.generate([PROMPTS[1]], greedy(6, output_probe_scores=PROBES, output_residual_stream=[1]))[0]
+    with_capture = llm.generate([PROMPTS[1]], greedy(6, output_probe_scores=PROBES, output_residual_stream=ALL_LAYERS))[0]
     steered = llm.generate([PROMPTS[1]], greedy(6, output_probe_scores=PROBES, apply_steering_vectors=[STEER]))[0]
     for p in PROBES:
-        torch.testing.assert_close(scores(alone)[p.name], scores(with_capture)[p.name], atol=TOL, rtol=TOL)
+        assert_scores_close(scores(alone)[p.name], scores(with_capture)[p.name], torch.from_numpy(p.weights),
+                            capture(with_capture)[p.layer], f"{p.name} alone vs with capture")
     assert (scores(steered)["late"] - scores(alone)["late"]).abs().max() > 1.0
 
 
@@ -89,6 +89,12 @@ def mixed_params(i: int):
     return greedy(6, output_probe_scores=[SHARED])
 
 
+def with_all_layers(params):
+    extra = dict(params.extra_args)
+    extra["output_residual_stream"] = ALL_LAYERS
+    return greedy(params.max_tokens, **extra)
+
+
 def test_mixed_batch_equals_each_request_alone(llm) -> None:
     prompts = PROMPTS + PROMPTS[1:5]
     together = llm.generate(prompts, [mixed_params(i) for i in range(len(prompts))])
@@ -100,11 +106,15 @@ def test_mixed_batch_equals_each_request_alone(llm) -> None:
             assert getattr(together[i], "activations", None) in (None, {})
             continue
         if kind in (1, 3):
-            torch.testing.assert_close(capture(together[i]), capture(alone), atol=TOL, rtol=TOL)
+            assert_stream_close(capture(together[i]), capture(alone), f"request {i} in the batch vs alone")
         if kind != 1:
             assert list(scores(together[i])) == list(scores(alone))
-            for name, value in scores(alone).items():
-                torch.testing.assert_close(scores(together[i])[name], value, atol=SCORE_TOL, rtol=SCORE_TOL)
+            # the same request capturing every layer: the reference rows that size the score bound
+            rows = capture(llm.generate([prompt], with_all_layers(mixed_params(i)))[0])
+            for p in {**{p.name: p for p in PROBES}, SHARED.name: SHARED}.values():
+                if p.name in scores(alone):
+                    assert_scores_close(scores(together[i])[p.name], scores(alone)[p.name], torch.from_numpy(p.weights),
+                                        rows[p.layer], f"request {i} {p.name} in the batch vs alone")
         else:
             assert "probe_scores" not in together[i].activations
 

@@ -17,9 +17,9 @@ from inspect_ai.scorer import match
 from lens_evals import SteeringVector
 from lens_evals.evals.server_process import LensServer, free_port
 from lens_evals.evals.solvers import capture_activations, steer
-from tests.conftest import capture, engine_tolerance, greedy, make_llm
+from tests.conftest import capture, greedy, make_llm
+from tests.tolerance import assert_stream_close
 
-TOL = engine_tolerance()
 PROMPT = "the cat reads a book."
 VEC = np.random.default_rng(2).normal(size=(128,)).astype(np.float32)
 
@@ -56,7 +56,7 @@ def test_provider_activations_and_steering_equal_offline(tiny_server, tiny_path)
         offline_plain = llm.chat(messages, greedy(6))[0]
     stream = captured.metadata["activations"]["residual_stream"]
     assert isinstance(stream, torch.Tensor)
-    torch.testing.assert_close(stream, capture(offline_capture), atol=TOL, rtol=TOL)
+    assert_stream_close(stream, capture(offline_capture), "provider capture vs offline")
     assert steered.completion == offline_steered.outputs[0].text
     assert plain.completion == offline_plain.outputs[0].text
     assert steered.completion != plain.completion

@@ -14,7 +14,8 @@ import torch
 from lens_evals import LinearProbe, SteeringVector
 from lens_evals.client import activations_from_response, hook_results_from_response, hook_set_body, lens_xargs
 from lens_evals.hooks import Hook
-from tests.conftest import engine_tolerance, capture, greedy, lens_server, make_llm
+from tests.conftest import capture, greedy, lens_server, make_llm
+from tests.tolerance import assert_scores_close, assert_stream_close, assert_values_close
 
 PROMPT = "the cat reads a book."
 MESSAGES = [{"role": "user", "content": "a model finds the truth."}]
@@ -25,8 +26,6 @@ PROBES = [
 ]
 HOOKS = [Hook("record_norm", [1, 2]), Hook("ablate", [0], args={"indices": [5]})]
 STEER = SteeringVector(activations=np.random.default_rng(2).normal(size=(1, 128)).astype(np.float32), layer_indices=[1], scale=6.0)
-
-TOL = engine_tolerance()
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +41,7 @@ def offline(tiny_path):
         chat = llm.chat(MESSAGES, greedy(6, output_residual_stream=LAYERS))[0]
         steered = llm.generate([PROMPT], greedy(6, apply_steering_vectors=[STEER]))[0]
         plain = llm.generate([PROMPT], greedy(6))[0]
-        probed = llm.generate([PROMPT], greedy(6, output_probe_scores=PROBES, apply_steering_vectors=[STEER]))[0]
+        probed = llm.generate([PROMPT], greedy(6, output_probe_scores=PROBES, apply_steering_vectors=[STEER], output_residual_stream=LAYERS))[0]
         hooked = llm.generate([PROMPT], greedy(6, apply_hooks=HOOKS))[0]
     return {"completion": completion, "chat": chat, "steered": steered, "plain": plain, "probed": probed, "hooked": hooked}
 
@@ -56,7 +55,7 @@ def test_completion_activations_equal_offline(server, offline) -> None:
     resp = complete(server, vllm_xargs=lens_xargs(LAYERS))
     assert resp.status_code == 200, resp.text
     got = activations_from_response(resp.json())["residual_stream"]
-    torch.testing.assert_close(torch.from_numpy(got), capture(offline["completion"]), atol=TOL, rtol=TOL)
+    assert_stream_close(torch.from_numpy(got), capture(offline["completion"]), "completion over HTTP vs offline")
 
 
 def test_chat_activations_equal_offline(server, offline) -> None:
@@ -64,7 +63,7 @@ def test_chat_activations_equal_offline(server, offline) -> None:
     resp = requests.post(f"{server.url}/v1/chat/completions", json=payload, timeout=120)
     assert resp.status_code == 200, resp.text
     got = activations_from_response(resp.json())["residual_stream"]
-    torch.testing.assert_close(torch.from_numpy(got), capture(offline["chat"]), atol=TOL, rtol=TOL)
+    assert_stream_close(torch.from_numpy(got), capture(offline["chat"]), "chat over HTTP vs offline")
 
 
 def test_steering_over_http_matches_offline(server, offline) -> None:
@@ -82,10 +81,13 @@ def test_probe_scores_over_http_equal_offline(server, offline) -> None:
     activations = activations_from_response(resp.json())
     assert set(activations) == {"probe_scores"}  # scores only, no hidden states
     expected = offline["probed"].activations["probe_scores"]
+    stream = capture(offline["probed"])
     assert list(activations["probe_scores"]) == [p.name for p in PROBES]
-    for name, scores in activations["probe_scores"].items():
+    for probe in PROBES:
+        scores = activations["probe_scores"][probe.name]
         assert scores.dtype == np.float32
-        torch.testing.assert_close(torch.from_numpy(scores), expected[name], atol=TOL, rtol=TOL)
+        assert_scores_close(torch.from_numpy(scores), expected[probe.name], torch.from_numpy(probe.weights),
+                            stream[LAYERS.index(probe.layer)], f"{probe.name} over HTTP vs offline")
 
 
 def probe_json(**fields) -> str:
@@ -130,14 +132,14 @@ def test_bad_input_gives_400_while_good_request_completes(server, offline) -> No
     assert resp.status_code == 200, resp.text
     got = activations_from_response(resp.json())["residual_stream"]
     assert got.shape[1] == len(offline["completion"].prompt_token_ids) + 199
-    torch.testing.assert_close(torch.from_numpy(got[:, :10]), capture(offline["completion"])[:, :10], atol=TOL, rtol=TOL)
+    assert_stream_close(torch.from_numpy(got[:, :10]), capture(offline["completion"])[:, :10], "good request beside bad ones")
     assert requests.get(f"{server.url}/health", timeout=5).status_code == 200
 
 
 def assert_saved_close(got: dict, expected: dict) -> None:
     assert got.keys() == expected.keys()
     for key, value in expected.items():
-        torch.testing.assert_close(torch.from_numpy(np.asarray(got[key])), value, atol=TOL, rtol=TOL)
+        assert_values_close(torch.from_numpy(np.asarray(got[key])), value, f"saved {key!r}")
 
 
 def test_hooks_over_http_equal_offline_and_a_failing_hook_fails_alone(server, offline) -> None:

@@ -21,7 +21,7 @@ from lens_evals.client import hook_results_from_response, hook_set_body, lens_xa
 from lens_evals.engine.hook_routes import authorized
 from lens_evals.engine.server import LensResponseMiddleware
 from lens_evals.hooks import Hook
-from tests.conftest import GPU_MEMORY_FRACTION, on_gpu
+from tests.conftest import engine_options
 
 KEYS = ["lens-test-key", "second-key"]
 WRONG = [
@@ -45,9 +45,7 @@ def auth(key: str = KEYS[0]) -> dict[str, str]:
 def server(tiny_path):
     from lens_evals.evals.server_process import LensServer
 
-    args: dict[str, Any] = {"dtype": "float32", "max_model_len": 1024, "seed": 0, "api_key": KEYS}
-    if on_gpu():
-        args["gpu_memory_utilization"] = GPU_MEMORY_FRACTION
+    args = engine_options(api_key=KEYS)
     env = {"LENS_EVALS_MAX_HOOK_SETS": "3", "LENS_EVALS_MAX_HOOK_SET_MIB": str(64 / 2**10)}
     proc = LensServer(str(tiny_path), served_name="test", server_args=args, env=env).start()
     try:

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The default test suite on the lent GPU machine (vLLM 0.26, one H200), in device calls of at most
+# 10 minutes. Set-up, on this machine:
+#   GPU_EXTRA_PKGS="$(cat scripts/gpu_extra_pkgs.txt)" bash ../shared/tools/gpu-wheelhouse
+#   mkdir -p .gpu-src && git archive --format=tar.gz -o .gpu-src/src.tar.gz HEAD
+# then, in ONE message, the device calls back to back (the machine is released after 30 s idle):
+#   the chunk calls .gpu/c00 ... as the wheelhouse's header says, the last one carrying
+#   .gpu/install.sh and .gpu-src too and running `. .gpu/install.sh && bash .gpu-src/../scripts/...`:
+#   `tar xzf .gpu-src/src.tar.gz -C /tmp/src` (the committed code, not the working tree), then
+#   `cd /tmp/src && PART=prepare bash scripts/gpu_suite.sh`, and one call per PART (1, 2, 3, ray).
+# The code runs from /tmp/src (a git archive of one commit), so what ran is named by that commit.
+# One pytest process at a time: vLLM's start-up memory profiling fails when another process on
+# the device allocates or frees meanwhile. Logs and junit XML go to $OUT.
+set -uo pipefail
+export PYTHONPATH=/tmp/site:/tmp/src PYTHONUNBUFFERED=1 LENS_EVALS_MODEL_DIR=/tmp/gm
+export VLLM_USE_V2_MODEL_RUNNER=0 TOKENIZERS_PARALLELISM=false
+out=${OUT:-/tmp}
+cd /tmp/src || exit 1
+run() {  # run NAME pytest-args...: one pytest process, junit XML and the log to $OUT
+  local name=$1; shift
+  timeout "${LIMIT:-560}" python3 -m pytest -p no:cacheprovider -q --timeout 300 -o addopts="" \
+    -m "not slow and not gpu" -ra --durations=15 --junitxml "$out/$name.xml" "$@" > "$out/$name.log" 2>&1
+  echo "$name: exit $?"
+  grep -hE "^(FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|error)" "$out/$name.log" | cut -c1-300 | tail -40
+}
+case ${PART:?PART=prepare|1|2|3|ray} in
+  prepare)
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site . || exit 1
+    python3 -c "import torch, vllm, transformers, inspect_ai, ray; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__, 'inspect', inspect_ai.__version__, 'ray', ray.__version__, 'gpus', torch.cuda.device_count())"
+    python3 -c "from lens_evals.models import model_path; [print(model_path(n)) for n in ('tiny-llama', 'tiny-moe', 'smollm2-135m-instruct')]"
+    ;;
+  1|2|3)
+    P1="tests/test_engine_tiny.py tests/test_positions.py tests/test_capture_hf.py tests/test_hooks.py tests/test_hook_sets.py
+        tests/test_probes.py tests/test_graph_mode.py tests/test_failures_and_disable.py tests/test_store.py tests/test_handoff.py
+        tests/test_wire_spec.py tests/test_engine_modes.py"
+    P2="tests/test_server.py tests/test_server_auth.py tests/test_provider.py tests/test_hardening_inputs.py
+        tests/test_hardening_fuzz.py tests/test_hardening_load.py tests/test_lora_engine.py tests/test_oracle_solver.py"
+    case $PART in
+      1) files=$P1 ;;
+      2) files=$P2 ;;
+      3) files=$(ls tests/test_*.py | grep -vxF -f <(echo $P1 $P2 | tr ' ' '\n')) ;;  # every other test file
+    esac
+    run "part$PART" $files ;;
+  ray) LIMIT=${LIMIT:-560} timeout 560 python3 -m tests.ray_check "$out" > "$out/ray.log" 2>&1; echo "ray: exit $?"; tail -30 "$out/ray.log" ;;
+esac
