@@ -5,9 +5,10 @@
 #   mkdir -p .gpu-src && git archive --format=tar.gz -o .gpu-src/src.tar.gz HEAD
 # then, in ONE message, the device calls back to back (the machine is released after 30 s idle):
 #   the chunk calls .gpu/c00 ... as the wheelhouse's header says, the last one carrying
-#   .gpu/install.sh and .gpu-src too and running `. .gpu/install.sh && bash .gpu-src/../scripts/...`:
-#   `tar xzf .gpu-src/src.tar.gz -C /tmp/src` (the committed code, not the working tree), then
-#   `cd /tmp/src && PART=prepare bash scripts/gpu_suite.sh`, and one call per PART (1, 2, 3, ray).
+#   .gpu/install.sh and .gpu-src too and running
+#   `. .gpu/install.sh && mkdir -p /tmp/src && tar xzf .gpu-src/src.tar.gz -C /tmp/src && PART=prepare bash /tmp/src/scripts/gpu_suite.sh`
+#   (the committed code, not the working tree), then one call per PART (1, 2, 3, ray):
+#   `PART=1 bash /tmp/src/scripts/gpu_suite.sh`.
 # The code runs from /tmp/src (a git archive of one commit), so what ran is named by that commit.
 # One pytest process at a time: vLLM's start-up memory profiling fails when another process on
 # the device allocates or frees meanwhile. Logs and junit XML go to $OUT.
@@ -19,7 +20,7 @@ cd /tmp/src || exit 1
 run() {  # run NAME pytest-args...: one pytest process, junit XML and the log to $OUT
   local name=$1; shift
   timeout "${LIMIT:-560}" python3 -m pytest -p no:cacheprovider -q --timeout 300 -o addopts="" \
-    -m "not slow and not gpu" -ra --durations=15 --junitxml "$out/$name.xml" "$@" > "$out/$name.log" 2>&1
+    -m "${MARK:-not slow and not gpu}" -ra --durations=15 --junitxml "$out/$name.xml" "$@" > "$out/$name.log" 2>&1
   echo "$name: exit $?"
   grep -hE "^(FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|error)" "$out/$name.log" | cut -c1-300 | tail -40
 }
@@ -41,5 +42,5 @@ case ${PART:?PART=prepare|1|2|3|ray} in
       3) files=$(ls tests/test_*.py | grep -vxF -f <(echo $P1 $P2 | tr ' ' '\n')) ;;  # every other test file
     esac
     run "part$PART" $files ;;
-  ray) LIMIT=${LIMIT:-560} timeout 560 python3 -m tests.ray_check "$out" > "$out/ray.log" 2>&1; echo "ray: exit $?"; tail -30 "$out/ray.log" ;;
+  ray) MARK=gpu run ray -s tests/test_ray_executor.py ;;  # vLLM's Ray executor (docs/parallelism.md)
 esac
