@@ -50,6 +50,17 @@ def _roleplaying(args: argparse.Namespace) -> int:
     return run_roleplaying(args.model, limit=args.limit, log_dir=args.log_dir, probe=args.probe, dataset=args.dataset)
 
 
+def _report(args: argparse.Namespace) -> int:
+    from lens_evals.report import ReportError, write_report
+
+    try:
+        print(write_report(args.log, args.out))
+    except ReportError as exc:
+        print(f"lens-evals report: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from lens_evals.bench.main import run_bench
 
@@ -121,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     role.add_argument("--limit", type=int, default=None)
     role.add_argument("--log-dir", default="logs")
     role.set_defaults(func=_roleplaying)
+    report = sub.add_parser("report", help="one self-contained HTML page for an eval log (probe tasks, oracle tasks)")
+    report.add_argument("log", help="an Inspect .eval log of roleplaying_probe, coup_probe or an activation-oracle task")
+    report.add_argument("--out", default=None, help="HTML file to write (default: the log's path with .html)")
+    report.set_defaults(func=_report)
     bench = sub.add_parser("bench", help="speed against pure vLLM, HF + hook, nnsight, TransformerLens")
     from lens_evals.bench.main import add_arguments
 

@@ -8,7 +8,7 @@ from inspect_ai.scorer import SampleScore, Score
 from sklearn.metrics import roc_auc_score
 from transformers import AutoTokenizer
 
-from lens_evals.evals.scorers import auroc, mean_score_deceptive, mean_score_honest, recall_at_threshold
+from lens_evals.evals.scorers import auroc, class_mean, flagged_count, recall_at_threshold
 from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue, scored_char_span, tokenize_dialogue
 from lens_evals.probing.metrics import threshold_at_fpr
@@ -19,7 +19,9 @@ RNG = np.random.default_rng(7)
 
 
 def sample_scores(labels, values, threshold=0.0):
-    return [SampleScore(score=Score(value=float(v), metadata={"label": label, "threshold": threshold}), sample_id=i)
+    return [SampleScore(score=Score(value={"score": float(v), "flagged": bool(v > threshold), "label": None},
+                                    metadata={"label": label, "threshold": threshold, "flagged": bool(v > threshold)}),
+                        sample_id=i)
             for i, (label, v) in enumerate(zip(labels, values))]
 
 
@@ -27,13 +29,15 @@ def test_metrics_equal_sklearn_and_hand_counts() -> None:
     labels = RNG.integers(0, 2, size=200)
     values = RNG.normal(size=200) + labels * 0.8
     scores = sample_scores(labels, values, threshold=0.5)
-    assert auroc()(scores) == pytest.approx(roc_auc_score(labels, values), abs=1e-12)
-    assert recall_at_threshold()(scores) == pytest.approx(((values > 0.5) & (labels == 1)).sum() / (labels == 1).sum())
-    assert mean_score_deceptive()(scores) == pytest.approx(values[labels == 1].mean())
-    assert mean_score_honest()(scores) == pytest.approx(values[labels == 0].mean())
+    assert auroc()(scores) == {"AUROC": pytest.approx(roc_auc_score(labels, values), abs=1e-12)}
+    assert recall_at_threshold()(scores) == {
+        "recall at 1% FPR": pytest.approx(((values > 0.5) & (labels == 1)).sum() / (labels == 1).sum())}
+    assert class_mean(1, "deceptive")(scores) == {"mean score deceptive": pytest.approx(values[labels == 1].mean())}
+    assert class_mean(0, "honest")(scores) == {"mean score honest": pytest.approx(values[labels == 0].mean())}
+    assert flagged_count()(scores) == {"flagged": float((values > 0.5).sum())}
     # Unlabelled (on-policy ambiguous) and NaN samples are left out.
     extra = sample_scores([None, 1], [99.0, float("nan")], threshold=0.5)
-    assert auroc()(scores + extra) == pytest.approx(roc_auc_score(labels, values), abs=1e-12)
+    assert auroc()(scores + extra) == {"AUROC": pytest.approx(roc_auc_score(labels, values), abs=1e-12)}
 
 
 def test_threshold_is_the_99th_percentile() -> None:

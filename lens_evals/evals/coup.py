@@ -19,19 +19,21 @@ from inspect_ai import Task
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.model import ChatMessage, ChatMessageAssistant, ChatMessageSystem, ChatMessageUser
 
+from lens_evals.evals.probe_reading import task_metadata
 from lens_evals.evals.probe_solver import probe_scores
-from lens_evals.evals.scorers import probe_scorer
+from lens_evals.evals.scorers import probe_metrics, probe_scorer
 from lens_evals.probing.datasets import coup_intents, coup_split
 from lens_evals.probing.dialogues import Dialogue
 from lens_evals.probing.probe import load_probe
 
 Split = Literal["held_out", "all"]
+COUP_CLASSES = ("benign", "harmful")
 _KINDS = {"system": ChatMessageSystem, "user": ChatMessageUser, "assistant": ChatMessageAssistant}
 
 
 def _sample(dialogue: Dialogue, sample_id: str) -> Sample:
     messages: list[ChatMessage] = [_KINDS[m["role"]](content=m["content"]) for m in dialogue.messages]
-    return Sample(id=sample_id, input=messages, target="harmful" if dialogue.label == 1 else "benign",
+    return Sample(id=sample_id, input=messages, target=COUP_CLASSES[dialogue.label == 1],
                   metadata={"label": dialogue.label, "group": dialogue.group, "score_from": dialogue.score_from})
 
 
@@ -72,6 +74,7 @@ def coup_task(probe: str | Path, split: Split = "held_out", trajectories: str | 
         name="coup_probe",
         dataset=MemoryDataset(samples, name="coup_probe"),
         solver=probe_scores(loaded, mode="off_policy", tokenizer=tokenizer),
-        scorer=probe_scorer(),
-        metadata={"probe": loaded.card.model_dump(), "dataset": source},
+        scorer=probe_scorer(classes=COUP_CLASSES),
+        metrics=probe_metrics(COUP_CLASSES),
+        metadata=task_metadata(loaded.card, source, COUP_CLASSES),
     )

@@ -1,5 +1,6 @@
 """The README's main job: prepare the default model and its probe if missing, run the
-Roleplaying probe eval through the ``vllm-lens`` provider, print AUROC and recall."""
+Roleplaying probe eval through the ``vllm-lens`` provider, print AUROC and recall, and write the
+HTML report beside the log."""
 
 from __future__ import annotations
 
@@ -29,8 +30,12 @@ def run_roleplaying(model: str = DEFAULT_MODEL, limit: int | None = None, log_di
         return 1
     metrics = {name: m.value for s in log.results.scores for name, m in s.metrics.items()}
     print(f"\nRoleplaying, {log.results.completed_samples} samples, probe {probe_path.name}:")
-    print(f"  AUROC                         {metrics['auroc']:.3f}")
-    print(f"  recall at 1% FPR threshold    {metrics['recall_at_threshold']:.3f}")
-    print(f"  mean score deceptive / honest {metrics['mean_score_deceptive']:.3f} / {metrics['mean_score_honest']:.3f}")
-    print(f"log: {log.location}")
+    print(f"  AUROC                         {metrics['AUROC']:.3f}")
+    print(f"  recall at 1% FPR threshold    {metrics['recall at 1% FPR']:.3f}")
+    print(f"  flagged                       {metrics['flagged']:.0f}")
+    print(f"  mean score deceptive / honest {metrics['mean score deceptive']:.3f} / {metrics['mean score honest']:.3f}")
+    print(f"log:    {log.location}")
+    from lens_evals.report import write_report
+
+    print(f"report: {write_report(log.location)}")
     return 0

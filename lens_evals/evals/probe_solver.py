@@ -7,8 +7,10 @@ On-policy (the conversation ends with a user turn or an assistant prefix): the m
 the stream is captured while it generates, and the probe reads the generated tokens.
 
 By default the engine computes the per-token scores itself (probe-on-worker: only scores leave
-the worker). Per-token scores and the sample's score (their mean) go to ``state.metadata["probe"]``; the
-captured tensor itself is dropped after scoring (logs stay small).
+the worker). The response's tokens with their scores are logged once, as an info event
+(:mod:`lens_evals.evals.probe_reading`); the sample's score (the mean over the scored tokens) and
+what the scorer needs go to ``state.metadata["probe"]``. The captured tensor and the server's
+token ids (checked against the local tokenizer's) are dropped after scoring (logs stay small).
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from inspect_ai.log import transcript
 from inspect_ai.model import ChatMessageAssistant
 from inspect_ai.solver import Generate, Solver, TaskState, solver
 
+from lens_evals.evals.probe_reading import INFO_SOURCE, ProbeReading, decoded_texts, final_message_rows, token_texts
+from lens_evals.evals.provider import TOKEN_IDS_KEY
 from lens_evals.probing.dialogues import Dialogue, render, tokenize_dialogue
 from lens_evals.probing.probe import Probe, load_probe
 from lens_evals.spec import CAPTURE_KEY, PROBE_KEY
@@ -67,45 +72,82 @@ def probe_scores(
     served model (default: the evaluated model's name). ``on_worker``: the engine computes the
     scores and returns only them (probe-on-worker); else the layer is captured and scored here."""
     loaded = probe if isinstance(probe, Probe) else load_probe(probe)
-    capture = {"extra_args": {PROBE_KEY: [loaded.linear_probe()]} if on_worker else {CAPTURE_KEY: [loaded.layer]}}
+    lens = {"extra_args": {PROBE_KEY: [loaded.linear_probe()]} if on_worker else {CAPTURE_KEY: [loaded.layer]},
+            "return_token_ids": True}
 
     async def solve(state: TaskState, generate: Generate) -> TaskState:
         tok = _tokenizer(tokenizer or str(state.model).split("/", 1)[-1])
         messages = _chat(state)
         continuing = bool(messages) and messages[-1]["role"] == "assistant"
-        score_from = int(state.metadata.get("score_from", 0))
         if mode == "off_policy":  # score the given assistant turn
             if not continuing:
                 raise ValueError("off-policy probe scoring needs a conversation that ends with an assistant turn")
-            dialogue = Dialogue(messages=messages, label=None, score_from=score_from)
-            tokenized = tokenize_dialogue(tok, dialogue)
             kept = list(state.messages)
             state = await generate(state, max_tokens=1, temperature=0.0,
-                                   extra_body={**capture, "continue_final_message": True, "add_generation_prompt": False})
-            scores = _all_token_scores(state, loaded, on_worker)
+                                   extra_body={**lens, "continue_final_message": True, "add_generation_prompt": False})
+            scores, token_ids = _all_token_scores(state, loaded, on_worker), _server_token_ids(state)
             state.messages = kept
-            if scores.shape[0] != len(tokenized.token_ids):
-                raise RuntimeError(f"server tokenised {scores.shape[0]} tokens, local tokenizer {len(tokenized.token_ids)}: "
-                                   "pass tokenizer= the served model's directory")
-            positions = tokenized.scored_positions
+            reading = _read_given_turn(tok, messages, int(state.metadata.get("score_from", 0)), scores, token_ids, loaded)
         else:  # on-policy: the model answers; score its generated tokens (all but the last, never run)
-            prompt_ids = tok(render(tok, messages) if continuing else tok.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-            extra = {**capture, "continue_final_message": True, "add_generation_prompt": False} if continuing else capture
+            extra = {**lens, "continue_final_message": True, "add_generation_prompt": False} if continuing else lens
             state = await generate(state, max_tokens=max_tokens, temperature=0.0, extra_body=extra)
-            scores = _all_token_scores(state, loaded, on_worker)
-            positions = np.arange(len(prompt_ids), scores.shape[0])
+            scores, token_ids = _all_token_scores(state, loaded, on_worker), _server_token_ids(state)
+            reading = _read_answer(tok, messages, continuing, scores, token_ids, loaded)
             if continuing and state.output.completion:
                 _merge_continuation(state)
-        token_scores = scores[positions]
-        state.metadata[PROBE_METADATA_KEY] = {
-            "probe": loaded.card.name, "layer": loaded.layer, "threshold": loaded.card.threshold,
-            "score": float(token_scores.mean()) if len(token_scores) else None,
-            "n_tokens": int(len(token_scores)), "token_scores": [round(float(s), 4) for s in token_scores],
-        }
+        transcript().info(reading.event_data(), source=INFO_SOURCE)
+        state.metadata[PROBE_METADATA_KEY] = reading.summary()
         return state
 
     return solve
+
+
+def _server_token_ids(state: TaskState) -> dict[str, list[int]]:
+    token_ids = (state.output.metadata or {}).pop(TOKEN_IDS_KEY, None) if state.output else None
+    if not token_ids:
+        raise RuntimeError("the server returned no token ids (return_token_ids): score with a vllm-lens/<model> model")
+    return token_ids
+
+
+def _same_tokens(local: list[int], served: list[int]) -> None:
+    if local != served:
+        raise RuntimeError(f"the server tokenised the chat into {len(served)} tokens, the local tokenizer into {len(local)} "
+                           "(or into other ids): pass tokenizer= the served model's directory")
+
+
+def _read_given_turn(tok: Any, messages: list[dict[str, str]], score_from: int, scores: np.ndarray,
+                     token_ids: dict[str, list[int]], probe: Probe) -> ProbeReading:
+    """Off-policy: every token of the final turn, scored from ``score_from`` (``Dialogue`` rules)."""
+    tokenized = tokenize_dialogue(tok, Dialogue(messages=messages, label=None, score_from=score_from))
+    _same_tokens(tokenized.token_ids, token_ids["prompt"])
+    if scores.shape[0] != len(tokenized.token_ids):
+        raise RuntimeError(f"{scores.shape[0]} scores for {len(tokenized.token_ids)} tokens")
+    text = render(tok, messages)
+    offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    rows, _ = final_message_rows(text, offsets, messages[-1]["content"])
+    first = rows.index(int(tokenized.scored_positions[0]))
+    content = messages[-1]["content"]
+    return ProbeReading(probe=probe.card.name, layer=probe.layer, threshold=float(probe.card.threshold),
+                        tokens=token_texts(text, offsets, rows), token_scores=[float(s) for s in scores[rows]],
+                        scored=(first, first + len(tokenized.scored_positions)),
+                        answer_from=score_from + len(content[score_from:]) - len(content[score_from:].lstrip()))
+
+
+def _read_answer(tok: Any, messages: list[dict[str, str]], continuing: bool, scores: np.ndarray,
+                 token_ids: dict[str, list[int]], probe: Probe) -> ProbeReading:
+    """On-policy: the generated tokens that the model read (all but the last), after the
+    prefix's tokens when it continued an assistant prefix (shown, not scored)."""
+    text = render(tok, messages) if continuing else tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    encoded = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    prompt_ids = list(encoded["input_ids"])
+    _same_tokens(prompt_ids, token_ids["prompt"])
+    generated = token_ids["completion"][: max(scores.shape[0] - len(prompt_ids), 0)]
+    prefix_rows = final_message_rows(text, encoded["offset_mapping"], messages[-1]["content"])[0] if continuing else []
+    tokens = [*token_texts(text, encoded["offset_mapping"], prefix_rows), *decoded_texts(tok, prompt_ids, generated)]
+    rows = [*prefix_rows, *range(len(prompt_ids), len(prompt_ids) + len(generated))]
+    return ProbeReading(probe=probe.card.name, layer=probe.layer, threshold=float(probe.card.threshold),
+                        tokens=tokens, token_scores=[float(s) for s in scores[rows]],
+                        scored=(len(prefix_rows), len(rows)), answer_from=len(messages[-1]["content"]) if continuing else 0)
 
 
 def _merge_continuation(state: TaskState) -> None:

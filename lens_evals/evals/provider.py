@@ -6,7 +6,11 @@ tensor (a numpy array in a client-only install without torch).
 Lens requests go through ``GenerateConfig(extra_body={"extra_args": {...}})``; they are sent as
 ``vllm_xargs`` (SteeringVector objects as JSON strings). ``"lora_request": {"lora_name": ...}``
 in ``extra_body`` selects a LoRA adapter served by that name. Activations are taken out of the
-HTTP response before Inspect records the model call, so ``.eval`` logs carry no tensors."""
+HTTP response before Inspect records the model call, so ``.eval`` logs carry no tensors; the
+request Inspect records holds each steering vector's / probe's arrays as a digest
+(:mod:`lens_evals.evals.logged_call`). With ``"return_token_ids": True`` in ``extra_body`` the
+server's token ids land in ``ModelOutput.metadata["token_ids"]`` (``prompt``, ``completion``),
+also kept out of the logged response."""
 
 from __future__ import annotations
 
@@ -22,14 +26,20 @@ from inspect_ai.model import GenerateConfig, ModelOutput, modelapi
 from inspect_ai.model._providers.openai_compatible import OpenAICompatibleAPI
 
 from lens_evals import wire
+from lens_evals.evals.logged_call import split_xargs, wire_request
 from lens_evals.evals.lora_args import lora_server_args
 from lens_evals.evals.server_process import LensServer, acquire_server, release_server, stop_shared_servers
 from lens_evals.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
 
 logger = logging.getLogger("lens_evals")
 PROVIDER_NAME = "vllm-lens"
+TOKEN_IDS_KEY = "token_ids"  # ModelOutput.metadata: {"prompt": [...], "completion": [...]} with return_token_ids
 BASE_URL_ENV = "VLLM_LENS_BASE_URL"  # Inspect's SERVICE_BASE_URL convention: reach a running server
 _RAW_ACTIVATIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("lens_raw_activations", default=None)
+# The real (array-carrying) vllm_xargs items of the request being built, keyed by their logged form.
+_WIRE_PAYLOADS: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("lens_wire_payloads", default={})
+# Token ids the server returned (``return_token_ids``), taken out of the logged response.
+_TOKEN_IDS: contextvars.ContextVar[dict[str, list[int]] | None] = contextvars.ContextVar("lens_token_ids", default=None)
 # model args that configure the provider itself, not the server
 _PROVIDER_ARGS = {"base_url", "api_key", "server_timeout"}
 
@@ -119,7 +129,8 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         if extra_args:
             xargs = dict(extra_body.get("vllm_xargs") or {})
             xargs.update(to_vllm_xargs(extra_args))
-            extra_body["vllm_xargs"] = xargs
+            extra_body["vllm_xargs"], payloads = split_xargs(xargs)  # arrays as digests in the log
+            _WIRE_PAYLOADS.set(payloads)
         lora = extra_body.pop("lora_request", None)
         if lora:
             params["model"] = lora["lora_name"]
@@ -130,20 +141,29 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         return params
 
     async def _generate_completion(self, request: dict[str, Any], config: GenerateConfig) -> Any:
-        completion = await super()._generate_completion(request, config)
+        # Inspect has logged ``request`` already; the arrays go out only on the wire.
+        completion = await super()._generate_completion(wire_request(request, _WIRE_PAYLOADS.get()), config)
         extra = getattr(completion, "model_extra", None)
         if extra and "activations" in extra:
             _RAW_ACTIVATIONS.set(extra.pop("activations"))  # not into the logged model call
+        if extra and extra.get("prompt_token_ids") is not None:  # asked for with return_token_ids
+            choices = [getattr(choice, "model_extra", None) or {} for choice in completion.choices]
+            _TOKEN_IDS.set({"prompt": list(extra.pop("prompt_token_ids")),
+                            "completion": list(choices[0].pop("token_ids", None) or []) if choices else []})
         return completion
 
     async def generate(self, input: Any, tools: Any, tool_choice: Any, config: GenerateConfig) -> Any:
         self._ensure_server()
         _RAW_ACTIVATIONS.set(None)
+        _WIRE_PAYLOADS.set({})
+        _TOKEN_IDS.set(None)
         result = await super().generate(input, tools, tool_choice, config)
-        raw = _RAW_ACTIVATIONS.get()
+        raw, token_ids = _RAW_ACTIVATIONS.get(), _TOKEN_IDS.get()
         output = result[0] if isinstance(result, tuple) else result
         if raw is not None and isinstance(output, ModelOutput):
             output.metadata = {**(output.metadata or {}), "activations": decode_activations(raw)}
+        if token_ids is not None and isinstance(output, ModelOutput):
+            output.metadata = {**(output.metadata or {}), TOKEN_IDS_KEY: token_ids}
         return result
 
     async def tokenize(self, text: str | None = None, messages: list[dict[str, str]] | None = None,

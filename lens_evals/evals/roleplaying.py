@@ -17,6 +17,7 @@ from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageUser, Model, get_model
 from inspect_ai.solver import TaskState
 
+from lens_evals.evals.probe_reading import task_metadata
 from lens_evals.evals.probe_solver import probe_scores
 from lens_evals.evals.scorers import probe_scorer
 from lens_evals.probing.datasets import RoleplayingScenario, load_roleplaying
@@ -94,5 +95,5 @@ def roleplaying_task(
         dataset=MemoryDataset(roleplaying_samples(scenarios, mode), name=name),
         solver=probe_scores(loaded, mode=mode, tokenizer=tokenizer, max_tokens=max_tokens, on_worker=on_worker),
         scorer=probe_scorer(label=grader_label(grader) if mode == "on_policy" and grader else None),
-        metadata={"probe": loaded.card.model_dump(), "dataset": str(dataset or "lens_evals roleplaying scenarios")},
+        metadata=task_metadata(loaded.card, str(dataset or "lens_evals roleplaying scenarios")),
     )
