@@ -83,10 +83,7 @@ class Probe:
 
     def folded(self) -> tuple[np.ndarray, float]:
         """(weights, bias) with the scaler folded in: ``scores = h @ weights + bias``."""
-        scaler, logistic = self.pipeline[0], self.pipeline[-1]
-        coef = logistic.coef_[0] / scaler.scale_
-        bias = float(logistic.intercept_[0] - np.dot(coef, scaler.mean_))
-        return coef.astype(np.float32), bias
+        return fold_pipeline(self.pipeline)
 
     def linear_probe(self) -> Any:
         """The probe as the engine's request object (scores computed on the worker)."""
@@ -102,6 +99,14 @@ class Probe:
         joblib.dump(self.pipeline, path)
         path.with_suffix(CARD_SUFFIX).write_text(self.card.model_dump_json(indent=2) + "\n", encoding="utf-8")
         return path
+
+
+def fold_pipeline(pipeline: Pipeline) -> tuple[np.ndarray, float]:
+    """A StandardScaler + LogisticRegression pipeline as one linear map: ``h @ weights + bias``."""
+    scaler, logistic = pipeline[0], pipeline[-1]
+    coef = logistic.coef_[0] / scaler.scale_
+    bias = float(logistic.intercept_[0] - np.dot(coef, scaler.mean_))  # intercept_ is 0 without an intercept
+    return coef.astype(np.float32), bias
 
 
 def load_probe(path: str | Path) -> Probe:

@@ -46,11 +46,12 @@ def selection_for(training_set: str) -> tuple[TokenSelection, int]:
     return ("all", 0) if training_set == "coup" else ("last", 0)
 
 
-def fit_pipeline(features: Sequence[np.ndarray], labels: Sequence[int], C: float = 0.1) -> Pipeline:
+def fit_pipeline(features: Sequence[np.ndarray], labels: Sequence[int], C: float = 0.1,
+                 fit_intercept: bool = True) -> Pipeline:
     """Fit on per-token rows; every token of a dialogue carries the dialogue's label."""
     rows = np.concatenate(features)
     row_labels = np.concatenate([np.full(len(f), label) for f, label in zip(features, labels)])
-    pipeline = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=2000))
+    pipeline = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=2000, fit_intercept=fit_intercept))
     return pipeline.fit(rows, row_labels)
 
 
