@@ -16,6 +16,7 @@ from lens_evals.probing.dialogues import Dialogue
 from lens_evals.probing.extract import extract_features
 from lens_evals.probing.multi import (
     ProbeSet, Readout, evaluate_offline, fit_logistic, fit_probe_set, grouped_folds, load_probe_set, scenario_key,
+    threshold_interval,
 )
 from tests.conftest import make_llm
 
@@ -38,6 +39,17 @@ def test_threshold_is_the_99th_percentile_of_control_scores_hand_computed():
     # a readout's dialogue score is the mean over its tokens, bias added once
     readout = Readout("x", 0, np.array([2.0], np.float32), 1.0)
     assert readout.scores([np.array([[1.0], [3.0]], np.float32)])[0] == pytest.approx(2.0 * 2.0 + 1.0)
+
+
+def test_threshold_interval_brackets_the_threshold_and_narrows_with_more_control_samples():
+    rng = np.random.default_rng(1)
+    assert threshold_interval(np.full(50, 2.5)) == (2.5, 2.5)
+    small, large = rng.normal(size=250), rng.normal(size=4000)
+    low_s, high_s = threshold_interval(small)
+    low_l, high_l = threshold_interval(large)
+    assert low_s <= np.quantile(small, 0.99) <= high_s and low_l <= np.quantile(large, 0.99) <= high_l
+    assert high_l - low_l < (high_s - low_s) / 2
+    assert low_l < 2.326 < high_l  # the normal's 99th percentile
 
 
 def synthetic_roleplaying(n_scenarios: int = 6) -> list[Dialogue]:

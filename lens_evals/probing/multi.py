@@ -161,6 +161,16 @@ def fit_probe_set(model: str, layer: int, pairs: Sequence[np.ndarray], pair_labe
     return ProbeSet(model, layer, readouts, fold_of)
 
 
+def threshold_interval(control_scores: Sequence[float], fpr: float = 0.01, n_boot: int = 2000, seed: int = 0,
+                       level: float = 0.95) -> tuple[float, float]:
+    """Bootstrap interval of the 1 %-FPR threshold: the control set resampled with replacement."""
+    scores = np.asarray(control_scores, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    draws = [threshold_at_fpr(scores[rng.integers(0, len(scores), len(scores))], fpr) for _ in range(n_boot)]
+    low, high = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     probe: str
