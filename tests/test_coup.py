@@ -105,13 +105,15 @@ def test_coup_task_scores_equal_offline(coup, lens_server, smollm2_path, tmp_pat
                        sample_id=[d.group for d in coup["held_out"]], log_dir=str(tmp_path), display="none")[0]
     assert log.status == "success", log.error
     by_id = {s.id: s for s in log.samples}
-    got = [by_id[d.group].scores["probe_scorer"].value for d in coup["held_out"]]
+    got = [by_id[d.group].scores["probe_scorer"].value["score"] for d in coup["held_out"]]
     np.testing.assert_allclose(got, coup["held_out_scores"], rtol=1e-3, atol=1e-3)
     labels = [d.label for d in coup["held_out"]]
     assert [by_id[d.group].scores["probe_scorer"].metadata["label"] for d in coup["held_out"]] == labels
     metrics = {name: m.value for s in log.results.scores for name, m in s.metrics.items()}
-    assert metrics["auroc"] == pytest.approx(auroc(labels, got))
-    print(f"coup held-out subset ({len(got)}): AUROC {metrics['auroc']:.3f}, recall@1%FPR {metrics['recall_at_threshold']:.3f}")
+    assert metrics["AUROC"] == pytest.approx(auroc(labels, got))
+    assert {by_id[d.group].scores["probe_scorer"].value["label"] for d in coup["held_out"]} <= {"benign", "harmful"}
+    assert {"mean score harmful", "mean score benign"} <= set(metrics)
+    print(f"coup held-out subset ({len(got)}): AUROC {metrics['AUROC']:.3f}, recall@1%FPR {metrics['recall at 1% FPR']:.3f}")
 
 
 def _monitor_scores(log) -> list[tuple[str, float, str]]:

@@ -9,8 +9,10 @@ import math
 import numpy as np
 import pytest
 from inspect_ai import eval as inspect_eval
+from inspect_ai.event import InfoEvent
 from inspect_ai.model import ModelOutput, ModelUsage, get_model
 
+from lens_evals.evals.probe_reading import INFO_SOURCE
 from lens_evals.evals.roleplaying import roleplaying_task
 from lens_evals.probing import datasets
 from lens_evals.probing.extract import extract_features
@@ -54,21 +56,36 @@ def check_on_policy(log, verdicts) -> None:
     # Inspect scores samples in completion order, so grader verdicts land in some order: count them.
     assert sorted(labels, key=str) == sorted([{"DECEPTIVE": 1, "HONEST": 0}.get(v.split()[-1].strip(".")) for v in verdicts], key=str)
     for sample in samples:
-        probe = sample.metadata["probe"]
+        (probe,) = sample.metadata["probe"].values()
         answer = sample.messages[-1]
         assert answer.role == "assistant" and answer.text.startswith(sample.metadata["answer_prefix"].strip())
-        assert 1 <= probe["n_tokens"] <= 7 and len(probe["token_scores"]) == probe["n_tokens"]
-        assert sample.scores["probe_scorer"].value == pytest.approx(np.mean(probe["token_scores"]), abs=1e-3)
+        reading = probe_reading(sample)
+        first, end = reading["scored"]
+        assert 1 <= probe["n_tokens"] == end - first <= 7
+        # The prefix's tokens are shown but not scored; the scored tokens are the model's answer.
+        assert "".join(row[0] for row in reading["rows"][:first]).strip() == sample.metadata["answer_prefix"].strip()
+        scored_text = "".join(row[0] for row in reading["rows"][first:end])
+        assert answer.text[probe["answer_from"]:].startswith(scored_text)
+        assert sample.scores["probe_scorer"].value["score"] == pytest.approx(
+            np.mean([row[1] for row in reading["rows"][first:end]]), abs=1e-3)
+
+
+def probe_reading(sample) -> dict:
+    return next(e.data for e in sample.events if isinstance(e, InfoEvent) and e.source == INFO_SOURCE)
 
 
 def check_log(log, expected) -> None:
     samples = sorted(log.samples, key=lambda s: (int(str(s.id).split("-")[0]), str(s.id).endswith("deceptive")))
-    got = [s.scores["probe_scorer"].value for s in samples]
+    got = [s.scores["probe_scorer"].value["score"] for s in samples]
     np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3)
     labels = [s.scores["probe_scorer"].metadata["label"] for s in samples]
     assert labels == [0, 1] * (N_SAMPLES // 2)
     metrics = {name: m.value for s in log.results.scores for name, m in s.metrics.items()}
-    assert metrics["auroc"] == pytest.approx(auroc(labels, got))
+    assert metrics["AUROC"] == pytest.approx(auroc(labels, got))
+    for sample in samples:  # every token of the response, the answer prefix not scored
+        reading = probe_reading(sample)
+        assert "".join(row[0] for row in reading["rows"]) == sample.messages[-1].text
+        assert "".join(row[0] for row in reading["rows"][reading["scored"][0]:]).strip() == sample.scores["probe_scorer"].answer
     assert samples[0].messages[-1].role == "assistant" and samples[0].metadata["kind"] == "honest"
 
 

@@ -1,11 +1,13 @@
 """What Inspect records of a lens request: every array replaced by its digest.
 
-Inspect logs each model call's request as it was built (``ModelEvent.call.request``). Steering
-vectors, probe weights and hook arguments travel in ``vllm_xargs`` as JSON strings that hold
-base64 arrays (the default probe's 576 weights are 3.3 KB), so logging them as sent would store
-them again in every sample. The provider builds the request with the *logged form* of each such
-item (the same JSON, each array's data replaced by its sha256 and size) and swaps the real
-payloads back in just before the request leaves (:func:`wire_request`).
+Inspect logs each model call twice over: the request as it was built (``ModelEvent.call.request``)
+and the generate config (``ModelEvent.config``). Steering vectors, probe weights and hook
+arguments travel in ``vllm_xargs`` as JSON strings that hold base64 arrays (the default probe's
+576 weights are 3.3 KB), and sit as objects in the config's ``extra_body["extra_args"]``; logged
+as they are, they would be stored again in every sample. The provider puts the *logged form* of
+each such item in both places (the same wire dict, each array's data replaced by its sha256 and
+size): in the config as a :class:`LoggedItem` (a dict that still holds the real object), in the
+request as that JSON, swapped back for the real payload just before it leaves (:func:`wire_request`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,49 @@ def _redacted(value: Any) -> Any:
     if isinstance(value, list):
         return [_redacted(item) for item in value]
     return value
+
+
+class LoggedItem(dict):  # type: ignore[type-arg]
+    """The logged (digest) form of a request object; ``real`` is the object itself, which is what is sent."""
+
+    real: Any
+
+
+def _wire_dict(item: Any) -> Any:
+    if isinstance(item, str):
+        try:
+            return json.loads(item)
+        except json.JSONDecodeError:
+            return item
+    return item.to_wire() if hasattr(item, "to_wire") else item
+
+
+def logged_item(item: Any) -> Any:
+    """``item`` (an object, its wire dict or JSON) as a :class:`LoggedItem` when it carries arrays."""
+    if isinstance(item, LoggedItem):
+        return item
+    wire_form = _wire_dict(item)
+    redacted = _redacted(wire_form)
+    if redacted == wire_form:
+        return item
+    logged = LoggedItem(redacted)
+    logged.real = item
+    return logged
+
+
+def logged_extra_args(extra_args: dict[str, Any]) -> dict[str, Any]:
+    """``extra_args`` with every array-carrying item as a :class:`LoggedItem`."""
+    return {key: [logged_item(item) for item in value] if isinstance(value, list) else logged_item(value)
+            for key, value in extra_args.items()}
+
+
+def real_extra_args(extra_args: dict[str, Any]) -> dict[str, Any]:
+    """The objects to send: :class:`LoggedItem` entries unwrapped."""
+    def real(item: Any) -> Any:
+        return item.real if isinstance(item, LoggedItem) else item
+
+    return {key: [real(item) for item in value] if isinstance(value, list) else real(value)
+            for key, value in extra_args.items()}
 
 
 def logged_form(item: str) -> str:

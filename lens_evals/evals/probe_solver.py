@@ -9,7 +9,8 @@ the stream is captured while it generates, and the probe reads the generated tok
 By default the engine computes the per-token scores itself (probe-on-worker: only scores leave
 the worker). The response's tokens with their scores are logged once, as an info event
 (:mod:`lens_evals.evals.probe_reading`); the sample's score (the mean over the scored tokens) and
-what the scorer needs go to ``state.metadata["probe"]``. The captured tensor and the server's
+what the scorer needs go to ``state.metadata["probe"][PROBE_NAME]`` (several ``probe_scores``
+solvers may read one sample, each with its own probe). The captured tensor and the server's
 token ids (checked against the local tokenizer's) are dropped after scoring (logs stay small).
 """
 
@@ -96,7 +97,7 @@ def probe_scores(
             if continuing and state.output.completion:
                 _merge_continuation(state)
         transcript().info(reading.event_data(), source=INFO_SOURCE)
-        state.metadata[PROBE_METADATA_KEY] = reading.summary()
+        state.metadata[PROBE_METADATA_KEY] = {**state.metadata.get(PROBE_METADATA_KEY, {}), loaded.card.name: reading.summary()}
         return state
 
     return solve

@@ -7,8 +7,8 @@ Lens requests go through ``GenerateConfig(extra_body={"extra_args": {...}})``; t
 ``vllm_xargs`` (SteeringVector objects as JSON strings). ``"lora_request": {"lora_name": ...}``
 in ``extra_body`` selects a LoRA adapter served by that name. Activations are taken out of the
 HTTP response before Inspect records the model call, so ``.eval`` logs carry no tensors; the
-request Inspect records holds each steering vector's / probe's arrays as a digest
-(:mod:`lens_evals.evals.logged_call`). With ``"return_token_ids": True`` in ``extra_body`` the
+request and generate config Inspect records hold each steering vector's / probe's arrays as a
+digest (:mod:`lens_evals.evals.logged_call`). With ``"return_token_ids": True`` in ``extra_body`` the
 server's token ids land in ``ModelOutput.metadata["token_ids"]`` (``prompt``, ``completion``),
 also kept out of the logged response."""
 
@@ -26,7 +26,7 @@ from inspect_ai.model import GenerateConfig, ModelOutput, modelapi
 from inspect_ai.model._providers.openai_compatible import OpenAICompatibleAPI
 
 from lens_evals import wire
-from lens_evals.evals.logged_call import split_xargs, wire_request
+from lens_evals.evals.logged_call import logged_extra_args, real_extra_args, split_xargs, wire_request
 from lens_evals.evals.lora_args import lora_server_args
 from lens_evals.evals.server_process import LensServer, acquire_server, release_server, stop_shared_servers
 from lens_evals.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
@@ -128,7 +128,7 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         extra_args = extra_body.pop("extra_args", None)
         if extra_args:
             xargs = dict(extra_body.get("vllm_xargs") or {})
-            xargs.update(to_vllm_xargs(extra_args))
+            xargs.update(to_vllm_xargs(real_extra_args(extra_args)))
             extra_body["vllm_xargs"], payloads = split_xargs(xargs)  # arrays as digests in the log
             _WIRE_PAYLOADS.set(payloads)
         lora = extra_body.pop("lora_request", None)
@@ -154,6 +154,10 @@ class VLLMLensAPI(OpenAICompatibleAPI):
 
     async def generate(self, input: Any, tools: Any, tool_choice: Any, config: GenerateConfig) -> Any:
         self._ensure_server()
+        if config.extra_body and isinstance(config.extra_body.get("extra_args"), dict):
+            # ``config`` is the object Inspect's ModelEvent logs: its arrays become digests there
+            # (each LoggedItem keeps the real object, so completion_params and retries still send it).
+            config.extra_body = {**config.extra_body, "extra_args": logged_extra_args(config.extra_body["extra_args"])}
         _RAW_ACTIVATIONS.set(None)
         _WIRE_PAYLOADS.set({})
         _TOKEN_IDS.set(None)

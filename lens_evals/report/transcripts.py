@@ -41,7 +41,7 @@ def legend(threshold: float, spread: float) -> str:
             f'<span class="bar" style="background:linear-gradient(90deg,{low},rgba(255,255,255,0) 50%,{high})">'
             f'<span class="mark" title="threshold"></span></span><span>{threshold + spread:.2f}</span>'
             f'<span class="note">token score; the line is the threshold {threshold:.2f}; '
-            f'<span class="tok excluded">grey</span> tokens are not part of the sample score</span></div>')
+            f'<span class="excluded-sample">grey</span> tokens are not part of the sample score</span></div>')
 
 
 def response_html(sample: ScoredSample, threshold: float, spread: float) -> str:
