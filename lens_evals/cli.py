@@ -33,6 +33,10 @@ def _probes(args: argparse.Namespace) -> int:
 
         probe = train_probe(args.model, args.layer, args.dataset, C=args.C, out_dir=args.out, name=args.name, limit=args.limit)
         print(probe.card.model_dump_json(indent=2))
+    elif args.probes_command in ("train-set", "science", "plot"):
+        from lens_evals.probing.science_cli import run_probes_command
+
+        return run_probes_command(args)
     else:
         from lens_evals.probing.sweep import sweep_layers
 
@@ -124,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                              help="instructed-pairs, geometry-of-truth, geometry-of-truth:SET[,SET], or coup")
         command.add_argument("--C", type=float, default=0.1, help="inverse L2 strength of the logistic regression")
         command.add_argument("--limit", type=int, default=None, help="use about this many dialogues")
+    from lens_evals.probing.science_cli import add_probe_commands
+
+    add_probe_commands(probes_sub)
     probes.set_defaults(func=_probes)
     role = sub.add_parser("roleplaying", help="main job: Roleplaying probe eval on the default model (prepares what is missing)")
     role.add_argument("--model", default="smollm2-135m-instruct")

@@ -132,6 +132,41 @@ def tiny_probe_set(tmp_path_factory, tiny_path):
     return probes.save(tmp_path_factory.mktemp("probes") / "tiny"), dialogues
 
 
+def test_three_readouts_in_one_request_equal_three_single_readout_requests(tiny_path, tiny_probe_set):
+    """Engine level (offline, tiny-llama): one request carrying the three readouts returns, per
+    readout, the scores of a request carrying it alone, and the dialogue score equals the readout
+    applied on the host to the captured stream."""
+    from vllm import SamplingParams
+
+    from lens_evals.probing.dialogues import tokenize_dialogue
+    from lens_evals.spec import CAPTURE_KEY, PROBE_KEY
+
+    path, dialogues = tiny_probe_set
+    probes = load_probe_set(path)
+    with make_llm(tiny_path, enable_prefix_caching=False) as llm:
+        tokenizer = llm.get_tokenizer()
+        for dialogue in dialogues[:4]:
+            chosen = [probes.readout_for(kind, scenario_key(dialogue)) for kind in ("ip-lr", "ip-dom", "rp-lr")]
+            tokenized = tokenize_dialogue(tokenizer, dialogue)
+            prompt = {"prompt_token_ids": tokenized.token_ids}
+
+            def run(readouts, capture_layers=None):
+                extra = {PROBE_KEY: [r.linear_probe() for r in readouts]}
+                if capture_layers:
+                    extra[CAPTURE_KEY] = capture_layers
+                params = SamplingParams(max_tokens=1, temperature=0.0, extra_args=extra)
+                return llm.generate([prompt], params, use_tqdm=False)[0].activations
+
+            together = run(chosen, capture_layers=[0, 1, 2, 3])
+            for readout in chosen:
+                alone = run([readout])["probe_scores"][readout.name].double().numpy()
+                np.testing.assert_allclose(together["probe_scores"][readout.name].double().numpy(), alone, rtol=1e-6, atol=1e-6)
+                stream = together["residual_stream"][readout.layer].double().numpy()
+                expected = readout.scores([stream[tokenized.scored_positions]])[0]
+                assert alone[tokenized.scored_positions].mean() == pytest.approx(expected, rel=1e-4, abs=1e-4)
+
+
+@pytest.mark.slow
 def test_three_probes_in_one_pass_equal_three_single_probe_runs_and_offline(tiny_path, tiny_probe_set, tmp_path):
     path, dialogues = tiny_probe_set
     probes = load_probe_set(path)

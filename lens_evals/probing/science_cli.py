@@ -1,0 +1,45 @@
+"""``lens-evals probes train-set | science | plot``: the three-probe set and the science run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def add_probe_commands(probes_sub: Any) -> None:
+    train_set = probes_sub.add_parser("train-set", help="train ip-lr, ip-dom and rp-lr at one layer (probes/MODEL__probe-set)")
+    train_set.add_argument("--layer", type=int, default=None, help="default: the model's chosen layer")
+    train_set.add_argument("--roleplaying", default=None, help="Roleplaying YAML for rp-lr's grouped CV (default: ours)")
+    science = probes_sub.add_parser("science", help="every layer, the three probes, AUROC and recall at 1%% FPR (JSON)")
+    science.add_argument("--dtype", default=None, help="engine dtype (default: float32 for embedded models)")
+    science.add_argument("--out", default="docs/results")
+    for command in (train_set, science):
+        command.add_argument("--model", default="smollm2-135m-instruct")
+        command.add_argument("--limit", type=int, default=None, help="about this many Instructed-Pairs dialogues")
+        command.add_argument("--control-limit", type=int, default=None, help="first N control requests (default: all)")
+        command.add_argument("--control-max-tokens", type=int, default=48)
+    plot = probes_sub.add_parser("plot", help="AUROC against layer and model size from science JSON files")
+    plot.add_argument("results", nargs="+", type=Path)
+    plot.add_argument("--out", type=Path, default=Path("docs/results/auroc_by_size_and_layer.png"))
+
+
+def run_probes_command(args: argparse.Namespace) -> int:
+    if args.probes_command == "plot":
+        from lens_evals.probing.science import plot_results
+
+        plot_results(args.results, args.out)
+        print(args.out)
+    elif args.probes_command == "science":
+        from lens_evals.probing.science import run_science
+
+        result = run_science(args.model, args.out, dtype=args.dtype, ip_limit=args.limit, control_limit=args.control_limit,
+                             control_max_tokens=args.control_max_tokens)
+        print(json.dumps({k: result[k] for k in ("model", "dtype", "chosen_layer", "probes", "thresholds", "timings_s")}, indent=2))
+    else:
+        from lens_evals.probing.multi import ensure_probe_set
+
+        print(ensure_probe_set(args.model, layer=args.layer, dataset=args.roleplaying, limit=args.limit,
+                               control_limit=args.control_limit, control_max_tokens=args.control_max_tokens, retrain=True))
+    return 0
