@@ -1,0 +1,57 @@
+"""The science run's pieces that need no engine: the per-layer table picks the layer on
+Instructed-Pairs validation only, the parameter count from a config, and the plot."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from transformers import AutoConfig
+
+from lens_evals.probing.dialogues import Dialogue
+from lens_evals.probing.science import _parameter_shapes, layer_rows, plot_results
+from lens_evals.probing.train import LayerFeatures
+
+
+def features(n: int, informative_layer: int, seed: int) -> LayerFeatures:
+    """Three layers of noise; only ``informative_layer`` shifts deceptive dialogues."""
+    rng = np.random.default_rng(seed)
+    labels = [i % 2 for i in range(n)]
+    dialogues = [Dialogue(messages=[{"role": "assistant", "content": "x"}], label=y, group=f"g{i // 2}")
+                 for i, y in enumerate(labels)]
+    rows = []
+    for y in labels:
+        stream = rng.normal(size=(3, 4, 8)).astype(np.float32)
+        stream[informative_layer] += 1.5 * y
+        rows.append(stream)
+    return LayerFeatures([0, 1, 2], dialogues, rows)
+
+
+def test_layer_rows_find_the_informative_layer_on_validation():
+    pairs, roleplaying = features(80, informative_layer=2, seed=0), features(40, informative_layer=0, seed=1)
+    train, val = np.arange(0, 64), np.arange(64, 80)
+    rows = layer_rows(pairs, roleplaying, train, val)
+    best = max(rows, key=lambda r: r["ip-lr_validation_auroc"])
+    assert best["layer"] == 2 and best["ip-lr_validation_auroc"] > 0.9 and best["ip-dom_validation_auroc"] > 0.9
+    assert all(r[f"{kind}_validation_auroc"] < 0.8 for r in rows[:2] for kind in ("ip-lr", "ip-dom"))
+    assert all(0.0 <= r[f"{kind}_roleplaying_auroc"] <= 1.0 for r in rows for kind in ("ip-lr", "ip-dom"))
+
+
+def test_parameter_count_from_the_config_matches_smollm2(smollm2_path):
+    shapes = _parameter_shapes(SimpleNamespace(hf_config=AutoConfig.from_pretrained(smollm2_path)))
+    total = sum(int(np.prod(s)) for s in shapes)
+    assert total == pytest.approx(134_515_008, abs=1_000)  # SmolLM2-135M (tied embeddings), less its final norm
+
+
+def test_plot_results_writes_a_png(tmp_path):
+    paths = []
+    for name, size in (("a", 1e8), ("b", 5e8)):
+        run = {"model": name, "dtype": "float32", "n_layers": 3, "n_parameters": size, "chosen_layer": 1,
+               "layers": [{"layer": i, "ip-lr_roleplaying_auroc": 0.5 + i / 10, "ip-lr_validation_auroc": 0.9} for i in range(3)],
+               "probes": [{"probe": k, "auroc": 0.6} for k in ("ip-lr", "ip-dom", "rp-lr")]}
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(run))
+    plot_results(paths, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
