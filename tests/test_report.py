@@ -29,9 +29,9 @@ from sklearn.preprocessing import StandardScaler
 from lens_evals import wire
 from lens_evals.cli import main as cli
 from lens_evals.evals.probe_reading import INFO_SOURCE
-from lens_evals.evals.probe_solver import probe_scores
+from lens_evals.evals.multi_probe import roleplaying_probes_task
 from lens_evals.evals.roleplaying import roleplaying_task
-from lens_evals.evals.scorers import probe_scorer
+from lens_evals.probing.multi import ProbeSet, Readout
 from lens_evals.probing.probe import Probe, ProbeCard, load_probe
 
 N_SAMPLES = 4  # two scenarios, honest and deceptive
@@ -108,23 +108,24 @@ def random_probe(directory: Path, seed: int = 0) -> Path:
     return Probe(pipeline=pipeline, card=card).save(directory)
 
 
-def two_probe_task(samples_from: Task, probes: list[Path], tokenizer: str) -> Task:
-    """The Roleplaying samples read by two probes: one solver and one scorer each."""
-    names = [load_probe(p).card.name for p in probes]
-    return Task(name="roleplaying_two_probes", dataset=samples_from.dataset,
-                solver=[probe_scores(p, tokenizer=tokenizer) for p in probes],
-                scorer=[probe_scorer(probe=name) for name in names], metadata=samples_from.metadata)
+def random_probe_set(directory: Path) -> Path:
+    """The three-probe work's probe set with two random readouts (ip-lr, ip-dom) for tiny-llama."""
+    rng = np.random.default_rng(2)
+    readouts = {kind: Readout(kind, 1, rng.normal(size=128).astype(np.float32), 0.0, float(threshold))
+                for kind, threshold in (("ip-lr", 1.0), ("ip-dom", -1.0))}
+    return ProbeSet("tiny-llama", 1, readouts).save(directory / "tiny__probe-set")
 
 
 @pytest.fixture(scope="module")
 def tiny_logs(tiny_path, tmp_path_factory) -> dict[str, Path]:
     """Logs of the Roleplaying task on tiny-llama through a real lens server (one server for
-    both): with one probe, and with two probes (two tabs)."""
+    both): with one probe, and with two probes read in one pass (the multi-probe task: two tabs)."""
     directory = tmp_path_factory.mktemp("report")
-    probe, other = random_probe(directory, seed=0), random_probe(directory, seed=1)
-    task = roleplaying_task(probe, tokenizer=str(tiny_path))
-    logs = inspect_eval([task, two_probe_task(task, [probe, other], str(tiny_path))], model="vllm-lens/tiny-llama",
-                        limit=N_SAMPLES, log_dir=str(directory / "logs"), display="none", max_tasks=1)
+    probe = random_probe(directory)
+    tasks = [roleplaying_task(probe, tokenizer=str(tiny_path)),
+             roleplaying_probes_task(random_probe_set(directory), probes="ip-lr,ip-dom", tokenizer=str(tiny_path))]
+    logs = inspect_eval(tasks, model="vllm-lens/tiny-llama", limit=N_SAMPLES, log_dir=str(directory / "logs"),
+                        display="none", max_tasks=1)
     assert [log.status for log in logs] == ["success", "success"], [log.error for log in logs]
     return {"one": Path(logs[0].location), "two": Path(logs[1].location), "probe": probe}
 
@@ -149,15 +150,19 @@ def check_sample(sample, probe: str, shown: dict, dom: ReportDom) -> None:
     reading = next(e.data for e in sample.events
                    if isinstance(e, InfoEvent) and e.source == INFO_SOURCE and e.data["probe"] == probe)
     score = next(s for s in sample.scores.values() if s.metadata["probe"] == probe)
+    value = score.value["score"] if isinstance(score.value, dict) else score.value  # probe_scorer / multi-probe scorers
+    flagged = score.value["flagged"] if isinstance(score.value, dict) else score.metadata["flagged"]
     assert [t["text"] for t in shown["tokens"]] == [row[0] for row in reading["rows"]]
     assert [float(t["score"]) for t in shown["tokens"]] == [row[1] for row in reading["rows"]]
     first, end = reading["scored"]
     assert [t["excluded"] for t in shown["tokens"]] == [not first <= i < end for i in range(len(reading["rows"]))]
     assert all("background:rgba(" in t["style"] for t in shown["tokens"][first:end])  # coloured by score
     # The scored tokens are the scored response, and their mean is the sample's score.
-    assert "".join(row[0] for row in reading["rows"][first:end]).strip() == score.answer
-    assert np.mean([row[1] for row in reading["rows"][first:end]]) == pytest.approx(score.value["score"], abs=1e-4)
-    assert shown["label"] == sample.metadata["kind"] and shown["flagged"] == str(score.value["flagged"]).lower()
+    scored_text = "".join(row[0] for row in reading["rows"][first:end])
+    assert scored_text.strip() == sample.messages[-1].text[sample.metadata["score_from"]:].strip()
+    assert score.answer in (None, scored_text.strip())
+    assert np.mean([row[1] for row in reading["rows"][first:end]]) == pytest.approx(value, abs=1e-4)
+    assert shown["label"] == sample.metadata["kind"] and shown["flagged"] == str(flagged).lower()
     partner = [t for t in dom.transcripts if t["pair_index"] == shown["pair_index"]]
     assert sorted(t["label"] for t in partner) == ["deceptive", "honest"]  # its pair holds both versions
 
@@ -169,11 +174,11 @@ def test_report_of_a_real_log_renders_in_chromium(tiny_logs, tmp_path) -> None:
     assert dom.sections == ["tiny-random-0"] and dom.tabs == 0
 
 
-def test_two_probes_are_two_tabs(tiny_logs, tmp_path) -> None:
+def test_the_three_probe_tasks_probes_are_tabs(tiny_logs, tmp_path) -> None:
     page = tmp_path / "two.html"
     assert cli(["report", str(tiny_logs["two"]), "--out", str(page)]) == 0
     dom = check_report(tiny_logs["two"], page, N_SAMPLES)
-    assert dom.sections == ["tiny-random-0", "tiny-random-1"] and dom.tabs == 2
+    assert dom.sections == ["ip-lr", "ip-dom"] and dom.tabs == 2
 
 
 def test_the_log_reads_well_and_carries_no_probe_weights(tiny_logs) -> None:

@@ -17,10 +17,12 @@ from typing import Sequence
 import numpy as np
 from inspect_ai import Task
 from inspect_ai.dataset import MemoryDataset
+from inspect_ai.log import transcript
 from inspect_ai.scorer import Metric, SampleScore, Score, Scorer, Target, metric, scorer
 from inspect_ai.solver import Generate, Solver, TaskState, solver
 
-from lens_evals.evals.probe_solver import _chat, _tokenizer
+from lens_evals.evals.probe_reading import INFO_SOURCE
+from lens_evals.evals.probe_solver import _chat, _tokenizer, given_turn_reading
 from lens_evals.evals.roleplaying import roleplaying_samples
 from lens_evals.probing import metrics as detection
 from lens_evals.probing.datasets import load_roleplaying
@@ -79,7 +81,7 @@ def kind_scorer(kind: str) -> Scorer:
             return Score(value=reading["score"], explanation=(
                 f"{kind} ({reading['readout']}, layer {reading['layer']}): score {reading['score']:.3f}, threshold "
                 f"{reading['threshold']:.3f} -> {'flagged' if reading['flagged'] else 'not flagged'}"),
-                metadata={"label": state.metadata.get("label"), "threshold": reading["threshold"],
+                metadata={"probe": kind, "label": state.metadata.get("label"), "threshold": reading["threshold"],
                           "flagged": reading["flagged"], "readout": reading["readout"]})
 
         return score
@@ -114,6 +116,8 @@ def multi_probe_scores(probes: ProbeSet, kinds: Sequence[str], tokenizer: str | 
                 raise RuntimeError(f"server tokenised {all_scores.shape[0]} tokens, local tokenizer "
                                    f"{len(tokenized.token_ids)}: pass tokenizer= the served model's directory")
             score = float(all_scores[tokenized.scored_positions].mean())
+            transcript().info(given_turn_reading(tok, messages, dialogue.score_from, all_scores, kind, readout.layer,
+                                                 readout.threshold).event_data(), source=INFO_SOURCE)  # tokens + scores
             readings[kind] = {"readout": readout.name, "layer": readout.layer, "score": score,
                               "threshold": readout.threshold, "flagged": score > readout.threshold,
                               "n_tokens": int(len(tokenized.scored_positions))}

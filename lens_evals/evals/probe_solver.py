@@ -88,7 +88,8 @@ def probe_scores(
                                    extra_body={**lens, "continue_final_message": True, "add_generation_prompt": False})
             scores, token_ids = _all_token_scores(state, loaded, on_worker), _server_token_ids(state)
             state.messages = kept
-            reading = _read_given_turn(tok, messages, int(state.metadata.get("score_from", 0)), scores, token_ids, loaded)
+            reading = given_turn_reading(tok, messages, int(state.metadata.get("score_from", 0)), scores, loaded.card.name,
+                                         loaded.layer, float(loaded.card.threshold), served_ids=token_ids["prompt"])
         else:  # on-policy: the model answers; score its generated tokens (all but the last, never run)
             extra = {**lens, "continue_final_message": True, "add_generation_prompt": False} if continuing else lens
             state = await generate(state, max_tokens=max_tokens, temperature=0.0, extra_body=extra)
@@ -116,11 +117,14 @@ def _same_tokens(local: list[int], served: list[int]) -> None:
                            "(or into other ids): pass tokenizer= the served model's directory")
 
 
-def _read_given_turn(tok: Any, messages: list[dict[str, str]], score_from: int, scores: np.ndarray,
-                     token_ids: dict[str, list[int]], probe: Probe) -> ProbeReading:
-    """Off-policy: every token of the final turn, scored from ``score_from`` (``Dialogue`` rules)."""
+def given_turn_reading(tok: Any, messages: list[dict[str, str]], score_from: int, scores: np.ndarray, name: str,
+                       layer: int, threshold: float, served_ids: list[int] | None = None) -> ProbeReading:
+    """Off-policy: every token of the final turn with its score (``scores``: one per token of the
+    chat), scored from ``score_from`` (``Dialogue`` rules). ``served_ids``: the server's token ids,
+    checked against the local tokenizer's."""
     tokenized = tokenize_dialogue(tok, Dialogue(messages=messages, label=None, score_from=score_from))
-    _same_tokens(tokenized.token_ids, token_ids["prompt"])
+    if served_ids is not None:
+        _same_tokens(tokenized.token_ids, served_ids)
     if scores.shape[0] != len(tokenized.token_ids):
         raise RuntimeError(f"{scores.shape[0]} scores for {len(tokenized.token_ids)} tokens")
     text = render(tok, messages)
@@ -128,7 +132,7 @@ def _read_given_turn(tok: Any, messages: list[dict[str, str]], score_from: int, 
     rows, _ = final_message_rows(text, offsets, messages[-1]["content"])
     first = rows.index(int(tokenized.scored_positions[0]))
     content = messages[-1]["content"]
-    return ProbeReading(probe=probe.card.name, layer=probe.layer, threshold=float(probe.card.threshold),
+    return ProbeReading(probe=name, layer=layer, threshold=threshold,
                         tokens=token_texts(text, offsets, rows), token_scores=[float(s) for s in scores[rows]],
                         scored=(first, first + len(tokenized.scored_positions)),
                         answer_from=score_from + len(content[score_from:]) - len(content[score_from:].lstrip()))

@@ -63,7 +63,7 @@ def section_metrics(section: ProbeSection) -> list[list[Any]]:
 
 def probe_html(section: ProbeSection, index: int) -> str:
     labels, scores = section.labelled()
-    card = [[title, section.card[key]] for key, title in CARD_FIELDS if key in section.card]
+    card = [[title, section.card[key]] for key, title in CARD_FIELDS if key in section.card] or [["threshold", section.threshold]]
     figures = ""
     if len(set(labels)) == 2:
         control = section.card.get("control_scores") or []

@@ -108,13 +108,21 @@ def _pair_key(sample: EvalSample) -> str | None:
     return sample_id.removesuffix(f"-{kind}") if kind and sample_id.endswith(f"-{kind}") else None
 
 
+def _score_and_flag(score: Any) -> tuple[float, bool]:
+    """(value, flagged) of a probe score: ``probe_scorer``'s dict value, or a number with
+    ``flagged`` in its metadata (the multi-probe task's scorers)."""
+    value = score.value.get("score") if isinstance(score.value, dict) else score.value
+    flagged = score.value.get("flagged") if isinstance(score.value, dict) else (score.metadata or {}).get("flagged")
+    return (float(value) if isinstance(value, (int, float)) else math.nan), bool(flagged)
+
+
 def _probe_samples(log: EvalLog) -> tuple[dict[str, list[ScoredSample]], dict[str, float]]:
     """Samples per probe, and each probe's threshold (from the logged readings)."""
     by_probe: dict[str, list[ScoredSample]] = {}
     thresholds: dict[str, float] = {}
     for sample in log.samples or []:
         readings = [e.data for e in sample.events if isinstance(e, InfoEvent) and e.source == INFO_SOURCE]
-        scores = [s for s in (sample.scores or {}).values() if isinstance(s.value, dict) and "score" in s.value]
+        scores = list((sample.scores or {}).values())
         for data in readings:
             if not isinstance(data, dict) or not {"probe", "rows", "scored"} <= data.keys():
                 raise ReportError(f"sample {sample.id}: a {INFO_SOURCE} event without probe, rows and scored")
@@ -123,23 +131,23 @@ def _probe_samples(log: EvalLog) -> tuple[dict[str, list[ScoredSample]], dict[st
             score = next((s for s in scores if (s.metadata or {}).get("probe", name) == name), None)
             if score is None:
                 continue  # read but not scored (the sample failed before its scorer ran)
-            value = score.value["score"]  # type: ignore[index]
+            value, flagged = _score_and_flag(score)
             by_probe.setdefault(name, []).append(ScoredSample(
                 id=str(sample.id), turns=_turns(sample, drop_last=True),
                 tokens=[str(row[0]) for row in data["rows"]], token_scores=[float(row[1]) for row in data["rows"]],
                 scored=(int(data["scored"][0]), int(data["scored"][1])),
-                score=float(value) if value is not None else math.nan, flagged=bool(score.value["flagged"]),  # type: ignore[index]
+                score=value, flagged=flagged,
                 label=(score.metadata or {}).get("label"), explanation=score.explanation or "", pair=_pair_key(sample)))
     return by_probe, thresholds
 
 
 def _classes(log: EvalLog) -> tuple[str, str]:
-    """(negative, positive) names: from the task's metadata, else from the scores' label column."""
+    """(negative, positive) names: from the task's metadata, else the targets of labelled samples."""
     names = (log.eval.metadata or {}).get("classes")
     if isinstance(names, list) and len(names) == 2:
         return str(names[0]), str(names[1])
-    seen = {(s.metadata or {}).get("label"): s.value.get("label") for sample in log.samples or []
-            for s in (sample.scores or {}).values() if isinstance(s.value, dict)}
+    seen = {(sample.metadata or {}).get("label"): sample.target for sample in log.samples or []
+            if isinstance(sample.target, str) and sample.target}
     return str(seen.get(0) or "label 0"), str(seen.get(1) or "label 1")
 
 
