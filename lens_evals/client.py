@@ -1,29 +1,47 @@
-"""HTTP client helpers for a lens-enabled OpenAI-compatible server. No vllm or torch needed."""
+"""HTTP client side for a lens-enabled OpenAI-compatible server. No vllm needed; torch optional
+(tensors come back as torch where it is installed, else numpy; :func:`activations_from_response`
+always gives numpy).
+
+* :class:`LensClient` (alias ``VLLMLensClient``): what vllm-lens's client does (generate / chat
+  with capture, steering, hooks; persistent hooks), against our server.
+* vllm-lens's helpers under their names: :func:`serialize_tensor`, :func:`deserialize_tensor`,
+  :func:`serialize_activations`, :func:`decode_activations`, :func:`serialize_hook_results`,
+  :func:`deserialize_hook_results`. Both wire encodings decode everywhere (``lens_evals.wire``).
+* Request builders: :func:`lens_xargs`, :func:`hook_set_body`.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
-
 
 from lens_evals import wire
 from lens_evals.hooks import Hook
-from lens_evals.spec import CAPTURE_KEY, HOOK_SET_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
+from lens_evals.spec import (
+    CAPTURE_KEY, ENCODING_KEY, HOOK_SET_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector,
+)
 
 # "residual_stream": array, "probe_scores": {name: array}, "saved": hook results (arrays decoded)
 ActivationsDict = dict[str, Any]
 
 
+# --------------------------------------------------------------------------- request builders
 def lens_xargs(
-    capture_layers: Sequence[int] | None = None,
+    capture_layers: Sequence[int] | bool | None = None,
     steering: Sequence[SteeringVector] | None = None,
     probes: Sequence[LinearProbe] | None = None,
     hooks: Sequence[Hook] | None = None,
     hook_set: str | None = None,
+    encoding: str | None = None,
 ) -> dict[str, Any]:
     """The ``vllm_xargs`` body field for a request (steering vectors, probes and registered
-    hooks as JSON strings, since vLLM's ``vllm_xargs`` only carries strings and numbers)."""
+    hooks as JSON strings, since vLLM's ``vllm_xargs`` only carries strings and numbers).
+    ``capture_layers=True``: every layer. ``encoding``: how the activations come back
+    (``lens_evals.wire.RESPONSE_ENCODINGS``; default ``wire.DEFAULT_RESPONSE_ENCODING``)."""
     xargs: dict[str, Any] = {}
-    if capture_layers:
+    if capture_layers is True:
+        xargs[CAPTURE_KEY] = "true"
+    elif capture_layers:
         xargs[CAPTURE_KEY] = list(capture_layers)
     if steering:
         xargs[STEERING_KEY] = [vec.to_json() for vec in steering]
@@ -33,6 +51,8 @@ def lens_xargs(
         xargs[HOOKS_KEY] = [hook.to_json() for hook in hooks]
     if hook_set:
         xargs[HOOK_SET_KEY] = hook_set
+    if encoding:
+        xargs[ENCODING_KEY] = encoding
     return xargs
 
 
@@ -41,29 +61,197 @@ def hook_set_body(hooks: Sequence[Hook]) -> dict[str, Any]:
     return {"hooks": [hook.to_wire() for hook in hooks]}
 
 
+# --------------------------------------------------------------------------- decoding (numpy)
 def hook_results_from_response(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Decode the ``results`` of ``POST /lens/hook_sets/{id}/collect``."""
     return [{"request_id": r["request_id"], "saved": wire.decode_tree(r["saved"])} for r in body.get("results", [])]
 
 
 def activations_from_response(body: Mapping[str, Any]) -> ActivationsDict | list[ActivationsDict] | None:
-    """Decode ``"activations"`` of a completion / chat response (a list for several prompts):
-    ``"residual_stream"`` -> array (n_layers, n_tokens, hidden), ``"probe_scores"`` -> {name: array (n_tokens,)}."""
+    """Decode ``"activations"`` of a completion / chat response (a list for several prompts) as
+    numpy: ``"residual_stream"`` -> (n_layers, n_tokens, hidden), ``"probe_scores"`` -> {name:
+    (n_tokens,)}, ``"saved"`` -> the hooks' results. bfloat16 comes back widened to float32."""
     raw = body.get("activations")
     if raw is None:
         return None
     if isinstance(raw, list):
-        return [_decode_activations(item) for item in raw]
-    return _decode_activations(raw)
+        return [_decode_activations(item, wire.decode_array, wire.decode_tree) for item in raw]
+    return _decode_activations(raw, wire.decode_array, wire.decode_tree)
 
 
-def _decode_activations(item: Mapping[str, Any]) -> ActivationsDict:
+def _decode_activations(item: Mapping[str, Any], array: Any, tree: Any) -> ActivationsDict:
     out: ActivationsDict = {}
     for name, encoded in item.items():
         if name == "probe_scores":
-            out[name] = {probe: wire.decode_array(scores) for probe, scores in encoded.items()}
+            out[name] = {probe: array(scores) for probe, scores in encoded.items()}
         elif name == "saved":
-            out[name] = wire.decode_tree(encoded)
+            out[name] = tree(encoded)
         else:
-            out[name] = wire.decode_array(encoded)
+            out[name] = array(encoded)
     return out
+
+
+# --------------------------------------------------------------------------- vllm-lens's helpers
+def serialize_tensor(tensor: Any) -> dict[str, Any]:
+    """A tensor / array in vllm-lens's form (native dtype, zstd, base64)."""
+    return wire.encode_vllm_lens(tensor)
+
+
+def deserialize_tensor(payload: Mapping[str, Any]) -> Any:
+    """Either encoding -> a torch tensor in its native dtype (numpy without torch)."""
+    return wire.decode_native(payload)
+
+
+def serialize_activations(tensors: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: serialize_tensor(tensor) for name, tensor in tensors.items()}
+
+
+def decode_activations(response_json: Mapping[str, Any]) -> ActivationsDict | list[ActivationsDict]:
+    """``"activations"`` of a response as tensors in their native dtype ({} when absent; a list
+    for several prompts)."""
+    raw = response_json.get("activations")
+    if raw is None:
+        return {}
+    native = wire.decode_native
+    if isinstance(raw, list):
+        return [_decode_activations(item, native, wire.decode_tree_native) for item in raw]
+    return _decode_activations(raw, native, wire.decode_tree_native)
+
+
+def serialize_hook_results(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``{hook_index: saved}`` for JSON (tensors in vllm-lens's form; never pickled: values that
+    are not JSON, arrays or tensors are refused)."""
+    return {index: wire.encode_tree(dict(saved), f"hook_results.{index}", encoding=wire.VLLM_LENS) for index, saved in results.items()}
+
+
+def deserialize_hook_results(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Inverse of :func:`serialize_hook_results` (either encoding; a cloudpickled value is refused)."""
+    return {index: wire.decode_tree_native(saved) for index, saved in raw.items()}
+
+
+# --------------------------------------------------------------------------- the client
+@dataclass
+class GenerateOutput:
+    text: str
+    activations: ActivationsDict | None = None
+    hook_results: dict[str, dict[str, Any]] | None = None
+    logprobs: Any = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+class LensClient:
+    """An HTTP client with vllm-lens's ``VLLMLensClient`` interface. Persistent hooks: the
+    client registers a hook set and sends its id with its own requests (nobody else's requests
+    run them); ``register_hooks`` appends, ``collect_hook_results`` does not drain."""
+
+    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None,
+                 timeout: float | None = 600.0, encoding: str | None = None) -> None:
+        import httpx
+
+        self.base_url = base_url.rstrip("/")
+        self._model = model
+        self.encoding = encoding
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(timeout=timeout, headers=headers)
+        self._hooks: list[Hook] = []
+        self.hook_set: str | None = None
+        self._carried: dict[str, dict[str, Any]] = {}  # results of replaced sets
+
+    @property
+    def model(self) -> str:
+        if self._model is None:
+            self._model = self._json("GET", "/v1/models")["data"][0]["id"]
+        return self._model
+
+    def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        response = self._http.request(method, f"{self.base_url}{path}", json=body)
+        data = response.json()
+        if response.status_code != 200 or (isinstance(data, dict) and "error" in data):
+            error = data.get("error", data) if isinstance(data, dict) else data
+            raise RuntimeError(f"HTTP {response.status_code}: {error.get('message', error) if isinstance(error, dict) else error}")
+        return data
+
+    def _xargs(self, hooks: Any, capture_layers: Any, steering_vectors: Any, probes: Any) -> dict[str, Any]:
+        return lens_xargs(capture_layers, steering_vectors, probes, hooks, self.hook_set, self.encoding)
+
+    def _post(self, path: str, body: dict[str, Any], xargs: dict[str, Any]) -> GenerateOutput:
+        if xargs:
+            body["vllm_xargs"] = {**body.get("vllm_xargs", {}), **xargs}
+        data = self._json("POST", path, body)
+        choice = data["choices"][0]
+        activations = decode_activations(data) if "activations" in data else None
+        hook_results = deserialize_hook_results(data["hook_results"]) if "hook_results" in data else None
+        return GenerateOutput(
+            text=(choice.get("message") or {}).get("content") or choice.get("text", ""),
+            activations=activations, hook_results=hook_results, logprobs=choice.get("logprobs"),
+            prompt_token_ids=data.get("prompt_token_ids") or choice.get("prompt_token_ids"),
+            token_ids=choice.get("token_ids"), raw=data,
+        )
+
+    def generate(self, prompt: str, *, max_tokens: int = 16, temperature: float = 0.0, hooks: Sequence[Hook] | None = None,
+                 capture_layers: Sequence[int] | bool | None = None, steering_vectors: Sequence[SteeringVector] | None = None,
+                 probes: Sequence[LinearProbe] | None = None, logprobs: int | None = None, echo: bool = False,
+                 **kwargs: Any) -> GenerateOutput:
+        """``/v1/completions`` (token ids come back: ``return_token_ids``)."""
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
+                "return_token_ids": True, **kwargs}
+        if logprobs is not None:
+            body["logprobs"] = logprobs
+        if echo:
+            body["echo"] = True
+        return self._post("/v1/completions", body, self._xargs(hooks, capture_layers, steering_vectors, probes))
+
+    def chat(self, messages: list[dict[str, str]], *, max_tokens: int = 16, temperature: float = 0.0,
+             hooks: Sequence[Hook] | None = None, capture_layers: Sequence[int] | bool | None = None,
+             steering_vectors: Sequence[SteeringVector] | None = None, probes: Sequence[LinearProbe] | None = None,
+             **kwargs: Any) -> GenerateOutput:
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
+                "return_token_ids": True, **kwargs}
+        return self._post("/v1/chat/completions", body, self._xargs(hooks, capture_layers, steering_vectors, probes))
+
+    # persistent hooks
+    def register_hooks(self, hooks: Sequence[Hook], prefetch_params: Sequence[str] | None = None) -> str:
+        """Add hooks to this client's hook set (a new set holding all of them replaces the old
+        one; the old one's results are kept for :meth:`collect_hook_results`). Returns its id."""
+        combined = [*self._hooks, *hooks]
+        made = self._json("POST", "/v1/hooks/register", {"hooks": [hook.to_wire() for hook in combined]})
+        if self.hook_set is not None:
+            self._carried.update(self._collect(self.hook_set))
+            self._json("POST", "/v1/hooks/clear", {"id": self.hook_set})
+        self._hooks, self.hook_set = combined, made["id"]
+        if prefetch_params:
+            self.prefetch_params(list(prefetch_params))
+        return made["id"]
+
+    def _collect(self, set_id: str) -> dict[str, dict[str, Any]]:
+        raw = self._json("POST", "/v1/hooks/collect", {"id": set_id})["results"]
+        return {request_id: deserialize_hook_results(per_hook) for request_id, per_hook in raw.items()}
+
+    def collect_hook_results(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """``{request_id: {hook_index: saved}}`` since the last clear (not drained)."""
+        return {**self._carried, **(self._collect(self.hook_set) if self.hook_set else {})}
+
+    def clear_hook_results(self) -> None:
+        self._carried.clear()
+        if self.hook_set is not None:
+            self._json("POST", "/v1/hooks/clear_results", {"id": self.hook_set})
+
+    def clear_hooks(self) -> None:
+        if self.hook_set is not None:
+            self._json("POST", "/v1/hooks/clear", {"id": self.hook_set})
+        self._hooks, self.hook_set = [], None
+        self._carried.clear()
+
+    def prefetch_params(self, names: list[str]) -> None:
+        self._json("POST", "/v1/hooks/prefetch", {"params": names})
+
+    def clear_prefetched(self) -> None:
+        self._json("POST", "/v1/hooks/clear_prefetched", {})
+
+    def close(self) -> None:
+        self._http.close()
+
+
+VLLMLensClient = LensClient  # vllm-lens's name, for code that changes only its import line

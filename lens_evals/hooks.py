@@ -43,6 +43,13 @@ BUILTIN_HOOKS = {
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 _MODULE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
 _WIRE_FIELDS = {"name", "layer_indices", "pre", "module", "args"}
+CODE_REFUSED = (
+    "this server never runs code sent over the network, so a hook given as a (cloudpickled) "
+    "function 'fn' is refused. Register the function by name on the server instead: start it with "
+    "LENS_EVALS_HOOKS=\"my_hook=my_package.my_module:my_function\" (or the 'lens_evals.hooks' entry "
+    "point group), then send {\"name\": \"my_hook\", \"layer_indices\": [...], \"args\": {...}} "
+    "(lens_evals.Hook(\"my_hook\", [...])). Built-in hooks: "
+)
 MAX_HOOK_LAYERS = 4096
 
 
@@ -130,6 +137,10 @@ class Hook:
         """A Hook object, or the JSON form (dict or string) of a registered hook."""
         if isinstance(payload, Hook):
             return payload
+        if isinstance(payload, str):
+            payload = wire.json_object(payload, "hook", _WIRE_FIELDS | {"fn"})
+        if isinstance(payload, Mapping) and "fn" in payload:
+            raise ValueError(CODE_REFUSED + ", ".join(sorted(BUILTIN_HOOKS)) + " (see docs/vllm_lens.md)")
         payload = wire.json_object(payload, "hook", _WIRE_FIELDS)
         if not isinstance(payload.get("name"), str):
             raise ValueError("a hook in JSON form needs 'name': the name of a registered hook")

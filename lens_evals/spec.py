@@ -3,11 +3,14 @@
 A request asks for features through ``SamplingParams.extra_args`` (offline) or
 ``vllm_xargs`` (HTTP)::
 
-    {"output_residual_stream": [3, 7],
+    {"output_residual_stream": [3, 7] (or True: every layer; or a JSON string of either),
      "apply_steering_vectors": [SteeringVector(...) or its wire dict],
      "output_probe_scores": [LinearProbe(...) or its wire dict],
      "apply_hooks": [Hook(...) or a registered hook's wire dict],
-     "use_hook_set": "<id of a registered persistent hook set>"}
+     "use_hook_set": "<id of a registered persistent hook set>",
+     "activations_encoding": "safetensors" | "safetensors-zstd" | "vllm-lens"}
+
+A list of objects may also come as ONE JSON string of the list (vllm-lens's wire form).
 
 :func:`parse_lens_args` turns those values into a validated :class:`LensRequest`;
 :meth:`LensRequest.check_model` adds the checks that need the model's shape.
@@ -21,7 +24,7 @@ import math
 from typing import Annotated, Any, ClassVar, Mapping, Self, Sequence
 
 import numpy as np
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
 from lens_evals import wire
 from lens_evals.hooks import Hook
@@ -31,7 +34,8 @@ STEERING_KEY = "apply_steering_vectors"
 PROBE_KEY = "output_probe_scores"
 HOOKS_KEY = "apply_hooks"
 HOOK_SET_KEY = "use_hook_set"
-LENS_KEYS = (CAPTURE_KEY, STEERING_KEY, PROBE_KEY, HOOKS_KEY, HOOK_SET_KEY)
+ENCODING_KEY = "activations_encoding"
+LENS_KEYS = (CAPTURE_KEY, STEERING_KEY, PROBE_KEY, HOOKS_KEY, HOOK_SET_KEY, ENCODING_KEY)
 # Key the frontend adds so worker results can be fetched; never set by users.
 INTERNAL_KEY = "_lens_evals"
 MAX_LAYERS_PER_REQUEST = 4096
@@ -47,6 +51,16 @@ def _as_float32(value: Any) -> np.ndarray:
         return np.asarray(value, dtype=np.float32)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"activations must be a numeric array: {exc}") from None
+
+
+def _as_tensor(array: np.ndarray) -> Any:
+    """A torch tensor sharing ``array``'s memory where torch is installed (vllm-lens's users call
+    tensor methods on ``activations``), else the array itself."""
+    try:
+        import torch
+    except ImportError:
+        return array
+    return torch.from_numpy(array)
 
 
 def _finite(value: float) -> float:
@@ -87,12 +101,14 @@ class SteeringVector(_WireModel):
     ``activations`` is ``(n_layers, hidden)`` (every position) or
     ``(n_layers, n_positions, hidden)`` with one row per entry of
     ``position_indices``, which are absolute token positions in the sequence
-    (prompt and generated tokens counted from 0).
+    (prompt and generated tokens counted from 0; None with 3-D activations: 0..n_positions-1).
+    ``activations`` is held as float32: a torch tensor where torch is installed, else numpy
+    (``array`` is always numpy). ``model_dump(mode="json")`` encodes it (see ``lens_evals.wire``).
     """
 
     wire_name: ClassVar[str] = "steering vector"
 
-    activations: np.ndarray
+    activations: Any
     layer_indices: list[int]
     scale: FiniteFloat = 1.0
     norm_match: bool = False
@@ -100,8 +116,17 @@ class SteeringVector(_WireModel):
 
     @field_validator("activations", mode="before")
     @classmethod
-    def _to_array(cls, value: Any) -> np.ndarray:
-        return _as_float32(value)
+    def _to_array(cls, value: Any) -> Any:
+        return _as_tensor(_as_float32(value))
+
+    @field_serializer("activations")
+    def _encode_activations(self, value: Any) -> dict[str, Any]:
+        return wire.encode_array(self.array)
+
+    @property
+    def array(self) -> np.ndarray:
+        """``activations`` as a float32 numpy array (shares memory)."""
+        return np.asarray(self.activations)
 
     @field_validator("layer_indices", "position_indices")
     @classmethod
@@ -120,7 +145,7 @@ class SteeringVector(_WireModel):
 
     @model_validator(mode="after")
     def _shapes(self) -> "SteeringVector":
-        acts = self.activations
+        acts = self.array
         if acts.ndim not in (2, 3):
             raise ValueError(
                 f"activations must be (n_layers, hidden) or (n_layers, n_positions, hidden), got shape {acts.shape}"
@@ -130,8 +155,8 @@ class SteeringVector(_WireModel):
                 f"activations has {acts.shape[0]} layer rows but layer_indices has {len(self.layer_indices)}"
             )
         if acts.ndim == 3:
-            if self.position_indices is None:
-                raise ValueError("3-D activations need position_indices")
+            if self.position_indices is None:  # vllm-lens's rule: positions 0..n-1
+                self.__dict__["position_indices"] = list(range(acts.shape[1]))
             if acts.shape[1] != len(self.position_indices):
                 raise ValueError(
                     f"activations has {acts.shape[1]} position rows but position_indices has {len(self.position_indices)}"
@@ -144,16 +169,16 @@ class SteeringVector(_WireModel):
 
     @property
     def hidden_size(self) -> int:
-        return int(self.activations.shape[-1])
+        return int(self.array.shape[-1])
 
     def per_position(self) -> np.ndarray:
         """Vectors as (n_layers, n_positions or 1, hidden)."""
-        acts = self.activations
+        acts = self.array
         return acts[:, None, :] if acts.ndim == 2 else acts
 
     def to_wire(self) -> dict[str, Any]:
         return {
-            "activations": wire.encode_array(self.activations),
+            "activations": wire.encode_array(self.array),
             "layer_indices": self.layer_indices,
             "scale": self.scale,
             "norm_match": self.norm_match,
@@ -184,6 +209,10 @@ class LinearProbe(_WireModel):
     def _to_array(cls, value: Any) -> np.ndarray:
         return _as_float32(value)
 
+    @field_serializer("weights")
+    def _encode_weights(self, value: np.ndarray) -> dict[str, Any]:
+        return wire.encode_array(value)
+
     @field_validator("weights")
     @classmethod
     def _weights(cls, value: np.ndarray) -> np.ndarray:
@@ -205,10 +234,19 @@ class LensRequest(BaseModel):
     """What one request asks of the engine, validated."""
 
     capture_layers: list[int] = Field(default_factory=list)
+    capture_all: bool = False  # output_residual_stream=True: every layer (see ``for_model``)
     steering: list[SteeringVector] = Field(default_factory=list)
     probes: list[LinearProbe] = Field(default_factory=list)
     hooks: list[Hook] = Field(default_factory=list)
     hook_set: str | None = None
+    encoding: str = wire.DEFAULT_RESPONSE_ENCODING
+
+    @field_validator("encoding")
+    @classmethod
+    def _encoding(cls, value: str) -> str:
+        if value not in wire.RESPONSE_ENCODINGS:
+            raise ValueError(f"{ENCODING_KEY} must be one of {', '.join(wire.RESPONSE_ENCODINGS)}, got {value!r}")
+        return value
 
     @field_validator("probes")
     @classmethod
@@ -223,7 +261,13 @@ class LensRequest(BaseModel):
 
     @property
     def active(self) -> bool:
-        return bool(self.capture_layers or self.steering or self.probes or self.hooks or self.hook_set)
+        return bool(self.capture_layers or self.capture_all or self.steering or self.probes or self.hooks or self.hook_set)
+
+    def for_model(self, num_layers: int) -> "LensRequest":
+        """This request with ``capture_all`` resolved to the model's layers."""
+        if not self.capture_all:
+            return self
+        return self.model_copy(update={"capture_layers": list(range(num_layers)), "capture_all": False})
 
     def check_model(
         self,
@@ -274,7 +318,9 @@ class LensRequest(BaseModel):
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        if self.capture_layers:
+        if self.capture_all:
+            out[CAPTURE_KEY] = True
+        elif self.capture_layers:
             out[CAPTURE_KEY] = self.capture_layers
         if self.steering:
             out[STEERING_KEY] = [v.to_wire() for v in self.steering]
@@ -289,8 +335,10 @@ def parse_lens_args(extra_args: Mapping[str, Any] | None) -> LensRequest:
         return LensRequest()
     capture = extra_args.get(CAPTURE_KEY)
     layers: list[int] = []
+    capture_all = False
     if capture is not None:
-        layers = _parse_layer_list(capture)
+        capture_all, layers = _parse_capture(capture)
+    encoding = extra_args.get(ENCODING_KEY, wire.DEFAULT_RESPONSE_ENCODING)
     steering = _parse_items(extra_args.get(STEERING_KEY), SteeringVector, STEERING_KEY, "steering vectors")
     probes = _parse_items(extra_args.get(PROBE_KEY), LinearProbe, PROBE_KEY, "probes")
     hooks = _parse_items(extra_args.get(HOOKS_KEY), Hook, HOOKS_KEY, "hooks")
@@ -298,7 +346,10 @@ def parse_lens_args(extra_args: Mapping[str, Any] | None) -> LensRequest:
     if hook_set is not None and not isinstance(hook_set, str):
         raise ValueError(f"{HOOK_SET_KEY} must be the id (a string) of a registered hook set")
     try:
-        return LensRequest(capture_layers=layers, steering=steering, probes=probes, hooks=hooks, hook_set=hook_set)
+        return LensRequest(
+            capture_layers=layers, capture_all=capture_all, steering=steering, probes=probes, hooks=hooks,
+            hook_set=hook_set, encoding=encoding,
+        )
     except ValidationError as exc:
         raise ValueError("; ".join(str(err["msg"]).removeprefix("Value error, ") for err in exc.errors())) from None
 
@@ -315,9 +366,15 @@ def refuse_misspelled_keys(extra_args: Mapping[str, Any]) -> None:
 
 
 def _parse_items(raw: Any, model: Any, key: str, what: str) -> list[Any]:
-    """A list of ``model`` objects from their objects, wire dicts or JSON strings (or one of them)."""
+    """A list of ``model`` objects from their objects, wire dicts or JSON strings (or one of them),
+    or ONE JSON string of the whole list (vllm-lens's ``vllm_xargs`` form)."""
     if raw is None:
         return []
+    if isinstance(raw, str) and raw.lstrip().startswith("["):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{key} string is not valid JSON: {exc}") from None
     if isinstance(raw, (model, Mapping, str)):
         raw = [raw]
     if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)):
@@ -329,6 +386,20 @@ def _parse_items(raw: Any, model: Any, key: str, what: str) -> list[Any]:
         except ValueError as exc:
             raise ValueError(f"{key}[{n}]: {exc}") from None
     return items
+
+
+def _parse_capture(value: Any) -> tuple[bool, list[int]]:
+    """(every layer?, the layers) from a list, an int, True, or a JSON string of one of them."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{CAPTURE_KEY} string is not valid JSON (expected e.g. \"[15]\" or \"true\"): {exc}") from None
+    if value is True:
+        return True, []
+    if value is False:
+        raise ValueError(f"{CAPTURE_KEY}=False asks for nothing: pass True (every layer), a list of layers, or leave the key out")
+    return False, _parse_layer_list(value)
 
 
 def _parse_layer_list(value: Any) -> list[int]:

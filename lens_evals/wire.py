@@ -1,9 +1,18 @@
-"""JSON-safe encoding of arrays: safetensors bytes, base64 in JSON. Never pickle.
+"""JSON-safe encoding of arrays, base64 in JSON. Never pickle. Two forms, both decoded everywhere:
 
-The same format is used in ``vllm_xargs`` of HTTP requests, inside the engine's
-request metadata and in HTTP responses. Decoding validates everything it reads:
-a malformed payload raises :class:`WireError` (a ``ValueError``) with a message
-that says what is wrong.
+* ``safetensors`` (ours): ``{"encoding": "safetensors-base64", "data": B64}`` where the bytes are a
+  safetensors file (several named tensors); with ``"compression": "zstd"`` the file is
+  zstd-compressed and ``"nbytes"`` declares its inflated size.
+* ``vllm-lens`` (the public vllm-lens package's form): ``{"data": B64, "dtype": NUMPY_STORAGE_DTYPE,
+  "original_dtype": "torch.bfloat16", "shape": [...], "compression": "zstd"}``, one tensor.
+
+Both carry the tensor's native dtype (bfloat16 stays bfloat16). Decoding validates everything it
+reads and raises :class:`WireError` (a ``ValueError``) saying what is wrong; a compressed payload
+is checked against its declared size (at most ``MAX_DECODED_BYTES``) BEFORE it is inflated and
+is never inflated past it (a zip bomb is refused, a truncated frame is an error).
+
+Arrays decode to numpy (bfloat16 widened to float32, exactly) or, with :func:`decode_tensor`, to
+a torch tensor in the native dtype. Importable without torch.
 """
 
 from __future__ import annotations
@@ -14,114 +23,161 @@ import json
 from typing import Any, Callable, Mapping
 
 import numpy as np
-from safetensors import SafetensorError
-from safetensors.numpy import load as st_load
-from safetensors.numpy import save as st_save
 
+from lens_evals import wire_codec as codec
+from lens_evals.wire_codec import MAX_DECODED_BYTES, Raw, WireError
+
+__all__ = ["MAX_DECODED_BYTES", "WireError"]
 ENCODING = "safetensors-base64"
-# Upper bound on one encoded payload (base64 characters); requests larger than
-# this are refused before decoding. 2 GiB of float32 data.
+# What a request may ask its activations to come back as (``activations_encoding``).
+SAFETENSORS, SAFETENSORS_ZSTD, VLLM_LENS = "safetensors", "safetensors-zstd", "vllm-lens"
+RESPONSE_ENCODINGS = (SAFETENSORS, SAFETENSORS_ZSTD, VLLM_LENS)
+DEFAULT_RESPONSE_ENCODING = SAFETENSORS  # chosen from docs/vllm_lens.md's measurements
 MAX_ENCODED_CHARS = 3 * 2**30
-FLOAT_DTYPES = frozenset({"float32", "float16", "float64"})
+FLOAT_DTYPES = frozenset({"float32", "float16", "float64", "bfloat16"})
 # Hook arguments and results may also hold integer and boolean arrays (token ids, masks).
 TREE_DTYPES = FLOAT_DTYPES | {"int8", "int16", "int32", "int64", "uint8", "bool"}
-_HEADER_DTYPES = {"f32": "float32", "f16": "float16", "f64": "float64", "i8": "int8", "i16": "int16",
-                  "i32": "int32", "i64": "int64", "u8": "uint8", "bool": "bool"}
 MAX_TREE_DEPTH = 32
+_OURS_KEYS = {"encoding", "data", "compression", "nbytes"}
+_THEIRS_KEYS = {"data", "dtype", "original_dtype", "shape", "compression"}
 
 
-class WireError(ValueError):
-    """A payload could not be decoded."""
+# --------------------------------------------------------------------------- encoding
+def encode_arrays(arrays: Mapping[str, Any], compress: bool = False) -> dict[str, Any]:
+    """Named arrays / tensors (native dtype) as one safetensors payload."""
+    raw = codec.safetensors_bytes({name: codec.raw_of(value) for name, value in arrays.items()})
+    if not compress:
+        return {"encoding": ENCODING, "data": base64.b64encode(raw).decode("ascii")}
+    packed = codec.compress(raw)
+    return {"encoding": ENCODING, "data": base64.b64encode(packed).decode("ascii"), "compression": "zstd", "nbytes": len(raw)}
 
 
-def encode_arrays(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    """Encode named arrays as one JSON-safe object."""
-    raw = st_save({name: np.ascontiguousarray(a) for name, a in arrays.items()})
-    return {"encoding": ENCODING, "data": base64.b64encode(raw).decode("ascii")}
+def encode_vllm_lens(value: Any, compress: bool = True) -> dict[str, Any]:
+    """One array / tensor in vllm-lens's form (what its ``serialize_tensor`` makes)."""
+    raw = codec.raw_of(value)
+    storage = "int16" if raw.dtype == "bfloat16" else raw.dtype
+    data = bytes(raw.data)
+    out = {"dtype": storage, "original_dtype": f"torch.{raw.dtype}", "shape": list(raw.shape)}
+    if compress:
+        return {"data": base64.b64encode(codec.compress(data)).decode("ascii"), **out, "compression": "zstd"}
+    return {"data": base64.b64encode(data).decode("ascii"), **out}
 
 
-def encode_array(array: np.ndarray) -> dict[str, Any]:
-    return encode_arrays({"tensor": array})
+def encode_array(value: Any, encoding: str = SAFETENSORS) -> dict[str, Any]:
+    """One array / tensor in a response encoding (see ``RESPONSE_ENCODINGS``)."""
+    if encoding == VLLM_LENS:
+        return encode_vllm_lens(value)
+    if encoding not in (SAFETENSORS, SAFETENSORS_ZSTD):
+        raise WireError(f"unknown encoding {encoding!r}; one of {', '.join(RESPONSE_ENCODINGS)}")
+    return encode_arrays({"tensor": value}, compress=encoding == SAFETENSORS_ZSTD)
+
+
+# --------------------------------------------------------------------------- decoding
+def _b64(data: Any, limit: int = MAX_ENCODED_CHARS) -> bytes:
+    if isinstance(data, (bytes, bytearray)):
+        return bytes(data)
+    if not isinstance(data, str):
+        raise WireError("tensor object has no 'data' string")
+    if len(data) > limit:
+        raise WireError(f"encoded tensor too large ({len(data)} characters, at most {limit})")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise WireError(f"tensor data is not valid base64: {exc}") from None
+
+
+def _compression(payload: Mapping[str, Any]) -> str | None:
+    compression = payload.get("compression")
+    if compression not in (None, "zstd"):
+        raise WireError(f"unknown compression {compression!r}; only 'zstd' (or none)")
+    return compression
+
+
+def is_vllm_lens_form(payload: Any) -> bool:
+    return isinstance(payload, Mapping) and "encoding" not in payload and {"data", "dtype", "shape"} <= set(payload)
+
+
+def _decode_ours(payload: Mapping[str, Any], allowed: frozenset[str]) -> dict[str, Raw]:
+    if payload.get("encoding") != ENCODING:
+        raise WireError(f"unknown tensor encoding {payload.get('encoding')!r}; expected {ENCODING!r}")
+    extra = set(payload) - _OURS_KEYS
+    if extra:
+        raise WireError(f"unknown tensor object fields {sorted(extra)}")
+    if _compression(payload) is None:
+        return codec.parse_safetensors(_b64(payload.get("data")), allowed)
+    nbytes = payload.get("nbytes")
+    if not codec.is_int(nbytes) or nbytes < 8:
+        raise WireError("a zstd-compressed tensor object needs 'nbytes': the inflated size in bytes")
+    codec.check_size(nbytes)
+    packed = _b64(payload.get("data"), codec.b64_chars(codec.compress_bound(nbytes)))
+    return codec.parse_safetensors(codec.inflate(packed, nbytes), allowed)
+
+
+def _decode_theirs(payload: Mapping[str, Any], allowed: frozenset[str]) -> Raw:
+    extra = set(payload) - _THEIRS_KEYS - {"__type__"}
+    if extra:
+        raise WireError(f"unknown tensor object fields {sorted(extra)}")
+    dtype = codec.vllm_lens_dtype(payload.get("dtype"), payload.get("original_dtype"), allowed)
+    shape = codec.checked_shape(payload.get("shape"))
+    nbytes = codec.nbytes_of(dtype, shape)  # checked against MAX_DECODED_BYTES before any decoding
+    if _compression(payload) is None:
+        data = _b64(payload.get("data"), codec.b64_chars(nbytes))
+    else:
+        data = codec.inflate(_b64(payload.get("data"), codec.b64_chars(codec.compress_bound(nbytes))), nbytes)
+    if len(data) != nbytes:
+        raise WireError(f"tensor data has {len(data)} bytes, its dtype {dtype} and shape {list(shape)} need {nbytes} (truncated?)")
+    return Raw(data, dtype, shape)
+
+
+def decode_raws(payload: Any, allowed_dtypes: frozenset[str] = FLOAT_DTYPES) -> dict[str, Raw]:
+    """Either form -> named raw tensors (bytes, dtype name, shape); WireError if malformed."""
+    if not isinstance(payload, Mapping):
+        raise WireError(f"expected an encoded tensor object, got {type(payload).__name__}")
+    if is_vllm_lens_form(payload):
+        return {"tensor": _decode_theirs(payload, allowed_dtypes)}
+    return _decode_ours(payload, allowed_dtypes)
+
+
+def _one(payload: Any, allowed_dtypes: frozenset[str]) -> Raw:
+    raws = decode_raws(payload, allowed_dtypes)
+    if len(raws) != 1:
+        raise WireError(f"expected one tensor in payload, found {len(raws)}")
+    return next(iter(raws.values()))
 
 
 def decode_arrays(payload: Any, allowed_dtypes: frozenset[str] = FLOAT_DTYPES) -> dict[str, np.ndarray]:
-    """Decode an object made by :func:`encode_arrays`; raise WireError if malformed."""
-    if not isinstance(payload, Mapping):
-        raise WireError(f"expected an encoded tensor object, got {type(payload).__name__}")
-    if payload.get("encoding") != ENCODING:
-        raise WireError(f"unknown tensor encoding {payload.get('encoding')!r}; expected {ENCODING!r}")
-    data = payload.get("data")
-    if isinstance(data, (bytes, bytearray)):
-        raw = bytes(data)
-    elif isinstance(data, str):
-        if len(data) > MAX_ENCODED_CHARS:
-            raise WireError(f"encoded tensor too large ({len(data)} characters)")
-        try:
-            raw = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise WireError(f"tensor data is not valid base64: {exc}") from None
-    else:
-        raise WireError("tensor object has no 'data' string")
-    _check_header(raw, allowed_dtypes)
-    try:
-        arrays = st_load(raw)
-    except (SafetensorError, ValueError, TypeError) as exc:
-        raise WireError(f"tensor data is not a valid safetensors payload: {exc}") from None
-    return arrays
+    return {name: raw.to_numpy() for name, raw in decode_raws(payload, allowed_dtypes).items()}
 
 
 def decode_array(payload: Any, allowed_dtypes: frozenset[str] = FLOAT_DTYPES) -> np.ndarray:
-    arrays = decode_arrays(payload, allowed_dtypes)
-    if len(arrays) != 1:
-        raise WireError(f"expected one tensor in payload, found {len(arrays)}")
-    return next(iter(arrays.values()))
+    """One array (numpy; bfloat16 widened to float32)."""
+    return _one(payload, allowed_dtypes).to_numpy()
 
 
-def _check_header(raw: bytes, allowed_dtypes: frozenset[str]) -> None:
-    """Validate the safetensors header ourselves so errors are precise and cheap."""
-    if len(raw) < 8:
-        raise WireError("tensor payload truncated (no header)")
-    header_len = int.from_bytes(raw[:8], "little")
-    if header_len <= 0 or 8 + header_len > len(raw):
-        raise WireError("tensor payload truncated (header length beyond data)")
-    try:
-        header = json.loads(raw[8 : 8 + header_len])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WireError(f"tensor header is not JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise WireError("tensor header is not an object")
-    body = len(raw) - 8 - header_len
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
-            raise WireError(f"tensor {name!r}: malformed header entry")
-        dtype = str(info["dtype"]).lower()
-        dtype = _HEADER_DTYPES.get(dtype, dtype)
-        if dtype not in allowed_dtypes:
-            raise WireError(f"tensor {name!r}: dtype {info['dtype']!r} not allowed ({', '.join(sorted(allowed_dtypes))})")
-        offsets, shape = info["data_offsets"], info["shape"]
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(x) for x in offsets)):
-            raise WireError(f"tensor {name!r}: data_offsets must be two integers")
-        if not (isinstance(shape, list) and all(_is_int(x) and x >= 0 for x in shape)):
-            raise WireError(f"tensor {name!r}: shape must be a list of non-negative integers")
-        start, end = offsets
-        if not (0 <= start <= end <= body):
-            raise WireError(f"tensor {name!r}: data offsets outside payload (truncated?)")
+def decode_tensor(payload: Any, allowed_dtypes: frozenset[str] = TREE_DTYPES) -> Any:
+    """One tensor as torch in its native dtype (needs torch)."""
+    return _one(payload, allowed_dtypes).to_torch()
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def decode_native(payload: Any, allowed_dtypes: frozenset[str] = TREE_DTYPES) -> Any:
+    """A torch tensor (native dtype) where torch is installed, else a numpy array."""
+    raw = _one(payload, allowed_dtypes)
+    return raw.to_torch() if codec.has_torch() else raw.to_numpy()
 
 
 # --------------------------------------------------------------------------- trees
 def is_encoded_array(value: Any) -> bool:
-    return isinstance(value, Mapping) and set(value) == {"encoding", "data"} and value.get("encoding") == ENCODING
+    if not isinstance(value, Mapping):
+        return False
+    if value.get("__type__") == "tensor":
+        return True
+    return value.get("encoding") == ENCODING and {"encoding", "data"} <= set(value) <= _OURS_KEYS
 
 
-def encode_tree(value: Any, path: str = "value", depth: int = 0) -> Any:
+def encode_tree(value: Any, path: str = "value", depth: int = 0, encoding: str = SAFETENSORS) -> Any:
     """A JSON-safe copy of ``value``: None, bools, ints, finite floats, strings, lists and
-    string-keyed dicts of them, with arrays / tensors (float, int, bool) as encoded arrays."""
+    string-keyed dicts of them, with arrays / tensors (float, int, bool; native dtype) encoded
+    (``encoding`` vllm-lens: as ``{"__type__": "tensor", ...}``, its hook-result form)."""
     if depth > MAX_TREE_DEPTH:
         raise WireError(f"{path}: nested deeper than {MAX_TREE_DEPTH} levels")
     if value is None or isinstance(value, (bool, int, str)):
@@ -131,18 +187,16 @@ def encode_tree(value: Any, path: str = "value", depth: int = 0) -> Any:
             raise WireError(f"{path}: non-finite float {value} (store it in an array)")
         return value
     if isinstance(value, np.generic):
-        return encode_tree(value.item(), path, depth)
-    if hasattr(value, "detach"):  # torch.Tensor, without importing torch
-        tensor = value.detach().cpu()
-        if str(tensor.dtype) == "torch.bfloat16":
-            tensor = tensor.float()
-        value = tensor.numpy()
-    if isinstance(value, np.ndarray):
-        if value.dtype.name not in TREE_DTYPES:
+        return encode_tree(value.item(), path, depth, encoding)
+    if isinstance(value, np.ndarray) or hasattr(value, "detach"):  # torch.Tensor, without importing torch
+        dtype = codec.raw_dtype_name(value)
+        if dtype not in TREE_DTYPES:
             raise WireError(f"{path}: array dtype {value.dtype} not allowed ({', '.join(sorted(TREE_DTYPES))})")
-        return encode_array(value)
+        if encoding == VLLM_LENS:
+            return {"__type__": "tensor", **encode_vllm_lens(value)}
+        return encode_array(value, encoding)
     if isinstance(value, (list, tuple)):
-        return [encode_tree(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
+        return [encode_tree(item, f"{path}[{i}]", depth + 1, encoding) for i, item in enumerate(value)]
     if isinstance(value, Mapping):
         if is_encoded_array(value):
             raise WireError(f"{path}: a dict with exactly the keys 'encoding' and 'data' is reserved for arrays")
@@ -150,7 +204,7 @@ def encode_tree(value: Any, path: str = "value", depth: int = 0) -> Any:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise WireError(f"{path}: dict keys must be strings, got {key!r}")
-            out[key] = encode_tree(item, f"{path}.{key}", depth + 1)
+            out[key] = encode_tree(item, f"{path}.{key}", depth + 1, encoding)
         return out
     raise WireError(
         f"{path}: unsupported type {type(value).__name__} (allowed: None, bool, int, float, str, "
@@ -159,15 +213,27 @@ def encode_tree(value: Any, path: str = "value", depth: int = 0) -> Any:
 
 
 def decode_tree(value: Any, convert: Callable[[np.ndarray], Any] = lambda array: array, depth: int = 0) -> Any:
-    """Inverse of :func:`encode_tree`; each decoded array goes through ``convert``."""
+    """Inverse of :func:`encode_tree`; each decoded array (numpy) goes through ``convert``."""
+    return _walk(value, lambda payload: convert(decode_array(payload, TREE_DTYPES)), depth)
+
+
+def decode_tree_native(value: Any) -> Any:
+    """Inverse of :func:`encode_tree` with arrays as torch tensors in their native dtype (numpy
+    arrays where torch is not installed)."""
+    return _walk(value, decode_native, 0)
+
+
+def _walk(value: Any, leaf: Callable[[Any], Any], depth: int) -> Any:
     if depth > MAX_TREE_DEPTH:
         raise WireError(f"value nested deeper than {MAX_TREE_DEPTH} levels")
+    if isinstance(value, Mapping) and value.get("__type__") == "cloudpickle":
+        raise WireError("a cloudpickled value: refused, never unpickled (send tensors, numbers, strings, lists, dicts)")
     if is_encoded_array(value):
-        return convert(decode_array(value, TREE_DTYPES))
+        return leaf({k: v for k, v in value.items() if k != "__type__"})
     if isinstance(value, list):
-        return [decode_tree(item, convert, depth + 1) for item in value]
+        return [_walk(item, leaf, depth + 1) for item in value]
     if isinstance(value, Mapping):
-        return {str(key): decode_tree(item, convert, depth + 1) for key, item in value.items()}
+        return {str(key): _walk(item, leaf, depth + 1) for key, item in value.items()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise WireError(f"unsupported value of type {type(value).__name__} in an encoded tree")

@@ -61,8 +61,9 @@ def well_formed_probe(probe: Any) -> None:
 
 def test_random_json_is_refused_never_another_exception() -> None:
     """Random JSON is never a tensor payload, steering vector or probe: all refused with
-    ValueError. As the capture key's value it is accepted only as null (no capture), a
-    non-negative integer or a list of distinct ones, and then parsed to exactly those layers."""
+    ValueError. As the capture key's value it is accepted only as null (no capture), true (every
+    layer), a non-negative integer or a list of distinct ones (or a JSON string of one of these),
+    and then parsed to exactly those layers."""
     outcomes: Counter[str] = Counter()
 
     @FUZZ_SETTINGS
@@ -74,7 +75,11 @@ def test_random_json_is_refused_never_another_exception() -> None:
         layers = payload.get("", [0]) if isinstance(payload, dict) else payload
         parsed = decode_or_refuse(parse_lens_args, {"output_residual_stream": layers})
         outcomes["accepted" if parsed is not None else "refused"] += 1
-        if parsed is not None:
+        if parsed is not None and isinstance(layers, str):  # vllm-lens's form: a JSON string of the value
+            layers = json.loads(layers)
+        if parsed is not None and layers is True:  # every layer, resolved against the model later
+            assert parsed.capture_all and parsed.capture_layers == []
+        elif parsed is not None:
             given_layers = [] if layers is None else [layers] if isinstance(layers, int) else list(layers)
             assert parsed.capture_layers == sorted(given_layers) and len(set(given_layers)) == len(given_layers)
             assert all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in given_layers)

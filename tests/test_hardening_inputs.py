@@ -60,7 +60,7 @@ BAD: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "capture layer negative": ({"output_residual_stream": [-1]}, {}, "negative"),
     "capture layers duplicated": ({"output_residual_stream": [0, 0]}, {}, "duplicate layers"),
     "capture layers empty": ({"output_residual_stream": []}, {}, "at least one layer"),
-    "capture layer as string": ({"output_residual_stream": "3"}, {}, "list of layer indices"),
+    "capture layer as a non-JSON string": ({"output_residual_stream": "three"}, {}, "string is not valid JSON"),
     "capture layer as float": ({"output_residual_stream": 1.5}, {}, "list of layer indices"),
     "capture layer list of strings": ({"output_residual_stream": ["a"]}, {}, "must be integers"),
     "capture layer list of floats": ({"output_residual_stream": [0.5]}, {}, "must be integers"),
@@ -84,7 +84,8 @@ BAD: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "steer layer rows mismatch": ({"apply_steering_vectors": [steer(activations=[[1.0] * HIDDEN] * 2)]}, {}, "2 layer rows"),
     "steer 1-D activations": ({"apply_steering_vectors": [steer(activations=[1.0] * HIDDEN)]}, {}, "got shape (128,)"),
     "steer 4-D activations": ({"apply_steering_vectors": [steer(activations=[[[[1.0] * HIDDEN]]], position_indices=[0])]}, {}, "got shape (1, 1, 1, 128)"),
-    "steer 3-D without positions": ({"apply_steering_vectors": [steer(activations=[[[1.0] * HIDDEN]])]}, {}, "need position_indices"),
+    # 3-D without positions means positions 0..n-1 (vllm-lens's rule): 1500 of them do not fit the request
+    "steer 3-D without positions, too many": ({"apply_steering_vectors": [steer(activations=[[[1.0] * HIDDEN] * 1500])]}, {}, "out of range: this request has at most"),
     "steer scale NaN": ({"apply_steering_vectors": [steer(scale=float("nan"))]}, {}, "must be finite"),
     "steer scale string": ({"apply_steering_vectors": [steer(scale="big")]}, {}, "scale"),
     "steer norm_match zero vector": ({"apply_steering_vectors": [steer(activations=[[0.0] * HIDDEN], norm_match=True)]}, {}, "non-zero"),

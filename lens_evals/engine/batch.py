@@ -111,15 +111,17 @@ def _plan_hooks(
     plan: StepPlan, req: WorkerRequest, rows: tuple[int, int], positions: np.ndarray,
     step_ids: torch.Tensor | None, local_layers: set[int], device: torch.device,
 ) -> None:
-    """The request's own hooks (sharing ``req.saved``), then its hook set's (``req.set_saved``)."""
+    """The request's own hooks, then its hook set's; each hook's ``ctx.saved`` is its own dict,
+    ``req.saved[str(index)]`` (``req.set_saved`` for the set's), index = the hook's place in its list."""
     start, stop = rows
     position_tensor = to_device(positions, device)
     token_ids = step_ids[start:stop] if step_ids is not None else None
     for hooks, saved in ((req.hooks, req.saved), (req.set_hooks, req.set_saved)):
-        for hook in hooks:
+        for index, hook in enumerate(hooks):
             for layer in hook.layers:
                 if layer in local_layers:
-                    call = HookCall(req.key, hook, start, stop, position_tensor, token_ids, saved)
+                    own = saved.setdefault(str(index), {})
+                    call = HookCall(req.key, hook, start, stop, position_tensor, token_ids, own)
                     plan.hook_calls.setdefault((layer, hook.module, hook.pre), []).append(call)
 
 

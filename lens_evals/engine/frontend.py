@@ -17,18 +17,32 @@ from lens_evals.engine import compat, timing
 from lens_evals.engine.graph_taps import configured_layers, refusal
 from lens_evals.engine.handoff import HandoffTarget, claim_all
 from lens_evals.engine.hook_sets import UnknownHookSet, store_of
-from lens_evals.engine.hooks import encode_hooks, forget_local
+from lens_evals.engine.hooks import encode_hooks, forget_local, union_of
 from lens_evals.engine.store import result_tensors
 from lens_evals.engine.worker import FETCH_METHOD
 from lens_evals.hooks import check_registered_args
-from lens_evals.spec import INTERNAL_KEY, LENS_KEYS, parse_lens_args, refuse_misspelled_keys
+from lens_evals.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS, parse_lens_args, refuse_misspelled_keys
 
 REGISTRY_ATTR = "_lens_evals_pending"
 TAPPED_ATTR = "_lens_evals_graph_layers"
 REFUSAL_ATTR = "_lens_evals_refusal"
 DEFAULT_MAX_CAPTURE_GIB = 4.0
+
+
+@dataclass(frozen=True)
+class HttpResult:
+    """What the HTTP middleware adds to a response for one request: ``activations`` (or
+    ``error``), ``hook_results`` (hook index -> saved) and the encoding the request asked for."""
+
+    request_id: str
+    activations: dict[str, Any] | None
+    hook_results: dict[str, Any] | None
+    encoding: str
+    error: str | None = None
+
+
 # Set by the HTTP middleware for the duration of one HTTP request; results land here too.
-HTTP_SINK: contextvars.ContextVar[list[tuple[str, Any]] | None] = contextvars.ContextVar(
+HTTP_SINK: contextvars.ContextVar[list[HttpResult] | None] = contextvars.ContextVar(
     "lens_evals_http_sink", default=None
 )
 
@@ -51,6 +65,7 @@ class PendingRequest:
     has_hooks: bool = False
     hook_set: str | None = None
     local_ids: tuple[str, ...] = ()
+    encoding: str = wire.DEFAULT_RESPONSE_ENCODING
 
 
 def max_capture_bytes() -> int:
@@ -84,6 +99,8 @@ def _engine_refusal(processor: Any) -> str | None:
 def on_request(processor: Any, request_id: str, request: Any) -> None:
     """Validate and normalise one request's lens keys (raises ValueError -> HTTP 400)."""
     params = compat.request_sampling_params(request)
+    if params is not None and (auto_set := store_of(processor).auto_set) is not None:
+        params.extra_args = {HOOK_SET_KEY: auto_set, **(params.extra_args or {})}  # offline LLM.register_hooks
     extra = getattr(params, "extra_args", None)
     if not extra:
         return
@@ -100,6 +117,7 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
     if getattr(params, "n", 1) != 1:
         raise ValueError(f"{'/'.join(LENS_KEYS)} need n=1 (send n separate requests)")
     shape = compat.model_shape(processor.vllm_config)
+    lens = lens.for_model(shape.num_layers)
     prompt_len = len(request.prompt_token_ids or [])
     max_positions = prompt_len + int(params.max_tokens or 1) - 1
     lens.check_model(shape.num_layers, shape.hidden_size, max(max_positions, 1), max_capture_bytes())
@@ -129,7 +147,7 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
     compat.set_request_cache_salt(request, key)
     _registry(processor)[request_id] = PendingRequest(
         key, tuple(lens.capture_layers), tuple(probe.name for probe in lens.probes), prompt_len,
-        has_hooks=bool(lens.hooks), hook_set=lens.hook_set, local_ids=tuple(local_ids),
+        has_hooks=bool(lens.hooks), hook_set=lens.hook_set, local_ids=tuple(local_ids), encoding=lens.encoding,
     )
 
 
@@ -145,14 +163,17 @@ class _Merged:
 
 
 def _merge_saved(into: dict[str, Any] | None, part: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Per-hook saved dicts ({hook index: saved}) of two pipeline stages, joined per hook."""
     if part is None:
         return into
-    if into is None:
-        return dict(part)
-    clash = sorted(set(into) & set(part))
-    if clash:
-        raise ValueError(f"saved keys {clash} were written on two pipeline stages")
-    return {**into, **part}
+    merged = {index: dict(saved) for index, saved in (into or {}).items()}
+    for index, saved in part.items():
+        clash = sorted(set(merged.get(index, {})) & set(saved))
+        if clash:
+            raise ValueError(f"hook {index}: saved keys {clash} were written on two pipeline stages")
+        merged[index] = {**merged.get(index, {}), **saved}
+    return merged
+
 
 
 def _merge_rank_results(rank_results: list[dict[str, dict[str, Any]]], key: str) -> tuple[_Merged, str | None]:
@@ -182,7 +203,7 @@ def _merge_rank_results(rank_results: list[dict[str, dict[str, Any]]], key: str)
 
 
 def _decode_saved(saved: dict[str, Any] | None) -> dict[str, Any]:
-    return wire.decode_tree(saved or {}, lambda array: torch.from_numpy(array.copy()))
+    return wire.decode_tree_native(saved or {})
 
 
 def _apply(processor: Any, request_id: str, output: Any, pending: PendingRequest, rank_results: list[dict[str, Any]]) -> str | None:
@@ -191,6 +212,7 @@ def _apply(processor: Any, request_id: str, output: Any, pending: PendingRequest
     forget_local(list(pending.local_ids))
     merged, error = _merge_rank_results(rank_results, pending.key)
     output.activations = None
+    output.hook_results = None
     if error is not None:
         return error
     generated = len(output.outputs[0].token_ids) if output.outputs else 0
@@ -214,7 +236,8 @@ def _apply(processor: Any, request_id: str, output: Any, pending: PendingRequest
             return f"probe scores are short for {short}: expected {expected} positions"
         activations["probe_scores"] = {name: merged.probes[i][:expected] for i, name in enumerate(pending.probe_names)}
     if pending.has_hooks:
-        activations["saved"] = _decode_saved(merged.saved)
+        output.hook_results = _decode_saved(merged.saved)
+        activations["saved"] = union_of(output.hook_results)
     if pending.hook_set is not None:
         error = store_of(processor).add_result(pending.hook_set, request_id, merged.set_saved or {})
         if error is not None:
@@ -256,7 +279,7 @@ async def attach_async(engine: Any, output: Any) -> None:
     error = _apply(processor, output.request_id, output, pending, rank_results)
     sink = HTTP_SINK.get()
     if sink is not None:
-        sink.append((output.request_id, error if error is not None else output.activations))
+        sink.append(HttpResult(output.request_id, output.activations, output.hook_results, pending.encoding, error))
     if error is not None:
         raise LensRequestError(f"request {output.request_id}: {error}")
 

@@ -47,7 +47,7 @@ def authorized(scope: dict[str, Any]) -> bool:
     return match
 
 
-async def _read_body(receive: Callable) -> bytes:
+async def read_body(receive: Callable) -> bytes:
     parts, size = [], 0
     while True:
         message = await receive()
@@ -67,7 +67,7 @@ async def reply(send: Callable, status: int, payload: dict[str, Any]) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _error(message: str, status: int) -> dict[str, Any]:
+def error_body(message: str, status: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": "LensHookSetError", "code": status}}
 
 
@@ -77,7 +77,7 @@ async def serve_hook_sets(scope: dict[str, Any], receive: Callable, send: Callab
     try:
         engine = compat.engine_client_from_scope(scope)
         if method == "POST" and not parts:
-            body = json.loads(await _read_body(receive) or b"{}")
+            body = json.loads(await read_body(receive) or b"{}")
             if not isinstance(body, dict) or set(body) != {"hooks"}:
                 raise ValueError('the body must be {"hooks": [...]}')
             hooks = body["hooks"]
@@ -85,14 +85,14 @@ async def serve_hook_sets(scope: dict[str, Any], receive: Callable, send: Callab
                 raise ValueError("hooks must be registered hooks in JSON form")
             await reply(send, 200, await hook_sets.register_async(engine, hooks))
         elif method == "POST" and len(parts) == 2 and parts[1] == "collect":
-            await reply(send, 200, hook_sets.collect_async(engine, parts[0]))
+            await reply(send, 200, hook_sets.union_view(hook_sets.collect_async(engine, parts[0])))
         elif method == "DELETE" and len(parts) == 1:
             await reply(send, 200, await hook_sets.clear_async(engine, parts[0]))
         else:
-            await reply(send, 404, _error(f"no such endpoint: {method} {scope['path']}", 404))
+            await reply(send, 404, error_body(f"no such endpoint: {method} {scope['path']}", 404))
     except hook_sets.UnknownHookSet as exc:
-        await reply(send, 404, _error(str(exc.args[0]), 404))
+        await reply(send, 404, error_body(str(exc.args[0]), 404))
     except hook_sets.HookSetLimit as exc:
-        await reply(send, 429, _error(str(exc), 429))
+        await reply(send, 429, error_body(str(exc), 429))
     except ValueError as exc:  # json.JSONDecodeError and pydantic errors are ValueErrors
-        await reply(send, 400, _error(str(exc), 400))
+        await reply(send, 400, error_body(str(exc), 400))

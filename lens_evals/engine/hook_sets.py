@@ -22,12 +22,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import numpy as np
-import torch
-
 from lens_evals import wire
 from lens_evals.engine import compat
-from lens_evals.engine.hooks import encode_hooks, forget_local
+from lens_evals.engine.hooks import encode_hooks, forget_local, union_of
 from lens_evals.engine.worker import CLEAR_SET_METHOD, REGISTER_SET_METHOD
 from lens_evals.hooks import Hook, check_registered_args
 from lens_evals.spec import HOOK_SET_KEY, LensRequest
@@ -66,6 +63,9 @@ class HookSetStore:
         self.held_chars = 0
         self.hook_chars = 0  # over the registered sets
         self.pending: list[_Record] = []  # admitted, waiting for the workers
+        # offline only (LLM.register_hooks): the set every request of this engine uses; the LLM
+        # object is its holder's alone, so this touches nobody else's requests
+        self.auto_set: str | None = None
 
     @property
     def max_sets(self) -> int:
@@ -111,7 +111,8 @@ class HookSetStore:
         return self.sets[set_id]
 
     def add_result(self, set_id: str, request_id: str, saved: dict[str, Any]) -> str | None:
-        """Keep one request's result; the error text when the bound would be passed."""
+        """Keep one request's result (hook index -> saved, encoded); the error text when the
+        bound would be passed."""
         record = self.sets.get(set_id)
         if record is None:
             return f"hook set {set_id!r} was cleared while the request ran; its result is dropped"
@@ -123,13 +124,19 @@ class HookSetStore:
                 f"(LENS_EVALS_MAX_HOOK_RESULTS_MIB; {self.held_chars / 2**20:.1f} MiB held): collect or clear "
                 "hook sets to make room; this request's result was not kept"
             )
-        record.results.append({"request_id": request_id, "saved": saved})
+        record.results.append({"request_id": request_id, "hook_results": saved})
         record.chars += chars
         self.held_chars += chars
         return None
 
+    def peek(self, set_id: str) -> dict[str, Any]:
+        """Like :meth:`collect` but the results stay (vllm-lens's non-draining collect)."""
+        record = self.record(set_id)
+        return {"id": set_id, "results": list(record.results), "refused": record.refused}
+
     def collect(self, set_id: str) -> dict[str, Any]:
-        """Every result held for the set (encoded), and how many were refused; empties the set."""
+        """Every result held for the set ({"request_id", "hook_results"}: hook index -> saved,
+        encoded), and how many were refused; empties the set."""
         record = self.record(set_id)
         results, refused = record.results, record.refused
         self.held_chars -= record.chars
@@ -139,6 +146,8 @@ class HookSetStore:
     def remove(self, set_id: str) -> _Record:
         record = self.record(set_id)
         del self.sets[set_id]
+        if self.auto_set == set_id:
+            self.auto_set = None
         self.held_chars -= record.chars
         self.hook_chars -= record.hook_chars
         forget_local(record.local_ids)
@@ -175,11 +184,17 @@ def _check_workers(replies: list[Any]) -> None:
         raise ValueError(errors[0])
 
 
-def _decode_results(collected: dict[str, Any]) -> dict[str, Any]:
-    def to_tensor(array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.array(array))
+def union_view(collected: dict[str, Any]) -> dict[str, Any]:
+    """Our form of collected results: each request's hooks' saved keys in one "saved" dict."""
+    results = [{"request_id": r["request_id"], "saved": union_of(r["hook_results"])} for r in collected["results"]]
+    return {**collected, "results": results}
 
-    results = [{"request_id": r["request_id"], "saved": wire.decode_tree(r["saved"], to_tensor)} for r in collected["results"]]
+
+def _decode_results(collected: dict[str, Any]) -> dict[str, Any]:
+    results = []
+    for result in collected["results"]:
+        per_hook = wire.decode_tree_native(result["hook_results"])
+        results.append({"request_id": result["request_id"], "saved": union_of(per_hook), "hook_results": per_hook})
     return {**collected, "results": results}
 
 
@@ -196,7 +211,8 @@ class HookSet:
         return {HOOK_SET_KEY: self.id}
 
     def collect(self) -> dict[str, Any]:
-        """{"id", "results": [{"request_id", "saved": {... tensors ...}}], "refused": n}; empties the set."""
+        """{"id", "results": [{"request_id", "saved": {...}, "hook_results": {index: {...}}}],
+        "refused": n} (tensors); empties the set."""
         return _decode_results(store_of(compat.offline_input_processor(self.llm)).collect(self.id))
 
     def clear(self) -> int:
@@ -250,6 +266,7 @@ async def register_async(engine: Any, hooks: Sequence[Any]) -> dict[str, Any]:
 
 
 def collect_async(engine: Any, set_id: str) -> dict[str, Any]:
+    """Raw (per-hook) results; ``union_view`` gives our HTTP form."""
     return store_of(compat.async_input_processor(engine)).collect(set_id)
 
 

@@ -46,6 +46,15 @@ def hook_reference(hook: Hook) -> tuple[str, str | None]:
     return f"local:{local_id}", local_id
 
 
+def union_of(per_hook: dict[str, Any]) -> dict[str, Any]:
+    """Every hook's saved keys in one dict (``activations["saved"]``); where two hooks wrote the
+    same key the later hook's value is kept (``hook_results`` keeps both)."""
+    union: dict[str, Any] = {}
+    for index in sorted(per_hook, key=int):
+        union.update(per_hook[index])
+    return union
+
+
 def forget_local(local_ids: list[str]) -> None:
     for local_id in local_ids:
         _LOCAL_CALLABLES.pop(local_id, None)
@@ -122,8 +131,8 @@ class HookCall:
 
 @dataclass
 class HookContext:
-    """What a hook sees besides the rows: ``saved`` persists across layers and steps for this
-    request (and comes back to the caller), ``positions`` / ``token_ids`` are the rows' absolute
+    """What a hook sees besides the rows: ``saved`` is this hook's own dict for this request,
+    kept across layers and steps (it comes back as ``output.hook_results[str(index)]``), ``positions`` / ``token_ids`` are the rows' absolute
     positions and input token ids, ``args`` the hook's arguments (arrays as device tensors)."""
 
     saved: dict[str, Any]
@@ -136,6 +145,11 @@ class HookContext:
     model: nn.Module
     hf_config: Any
     parameters: "ParameterCache" = field(repr=False)
+
+    @property
+    def seq_len(self) -> int:
+        """The number of rows this call sees (this step's tokens of the request)."""
+        return int(self.positions.shape[0])
 
     @property
     def tp_rank(self) -> int:

@@ -1,5 +1,6 @@
 """Entry point for ``vllm.general_plugins``: vLLM calls :func:`register` in every process it
-starts (frontend, engine core, workers). Idempotent; ``LENS_EVALS_DISABLE=1`` makes it a no-op."""
+starts (frontend, engine core, workers). Idempotent; ``LENS_EVALS_DISABLE=1`` (or vllm-lens's
+``VLLM_LENS_DISABLE=1``; values 1/true/yes/on) makes it a no-op."""
 
 from __future__ import annotations
 
@@ -10,15 +11,26 @@ from typing import Any, Callable
 logger = logging.getLogger("lens_evals")
 
 
+DISABLE_ENVS = ("LENS_EVALS_DISABLE", "VLLM_LENS_DISABLE")
+
+
+def disabled_by() -> str | None:
+    """The environment variable that turns the plugin off, if one does."""
+    for name in DISABLE_ENVS:
+        if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on"):
+            return name
+    return None
+
+
 def enabled() -> bool:
-    return os.environ.get("LENS_EVALS_DISABLE", "0").lower() not in ("1", "true", "yes")
+    return disabled_by() is None
 
 
 def register() -> None:
-    if not enabled():
-        logger.info("lens_evals: disabled by LENS_EVALS_DISABLE")
+    if (off := disabled_by()) is not None:
+        logger.info("lens_evals: disabled by %s", off)
         return
-    from lens_evals.engine import compat, frontend, graph_taps, server
+    from lens_evals.engine import compat, frontend, graph_taps, server, vllm_lens_api
     from lens_evals.engine.worker import STATE_ATTR, WORKER_METHODS, LensWorkerState
 
     def on_load(runner: Any) -> None:
@@ -43,4 +55,5 @@ def register() -> None:
     compat.patch_model_runner(on_load, on_step_start, around_forward)
     compat.patch_http_app(server.add_middleware, server.MIDDLEWARE_PATH)
     compat.add_worker_methods(WORKER_METHODS)
+    compat.add_offline_methods(vllm_lens_api.OFFLINE_METHODS)
     compat.use_grouped_lora_ops()

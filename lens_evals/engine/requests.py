@@ -44,10 +44,10 @@ class WorkerRequest:
     steering: list[WorkerSteering] = field(default_factory=list)
     probes: list[WorkerProbe] = field(default_factory=list)
     hooks: list[WorkerHook] = field(default_factory=list)
-    saved: dict[str, Any] = field(default_factory=dict)  # ctx.saved of the request's own hooks
+    saved: dict[str, Any] = field(default_factory=dict)  # hook index -> that hook's ctx.saved
     hook_set: str | None = None  # a persistent hook set the request opted into
     set_hooks: list[WorkerHook] = field(default_factory=list)
-    set_saved: dict[str, Any] = field(default_factory=dict)
+    set_saved: dict[str, Any] = field(default_factory=dict)  # the same for the set's hooks
 
 
 def decode_worker_request(

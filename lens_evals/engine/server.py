@@ -1,6 +1,7 @@
-"""OpenAI-compatible server: an ASGI middleware adds each request's activations to the JSON
-response (safetensors + base64, float32; never pickle). Bad lens input is rejected by the
-frontend validation before the engine sees it (vLLM answers 400 with the reason)."""
+"""OpenAI-compatible server: an ASGI middleware adds each request's activations (and hook results)
+to the JSON response, or as a final SSE chunk of a stream, in the encoding the request asked for
+(``lens_evals.wire``; native dtype; never pickle). Bad lens input is rejected by the frontend
+validation before the engine sees it (vLLM answers 400 with the reason)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from typing import Any, Awaitable, Callable
 import torch
 
 from lens_evals import wire
-from lens_evals.engine.frontend import HTTP_SINK
+from lens_evals.engine.frontend import HTTP_SINK, HttpResult
 from lens_evals.engine.hook_routes import HOOK_SETS_PATH, UNAUTHORIZED, authorized, reply, serve_hook_sets
+from lens_evals.engine.vllm_lens_api import HOOKS_PATH, serve_vllm_lens_hooks
 
 logger = logging.getLogger("lens_evals")
 Scope = dict[str, Any]
@@ -26,18 +28,37 @@ def add_middleware(app: Any) -> None:
     app.add_middleware(LensResponseMiddleware)
 
 
-def encode_activations(activations: dict[str, Any]) -> dict[str, Any]:
-    """Tensors as float32 wire arrays; ``probe_scores`` (name -> tensor) as name -> wire array;
-    ``saved`` (hook results) as an encoded tree (arrays keep their dtype)."""
+def encode_activations(activations: dict[str, Any], encoding: str = wire.DEFAULT_RESPONSE_ENCODING) -> dict[str, Any]:
+    """Tensors as wire arrays in their native dtype; ``probe_scores`` (name -> tensor) as name ->
+    wire array; ``saved`` (hook results) as an encoded tree."""
     encoded: dict[str, Any] = {}
     for name, value in activations.items():
         if name == "saved":
-            encoded[name] = wire.encode_tree(value, "saved")
+            encoded[name] = wire.encode_tree(value, "saved", encoding=encoding)
         elif isinstance(value, torch.Tensor):
-            encoded[name] = wire.encode_array(value.float().numpy())
+            encoded[name] = wire.encode_array(value, encoding)
         else:
-            encoded[name] = {inner: wire.encode_array(t.float().numpy()) for inner, t in value.items()}
+            encoded[name] = {inner: wire.encode_array(t, encoding) for inner, t in value.items()}
     return encoded
+
+
+def lens_fields(results: list[HttpResult]) -> dict[str, Any]:
+    """The response's ``activations`` and ``hook_results`` (one request: objects; several
+    prompts: lists in prompt order)."""
+    ordered = sorted(results, key=lambda item: _prompt_index(item.request_id))
+    fields: dict[str, list[Any]] = {"activations": [], "hook_results": []}
+    for result in ordered:
+        fields["activations"].append(encode_activations(result.activations or {}, result.encoding))
+        if result.hook_results is not None:
+            fields["hook_results"].append(wire.encode_tree(result.hook_results, "hook_results", encoding=result.encoding))
+    return {name: values[0] if len(values) == 1 else values for name, values in fields.items() if values}
+
+
+def _error_body(results: list[HttpResult]) -> dict[str, Any] | None:
+    errors = [f"{result.request_id}: {result.error}" for result in results if result.error is not None]
+    if not errors:
+        return None
+    return {"error": {"message": "lens request failed in the engine: " + "; ".join(errors), "type": "LensRequestError", "code": 500}}
 
 
 class LensResponseMiddleware:
@@ -50,30 +71,38 @@ class LensResponseMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
-        if scope.get("type") == "http" and scope.get("path", "").startswith(HOOK_SETS_PATH):
+        path = scope.get("path", "")
+        if scope.get("type") == "http" and (path.startswith(HOOK_SETS_PATH) or path.startswith(HOOKS_PATH)):
             if not authorized(scope):
                 await reply(send, 401, UNAUTHORIZED)
                 return
-            await serve_hook_sets(scope, receive, send)
+            serve = serve_hook_sets if path.startswith(HOOK_SETS_PATH) else serve_vllm_lens_hooks
+            await serve(scope, receive, send)
             return
         if scope.get("type") != "http" or scope.get("method") != "POST" or not scope.get("path", "").endswith("completions"):
             await self.app(scope, receive, send)
             return
-        sink: list[tuple[str, Any]] = []
+        sink: list[HttpResult] = []
         token = HTTP_SINK.set(sink)
         held_start: Message | None = None
         body_parts: list[bytes] = []
         passthrough = False
+        streaming = False
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal held_start, passthrough
+            nonlocal held_start, passthrough, streaming
+            if streaming and message["type"] == "http.response.body":
+                await send({**message, "body": _stream_chunk(message.get("body", b""), sink)})
+                return
             if passthrough:
                 await send(message)
                 return
             if message["type"] == "http.response.start":
                 headers = dict(message.get("headers", []))
-                if b"application/json" not in headers.get(b"content-type", b""):
-                    passthrough = True  # streaming (SSE) responses go through untouched
+                content_type = headers.get(b"content-type", b"")
+                if b"application/json" not in content_type:
+                    streaming = b"text/event-stream" in content_type  # SSE: a final chunk is added
+                    passthrough = True
                     await send(message)
                     return
                 held_start = message
@@ -96,13 +125,26 @@ class LensResponseMiddleware:
             HTTP_SINK.reset(token)
 
 
-def _rewrite(status: int, body: bytes, sink: list[tuple[str, Any]]) -> tuple[int, bytes]:
+DONE = b"data: [DONE]"
+
+
+def _stream_chunk(body: bytes, sink: list[HttpResult]) -> bytes:
+    """A stream's body: before ``data: [DONE]`` goes one more event with the requests'
+    ``activations`` / ``hook_results`` (or the lens error)."""
+    at = body.find(DONE)
+    if at < 0 or not sink:
+        return body
+    results = list(sink)
+    sink.clear()
+    event = _error_body(results) or lens_fields(results)
+    return body[:at] + b"data: " + json.dumps(event).encode() + b"\n\n" + body[at:]
+
+
+def _rewrite(status: int, body: bytes, sink: list[HttpResult]) -> tuple[int, bytes]:
     if not sink:
         return status, body
-    errors = [f"{rid}: {res}" for rid, res in sink if isinstance(res, str)]
-    if errors:
-        message = "lens request failed in the engine: " + "; ".join(errors)
-        error = {"error": {"message": message, "type": "LensRequestError", "code": 500}}
+    error = _error_body(sink)
+    if error is not None:
         return 500, json.dumps(error).encode()
     if status != 200:
         return status, body
@@ -111,9 +153,7 @@ def _rewrite(status: int, body: bytes, sink: list[tuple[str, Any]]) -> tuple[int
     except json.JSONDecodeError:
         logger.error("lens_evals: could not parse a JSON response to add activations")
         return status, body
-    ordered = sorted(sink, key=lambda item: _prompt_index(item[0]))
-    encoded = [encode_activations(res) for _, res in ordered]
-    data["activations"] = encoded[0] if len(encoded) == 1 else encoded
+    data.update(lens_fields(sink))
     return status, json.dumps(data).encode()
 
 

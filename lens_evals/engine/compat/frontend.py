@@ -280,3 +280,12 @@ def add_worker_methods(methods: dict[str, Callable[..., Any]]) -> None:
     for name, fn in methods.items():
         if getattr(WorkerBase, name, None) is not fn:
             setattr(WorkerBase, name, fn)
+
+
+def add_offline_methods(methods: dict[str, Callable[..., Any]]) -> None:
+    """Add methods to vLLM's offline ``LLM`` class (vllm-lens's names: ``llm.register_hooks``...)."""
+    from vllm.entrypoints.llm import LLM
+
+    for name, fn in methods.items():
+        if getattr(LLM, name, None) is not fn:
+            setattr(LLM, name, fn)
