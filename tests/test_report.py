@@ -8,6 +8,7 @@ exit and no page left behind."""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import math
 import shutil
@@ -26,13 +27,16 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from lens_evals import wire
+from lens_evals import LinearProbe, SteeringVector, wire
 from lens_evals.cli import main as cli
 from lens_evals.evals.probe_reading import INFO_SOURCE
+from lens_evals.evals.logged_call import logged_extra_args, real_extra_args, split_xargs, wire_request
 from lens_evals.evals.multi_probe import roleplaying_probes_task
+from lens_evals.evals.provider import to_vllm_xargs
 from lens_evals.evals.roleplaying import roleplaying_task
 from lens_evals.probing.multi import ProbeSet, Readout
 from lens_evals.probing.probe import Probe, ProbeCard, load_probe
+from lens_evals.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY
 
 N_SAMPLES = 4  # two scenarios, honest and deceptive
 
@@ -203,6 +207,26 @@ def test_the_log_reads_well_and_carries_no_probe_weights(tiny_logs) -> None:
     metrics = log.results.scores[0].metrics
     assert {"AUROC", "recall at 1% FPR", "flagged", "mean score deceptive", "mean score honest"} <= set(metrics)
     assert "tiny-random-0" in log.eval.metadata["probe card"] and log.eval.metadata["probe"]["layer"] == 1
+
+
+def test_logged_forms_hold_digests_and_the_wire_gets_the_arrays() -> None:
+    """What the provider logs of steering vectors and probes (config and request), and what it sends."""
+    rng = np.random.default_rng(3)
+    vector = SteeringVector(activations=rng.normal(size=(2, 64)).astype(np.float32), layer_indices=[0, 1])
+    probe = LinearProbe(name="p", layer=1, weights=rng.normal(size=64).astype(np.float32), bias=0.5)
+    extra_args = {STEERING_KEY: [vector], PROBE_KEY: [probe], CAPTURE_KEY: [1]}
+    logged = logged_extra_args(extra_args)
+    shown = json.dumps(logged)  # what Inspect writes for the generate config
+    assert wire.encode_array(probe.weights)["data"] not in shown and '"data"' not in shown
+    assert logged[PROBE_KEY][0]["weights"]["sha256"] == hashlib.sha256(
+        wire.encode_array(probe.weights)["data"].encode()).hexdigest()[:16] and logged[PROBE_KEY][0]["name"] == "p"
+    assert real_extra_args(logged)[STEERING_KEY][0] is vector and real_extra_args(logged)[PROBE_KEY][0] is probe
+    assert logged_extra_args(logged) == logged  # a retry sees logged items and keeps them
+    xargs = to_vllm_xargs(real_extra_args(logged))
+    logged_xargs, payloads = split_xargs(xargs)
+    assert '"data"' not in json.dumps(logged_xargs) and logged_xargs[CAPTURE_KEY] == [1]
+    sent = wire_request({"model": "m", "extra_body": {"vllm_xargs": logged_xargs}}, payloads)
+    assert sent["extra_body"]["vllm_xargs"] == xargs  # the server gets every array
 
 
 def bad_input_fails_cleanly(log: Path, tmp_path: Path, expected: str, capsys) -> None:
