@@ -206,16 +206,19 @@ def _decode_saved(saved: dict[str, Any] | None) -> dict[str, Any]:
     return wire.decode_tree_native(saved or {})
 
 
-def _apply(processor: Any, request_id: str, output: Any, pending: PendingRequest, rank_results: list[dict[str, Any]]) -> str | None:
+def _apply(processor: Any, request_id: str, output: Any, pending: PendingRequest, rank_results: list[dict[str, Any]],
+           generated: int | None = None) -> str | None:
     """Attach the capture, probe scores and hook results to ``output`` (a hook set's results go
-    to its store); return an error message if the request failed."""
+    to its store); return an error message if the request failed. ``generated``: the request's
+    generated tokens when ``output`` holds only the last delta (streaming)."""
     forget_local(list(pending.local_ids))
     merged, error = _merge_rank_results(rank_results, pending.key)
     output.activations = None
     output.hook_results = None
     if error is not None:
         return error
-    generated = len(output.outputs[0].token_ids) if output.outputs else 0
+    if generated is None:
+        generated = len(output.outputs[0].token_ids) if output.outputs else 0
     expected = len(output.prompt_token_ids or []) + generated - 1
     activations: dict[str, Any] = {}
     if pending.capture_layers:
@@ -268,7 +271,7 @@ def attach_offline(llm: Any, outputs: list[Any]) -> None:
         raise LensRequestError("; ".join(errors), outputs)
 
 
-async def attach_async(engine: Any, output: Any) -> None:
+async def attach_async(engine: Any, output: Any, generated: int) -> None:
     processor = compat.async_input_processor(engine)
     pending = _registry(processor).pop(output.request_id, None)
     if pending is None:
@@ -276,7 +279,7 @@ async def attach_async(engine: Any, output: Any) -> None:
     target = HandoffTarget.for_this_process(id(processor))
     rank_results = await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key], target))
     claim_all(rank_results, id(processor))
-    error = _apply(processor, output.request_id, output, pending, rank_results)
+    error = _apply(processor, output.request_id, output, pending, rank_results, generated)
     sink = HTTP_SINK.get()
     if sink is not None:
         sink.append(HttpResult(output.request_id, output.activations, output.hook_results, pending.encoding, error))

@@ -97,19 +97,26 @@ def offline_input_processor(llm: Any) -> Any:
 
 
 def patch_async_results(
-    attach: Callable[[Any, Any], Any], discard: Callable[[Any, str], Any]
+    attach: Callable[[Any, Any, int], Any], discard: Callable[[Any, str], Any]
 ) -> None:
-    """Wrap ``AsyncLLM.generate``: ``await attach(engine, output)`` on the final output of a
-    request; ``await discard(engine, request_id)`` when a request ends without one."""
+    """Wrap ``AsyncLLM.generate``: ``await attach(engine, output, generated)`` on the final
+    output of a request (``generated``: its number of generated tokens, counted over the stream
+    when the outputs are deltas); ``await discard(engine, request_id)`` when a request ends
+    without one."""
+    from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 
     def make(original: Callable) -> Callable:
         async def generate(self: Any, prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any):
             delivered = False
+            delta = getattr(sampling_params, "output_kind", None) == RequestOutputKind.DELTA
+            generated = 0
             try:
                 async for output in original(self, prompt, sampling_params, request_id, *args, **kwargs):
+                    tokens = len(output.outputs[0].token_ids) if output.outputs else 0
+                    generated = generated + tokens if delta else tokens
                     if output.finished:
-                        await attach(self, output)
+                        await attach(self, output, generated)
                         delivered = True
                     yield output
             finally:

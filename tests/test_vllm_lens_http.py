@@ -1,0 +1,204 @@
+"""Issue #19 over HTTP, on one bfloat16 server with an API key: vllm-lens's request forms and
+wire format beside ours (bf16 stays bf16 in every encoding), bad input in their forms (malformed
+layer string, wrong dtype, truncated zstd frame, zip bombs, cloudpickled hooks) answered 400
+while concurrent good requests finish, activations as a final SSE chunk of a stream,
+``/v1/hooks/*`` on our hook sets (opt-in by id), and ``lens_evals.client.LensClient``."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from typing import Any
+
+import pytest
+import requests
+import torch
+import zstandard
+
+from lens_evals import wire
+from lens_evals.client import LensClient, activations_from_response, decode_activations, lens_xargs, serialize_tensor
+from lens_evals.hooks import Hook
+from lens_evals.spec import SteeringVector
+from tests.conftest import GPU_MEMORY_FRACTION, on_gpu
+from tests.tolerance import assert_stream_close
+
+KEY = "compat-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+PROMPT = "the cat reads a book."
+MESSAGES = [{"role": "user", "content": "a model finds the truth."}]
+STEER = SteeringVector(activations=torch.randn(1, 128, generator=torch.Generator().manual_seed(5)) * 4, layer_indices=[1])
+BF16_BOUND = 2e-2  # bf16 numerics of the same request in another batch composition
+
+
+@pytest.fixture(scope="module")
+def server(tiny_path):
+    from lens_evals.evals.server_process import LensServer
+
+    args: dict[str, Any] = {"dtype": "bfloat16", "max_model_len": 1024, "seed": 0, "api_key": [KEY]}
+    if on_gpu():
+        args["gpu_memory_utilization"] = GPU_MEMORY_FRACTION
+    proc = LensServer(str(tiny_path), served_name="test", server_args=args).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def post(server, path: str, body: dict[str, Any], headers: dict[str, str] = AUTH) -> requests.Response:
+    return requests.post(f"{server.url}{path}", json=body, headers=headers, timeout=300)
+
+
+def complete(server, xargs: dict[str, Any] | None = None, **body: Any) -> requests.Response:
+    payload = {"model": "test", "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True, **body}
+    if xargs:
+        payload["vllm_xargs"] = xargs
+    return post(server, "/v1/completions", payload)
+
+
+def stream_of(resp: requests.Response) -> torch.Tensor:
+    assert resp.status_code == 200, resp.text
+    return decode_activations(resp.json())["residual_stream"]
+
+
+def test_every_encoding_carries_bf16_unchanged(server) -> None:
+    default = complete(server, {"output_residual_stream": [0, 3]})
+    assert set(default.json()["activations"]["residual_stream"]) == set(wire.encode_array(torch.ones(1), wire.DEFAULT_RESPONSE_ENCODING))
+    reference = stream_of(default)
+    assert reference.dtype == torch.bfloat16 and reference.shape[0] == 2 and reference.shape[2] == 128
+    for encoding in wire.RESPONSE_ENCODINGS:
+        resp = complete(server, {"output_residual_stream": "[0, 3]", "activations_encoding": encoding})
+        assert torch.equal(stream_of(resp), reference), encoding
+        assert (activations_from_response(resp.json())["residual_stream"] == reference.float().numpy()).all()
+    theirs = complete(server, {"output_residual_stream": "[0, 3]", "activations_encoding": "vllm-lens"}).json()
+    assert theirs["activations"]["residual_stream"]["original_dtype"] == "torch.bfloat16"
+    every = stream_of(complete(server, {"output_residual_stream": "true"}))
+    assert every.shape[0] == 4 and torch.equal(every[[0, 3]], reference)
+
+
+def test_vllm_lens_request_forms_equal_ours(server) -> None:
+    ours = complete(server, lens_xargs([1], steering=[STEER]), return_token_ids=True)
+    their_vector = {"activations": serialize_tensor(STEER.activations), "layer_indices": [1], "scale": 1.0,
+                    "norm_match": False, "position_indices": None}
+    theirs = complete(server, {"output_residual_stream": json.dumps([1]), "apply_steering_vectors": json.dumps([their_vector])},
+                      return_token_ids=True)
+    assert theirs.json()["choices"][0]["token_ids"] == ours.json()["choices"][0]["token_ids"]
+    assert torch.equal(stream_of(theirs), stream_of(ours))
+    plain = stream_of(complete(server, {"output_residual_stream": [1]}))
+    assert not torch.equal(plain, stream_of(ours))  # the steering vector did something
+
+
+def _frame(data: bytes) -> str:
+    return base64.b64encode(zstandard.ZstdCompressor().compress(data)).decode()
+
+
+def _steer_with(payload: dict[str, Any]) -> dict[str, Any]:
+    return {"apply_steering_vectors": json.dumps([{"activations": payload, "layer_indices": [1]}])}
+
+
+VECTOR = torch.ones(1, 128).numpy().tobytes()
+BAD_FORMS = {
+    "malformed layer string": ({"output_residual_stream": "[1, 2"}, "output_residual_stream string is not valid JSON"),
+    "wrong dtype": (_steer_with({"data": _frame(VECTOR), "dtype": "int16", "original_dtype": "torch.float32", "shape": [1, 128],
+                                 "compression": "zstd"}), "does not match the storage dtype"),
+    "truncated zstd frame": (_steer_with({"data": base64.b64encode(base64.b64decode(_frame(VECTOR))[:-5]).decode(),
+                                          "dtype": "float32", "shape": [1, 128], "compression": "zstd"}), "truncated"),
+    "zip bomb (frame declares 64 MiB)": (_steer_with({"data": _frame(bytes(64 * 2**20)), "dtype": "float32", "shape": [1, 2**16],
+                                                      "compression": "zstd"}), "refused before inflating"),
+    "zip bomb (shape over the bound)": (_steer_with({"data": _frame(VECTOR), "dtype": "float32", "shape": [2**20, 2**20],
+                                                     "compression": "zstd"}), "refused before decoding"),
+    "cloudpickled hook": ({"apply_hooks": json.dumps([{"fn": {"cloudpickle": "gASVAAAA"}, "layer_indices": [0]}])},
+                          "never runs code sent over the network"),
+    "unknown encoding": ({"output_residual_stream": [0], "activations_encoding": "pickle"}, "activations_encoding must be one of"),
+}
+
+
+def test_bad_input_in_their_forms_is_400_while_good_requests_finish(server) -> None:
+    prompts = ["the cat reads a book.", "a model finds the truth.", "my friend"]
+    baseline = [stream_of(complete(server, {"output_residual_stream": [2]}, prompt=p, max_tokens=40)) for p in prompts]
+    results: dict[int, requests.Response] = {}
+
+    def good(i: int) -> None:
+        results[i] = complete(server, {"output_residual_stream": "[2]"}, prompt=prompts[i], max_tokens=40)
+
+    threads = [threading.Thread(target=good, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for name, (xargs, message) in BAD_FORMS.items():
+        resp = complete(server, xargs)
+        assert resp.status_code == 400, f"{name}: {resp.status_code} {resp.text}"
+        assert message in resp.json()["error"]["message"], f"{name}: {resp.text}"
+    for thread in threads:
+        thread.join(timeout=300)
+    for i, expected in enumerate(baseline):
+        got = stream_of(results[i])
+        assert got.shape == expected.shape
+        assert_stream_close(got.float(), expected.float(), f"good request {i} beside bad ones", bound=BF16_BOUND)
+    assert requests.get(f"{server.url}/health", timeout=5).status_code == 200
+
+
+def test_streaming_chat_ends_with_an_activations_chunk(server) -> None:
+    body = {"model": "test", "messages": MESSAGES, "max_tokens": 5, "temperature": 0, "ignore_eos": True,
+            "vllm_xargs": {"output_residual_stream": [1, 2], "apply_hooks": [Hook("record_norm", [2]).to_json()]}}
+    whole = post(server, "/v1/chat/completions", body).json()
+    with requests.post(f"{server.url}/v1/chat/completions", json={**body, "stream": True}, headers=AUTH, stream=True, timeout=300) as resp:
+        assert resp.status_code == 200
+        events = [line.removeprefix(b"data: ") for line in resp.iter_lines() if line.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]"
+    last = json.loads(events[-2])
+    assert set(last) == {"activations", "hook_results"}
+    assert all("activations" not in json.loads(event) for event in events[:-2])
+    streamed = decode_activations(last)
+    assert_stream_close(streamed["residual_stream"].float(), decode_activations(whole)["residual_stream"].float(), "stream vs whole")
+    assert torch.equal(streamed["saved"]["norm.2"], decode_activations(whole)["saved"]["norm.2"])
+
+
+def test_persistent_hooks_under_their_routes(server) -> None:
+    pickled = {"hooks": [{"fn": {"cloudpickle": "gASVAAAA"}, "layer_indices": [0], "pre": False}]}
+    refused = post(server, "/v1/hooks/register", pickled)
+    assert refused.status_code == 400 and "LENS_EVALS_HOOKS=" in refused.json()["error"]["message"], refused.text
+    assert post(server, "/v1/hooks/register", {"hooks": [Hook("record_norm", [1]).to_wire()]}, headers={}).status_code == 401
+    made = post(server, "/v1/hooks/register", {"hooks": [Hook("record_norm", [1]).to_wire()]})
+    assert made.status_code == 200 and made.json()["status"] == "ok" and made.json()["count"] == 1, made.text
+    set_id = made.json()["id"]
+    assert complete(server).status_code == 200  # does not opt in: not touched
+    assert post(server, "/v1/hooks/collect", {"id": set_id}).json() == {"results": {}}
+    opted = complete(server, {"use_hook_set": set_id, "output_residual_stream": [1]})
+    assert opted.status_code == 200 and "hook_results" not in opted.json()  # a set's results wait for collect
+    results = post(server, "/v1/hooks/collect", {"id": set_id}).json()["results"]
+    (request_id, per_hook), = results.items()
+    assert request_id.startswith(opted.json()["id"])
+    norms = decode_activations({"activations": per_hook["0"]})["norm.1"]
+    stream = stream_of(opted)[0].float()
+    assert_stream_close(norms[: stream.shape[0]].float()[:, None], stream.norm(dim=-1)[:, None], "set norm vs capture", bound=BF16_BOUND)
+    assert post(server, "/v1/hooks/collect", {"id": set_id}).json()["results"].keys() == {request_id}  # not drained
+    assert post(server, "/v1/hooks/clear_results", {"id": set_id}).json() == {"status": "ok"}
+    assert post(server, "/v1/hooks/collect", {"id": set_id}).json() == {"results": {}}
+    no_id = post(server, "/v1/hooks/collect", {})
+    assert no_id.status_code == 400 and "name the hook set" in no_id.json()["error"]["message"]
+    assert post(server, "/v1/hooks/prefetch", {"params": ["lm_head.weight"]}).json()["status"] == "ok"
+    assert post(server, "/v1/hooks/clear", {"id": set_id}).json() == {"status": "ok"}
+    assert post(server, "/v1/hooks/collect", {"id": set_id}).status_code == 404
+
+
+def test_lens_client(server) -> None:
+    client = LensClient(server.url, api_key=KEY)
+    out = client.generate(PROMPT, max_tokens=4, capture_layers=[1], hooks=[Hook("record_norm", [1])], ignore_eos=True)
+    stream = out.activations["residual_stream"]
+    assert stream.dtype == torch.bfloat16 and stream.shape[1] == len(out.prompt_token_ids) + len(out.token_ids) - 1
+    assert torch.equal(out.hook_results["0"]["norm.1"], out.activations["saved"]["norm.1"])
+    steered = client.generate(PROMPT, max_tokens=4, capture_layers=[1], steering_vectors=[STEER], ignore_eos=True)
+    assert torch.equal(steered.activations["residual_stream"], stream_of(complete(server, lens_xargs([1], steering=[STEER]), max_tokens=4)))
+    chat = client.chat(MESSAGES, max_tokens=3, capture_layers=True)
+    assert chat.activations["residual_stream"].shape[0] == 4 and chat.text == chat.raw["choices"][0]["message"]["content"]
+    client.register_hooks([Hook("record_norm", [1])])
+    first = client.generate(PROMPT, max_tokens=3)
+    client.register_hooks([Hook("record_norm", [2])])  # appends: a new set with both hooks
+    second = client.generate(PROMPT, max_tokens=3)
+    collected = client.collect_hook_results()
+    by_prefix = {rid.rsplit("-", 1)[0]: per_hook for rid, per_hook in collected.items()}
+    assert set(by_prefix[first.raw["id"]]) == {"0"} and set(by_prefix[second.raw["id"]]) == {"0", "1"}
+    client.clear_hooks()
+    assert client.collect_hook_results() == {} and client.hook_set is None
+    with pytest.raises(RuntimeError, match="never runs code"):
+        client._json("POST", "/v1/hooks/register", {"hooks": [{"fn": {"cloudpickle": ""}, "layer_indices": [0]}]})
