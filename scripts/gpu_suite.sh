@@ -19,10 +19,12 @@ out=${OUT:-/tmp}
 cd /tmp/src || exit 1
 run() {  # run NAME pytest-args...: one pytest process, junit XML and the log to $OUT
   local name=$1; shift
-  timeout "${LIMIT:-560}" python3 -m pytest -p no:cacheprovider -q --timeout 300 -o addopts="" \
+  # -v: each test's name and outcome in the log as it ends, so a call cut at its limit still says
+  # what ran (2026-12-03: a part cut at 600 s left only its progress dots)
+  timeout --kill-after=15 "${LIMIT:-540}" python3 -m pytest -p no:cacheprovider -v --timeout 240 -o addopts="" \
     -m "${MARK:-not slow and not gpu}" -ra --durations=15 --junitxml "$out/$name.xml" "$@" > "$out/$name.log" 2>&1
   echo "$name: exit $?"
-  grep -hE "^(FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|error)" "$out/$name.log" | cut -c1-300 | tail -40
+  grep -hE "^(FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|error)|(PASSED|FAILED|ERROR) +\[" "$out/$name.log" | cut -c1-200 | tail -60
 }
 case ${PART:?PART=prepare|1|2|3|ray} in
   prepare)

@@ -51,20 +51,44 @@ TINY_PROMPTS = [
 GPU_MEMORY_FRACTION = 0.2
 
 
+def gpu_share() -> dict[str, Any]:
+    """On a GPU, the engine option that leaves room for several engines (the test process's, a
+    subprocess's, a server's) at once; nothing on CPU."""
+    return {"gpu_memory_utilization": GPU_MEMORY_FRACTION} if on_gpu() else {}
+
+
 def engine_options(**kwargs: Any) -> dict[str, Any]:
-    """The tests' LLM options: fp32, short context, fixed seed and, on a GPU, a share of the device
-    small enough for several engines (the test process's and a subprocess's) at once."""
-    options: dict[str, Any] = {"dtype": "float32", "max_model_len": 1024, "seed": 0}
-    if on_gpu():
-        options["gpu_memory_utilization"] = GPU_MEMORY_FRACTION
-    options.update(kwargs)
-    return options
+    """The tests' LLM options: fp32, short context, fixed seed and :func:`gpu_share`."""
+    return {"dtype": "float32", "max_model_len": 1024, "seed": 0, **gpu_share(), **kwargs}
+
+
+def settle_gpu_memory(timeout_s: float = 60.0) -> None:
+    """Wait until the device's free memory stops changing. vLLM's start-up profiling fails ("Error
+    in memory profiling ... other processes sharing the same container release GPU memory") when
+    an engine that a previous test shut down is still handing its memory back. No-op on CPU."""
+    if not on_gpu():
+        return
+    import time
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    deadline = time.monotonic() + timeout_s
+    last = torch.cuda.mem_get_info()[0]
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        free = torch.cuda.mem_get_info()[0]
+        if abs(free - last) < 2**26:  # stable within 64 MiB over one second
+            return
+        last = free
 
 
 @contextmanager
 def make_llm(path: Path, **kwargs: Any) -> Iterator[Any]:
     from vllm import LLM
 
+    settle_gpu_memory()
     llm = LLM(str(path), **engine_options(**{"enable_prefix_caching": True, **kwargs}))
     try:
         yield llm
@@ -91,6 +115,7 @@ def lens_server(path: Path, env: dict[str, str] | None = None, server_args: dict
     """A LensServer for ``path`` served as "test", with the tests' engine options (plus ``server_args``)."""
     from lens_evals.evals.server_process import LensServer
 
+    settle_gpu_memory()
     server = LensServer(str(path), served_name="test", server_args=engine_options(**(server_args or {})), env=env).start()
     try:
         yield server

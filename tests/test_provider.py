@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from inspect_ai.scorer import match
 from lens_evals import SteeringVector
 from lens_evals.evals.server_process import LensServer, free_port
 from lens_evals.evals.solvers import capture_activations, steer
-from tests.conftest import capture, greedy, make_llm
+from tests.conftest import capture, gpu_share, greedy, make_llm
 from tests.tolerance import assert_stream_close
 
 PROMPT = "the cat reads a book."
@@ -93,7 +94,7 @@ def test_eval_on_smollm2_starts_and_stops_its_server(smollm2_path, tmp_path) -> 
     samples = [Sample(input="What is the capital of France?", target="Paris"), Sample(input="Name a colour.", target="red")]
     task = Task(dataset=samples, solver=[steer(np.ones(576, dtype=np.float32), layers=[10], scale=0.05, norm_match=True, capture_layers=[10, 20])], scorer=match(), config=GenerateConfig(max_tokens=8, temperature=0.0))
     before = _descendants()
-    logs = inspect_eval(task, model="vllm-lens/smollm2-135m-instruct", model_args={"max_model_len": 512, "dtype": "float32"}, log_dir=str(tmp_path), display="none")
+    logs = inspect_eval(task, model="vllm-lens/smollm2-135m-instruct", model_args={"max_model_len": 512, "dtype": "float32", **gpu_share()}, log_dir=str(tmp_path), display="none")
     assert logs[0].status == "success", logs[0].error
     sample = logs[0].samples[0]
     assert sample.messages[-1].metadata["lens_steering"]["layers"] == [10]
@@ -102,9 +103,16 @@ def test_eval_on_smollm2_starts_and_stops_its_server(smollm2_path, tmp_path) -> 
     assert not left, f"processes left after the eval: {[psutil.Process(p).cmdline()[:4] for p in left]}"
 
 
-def _system_servers() -> set[int]:
+def _tagged_engines(tag: str) -> set[int]:
+    """Live vLLM server / engine processes whose environment carries ``LENS_EVALS_TEST_TAG=tag``:
+    those the eval started (inherited through every fork), and no other server on the host."""
     found = set()
-    for proc in psutil.process_iter(["pid", "cmdline", "name"]):
+    for proc in psutil.process_iter(["pid", "cmdline", "name", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.environ().get("LENS_EVALS_TEST_TAG") != tag:
+                continue
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
         cmd = " ".join(proc.info["cmdline"] or [])
         if "vllm.entrypoints.openai.api_server" in cmd or (proc.info["name"] or "").startswith("VLLM::"):
             found.add(proc.info["pid"])
@@ -119,22 +127,24 @@ def test_inspect_cli_leaves_no_engine_processes(tmp_path, interrupt: bool) -> No
     import sys
     import time
 
-    before = _system_servers()
-    cmd = [str(Path(sys.executable).parent / "inspect"), "eval", "lifecycle_task.py",
-           "--model", "vllm-lens/tiny-llama", "-M", "max_model_len=512", "--log-dir", str(tmp_path), "--display", "plain"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=Path(__file__).parent / "scripts")
+    tag = f"lifecycle-{os.getpid()}-{interrupt}-{time.monotonic_ns()}"
+    model_args = [arg for key, value in {"max_model_len": 512, **gpu_share()}.items() for arg in ("-M", f"{key}={value}")]
+    cmd = [sys.executable, "-m", "inspect_ai", "eval", "lifecycle_task.py", "--model", "vllm-lens/tiny-llama", *model_args,
+           "--log-dir", str(tmp_path), "--display", "plain"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=Path(__file__).parent / "scripts",
+                            env={**os.environ, "LENS_EVALS_TEST_TAG": tag})
     if interrupt:
         deadline = time.monotonic() + 300
-        while not (_system_servers() - before) and time.monotonic() < deadline:
+        while not _tagged_engines(tag) and time.monotonic() < deadline:
             time.sleep(1)
-        assert _system_servers() - before, "the eval never started a server"
+        assert _tagged_engines(tag), "the eval never started a server"
         time.sleep(5)
         proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=600)
     if not interrupt:
         assert proc.returncode == 0, output[-3000:]
     time.sleep(2)
-    left = _system_servers() - before
+    left = _tagged_engines(tag)
     assert not left, f"engine processes left after `inspect eval` exited: {left}"
 
 
