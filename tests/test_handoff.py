@@ -77,7 +77,7 @@ def test_claim_refuses_foreign_names_and_missing_files(target, monkeypatch) -> N
         with pytest.raises(ValueError, match="unexpected hand-off file name"):
             claim({"file": name, "nbytes": 0, "dtype": "float32", "shape": [0]})
     with pytest.raises(ValueError, match="is gone"):
-        claim({"file": handoff.ROWS_PREFIX + "0" * 32, "nbytes": 4, "dtype": "float32", "shape": [1]})
+        claim({"file": handoff.ROWS_PREFIX + "1-" + "0" * 32, "nbytes": 4, "dtype": "float32", "shape": [1]})
     monkeypatch.setenv(handoff_pool.POOL_ENV, "0")
     packed, _ = assemble(_pieces(torch.float32), sink_for(target))
     with pytest.raises(ValueError, match="bytes, the reply says"):
@@ -200,3 +200,30 @@ def test_each_engine_gets_back_only_its_own_freed_regions(tmp_path, target) -> N
     assert sent()["free"] == [[packed_first["pool"], packed_first["offset"]]]  # engine 0's next fetch
     assert HandoffTarget.for_this_process(7)["free"] == [[packed_other["pool"], packed_other["offset"]]]
     other_worker.close()
+
+
+def test_files_of_dead_processes_are_swept_when_a_frontend_starts(tmp_path) -> None:
+    """A process killed hard leaves its marker, row files and pool segments behind; the next
+    frontend to use the directory removes those whose pid is gone and keeps the live ones."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    dead_pid, live_pid = int(dead.stdout), os.getpid()
+    hexes = iter(f"{n:032x}" for n in range(1, 100))
+    made = {
+        f"{handoff.MARKER_PREFIX}{next(hexes)}": (str(dead_pid), False),
+        f"{handoff.MARKER_PREFIX}{next(hexes)}": (str(live_pid), True),
+        f"{handoff.MARKER_PREFIX}{next(hexes)}": ("", True),  # an older marker without a pid
+        f"{handoff.ROWS_PREFIX}{dead_pid}-{next(hexes)}": ("rows", False),
+        f"{handoff.ROWS_PREFIX}{live_pid}-{next(hexes)}": ("rows", True),
+        f"{handoff_pool.SEGMENT_PREFIX}{dead_pid}-{next(hexes)}": ("pool", False),
+        f"{handoff_pool.SEGMENT_PREFIX}{live_pid}-{next(hexes)}": ("pool", True),
+        f"not-ours-{dead_pid}-{next(hexes)}": ("x", True),
+    }
+    for name, (text, _) in made.items():
+        (tmp_path / name).write_text(text)
+    new = HandoffTarget(str(tmp_path))
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left == {name for name, (_, kept) in made.items() if kept} | {os.path.basename(new.marker)}
+    assert (tmp_path / os.path.basename(new.marker)).read_text() == str(live_pid)

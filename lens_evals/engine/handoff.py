@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from lens_evals.engine.handoff_pool import PoolViews, SharedPool, map_and_unlink
+from lens_evals.engine.handoff_pool import SEGMENT_PREFIX, PoolViews, SharedPool, map_and_unlink
 
 logger = logging.getLogger("lens_evals")
 HANDOFF_ENV = "LENS_EVALS_HANDOFF"
@@ -41,7 +41,9 @@ SHM_DIR = "/dev/shm"
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
 MARKER_PREFIX = "lens_evals-host-"
 ROWS_PREFIX = "lens_evals-rows-"
-_ROWS_NAME = re.compile(rf"^{ROWS_PREFIX}[0-9a-f]{{32}}$")
+_ROWS_NAME = re.compile(rf"^{ROWS_PREFIX}[0-9]+-[0-9a-f]{{32}}$")  # the writer's pid, then a uuid
+_MARKER_NAME = re.compile(rf"^{MARKER_PREFIX}[0-9a-f]{{32}}$")  # holds the frontend's pid
+_OWNED_NAME = re.compile(rf"^(?:{ROWS_PREFIX}|{SEGMENT_PREFIX})([0-9]+)-[0-9a-f]{{32}}$")
 
 class Rows(Protocol):
     """A request's packed rows (``store.RowBlocks``): ``nbytes`` in all, as contiguous
@@ -100,8 +102,9 @@ class HandoffTarget:
         self.pool_views = PoolViews()
         self.token = uuid.uuid4().hex
         self.marker = os.path.join(directory, MARKER_PREFIX + self.token)
-        with open(self.marker, "x"):
-            pass
+        sweep_stale(directory)
+        with open(self.marker, "x") as marker:
+            marker.write(str(os.getpid()))
         atexit.register(_remove, self.marker)
 
     @classmethod
@@ -158,6 +161,49 @@ def claim_all(rank_results: list[Any], source: int = 0) -> None:
 def _remove(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):  # already claimed / removed: nothing to do
         os.unlink(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def sweep_stale(directory: str) -> list[str]:
+    """Remove what processes that died without their exit handlers (SIGKILL, OOM) left in the
+    hand-off ``directory``: markers, row files and pool segments whose owner's pid is gone. A
+    marker without a pid (older versions) is left alone. Returns the names removed."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError as exc:
+        logger.warning("lens_evals: cannot list hand-off directory %s (%s)", directory, exc)
+        return removed
+    for name in names:
+        owned = _OWNED_NAME.match(name)
+        if owned:
+            pid = int(owned.group(1))
+        elif _MARKER_NAME.match(name):
+            try:
+                with open(os.path.join(directory, name)) as marker:
+                    text = marker.read(32).strip()
+            except OSError:
+                continue
+            if not text.isdigit():
+                continue
+            pid = int(text)
+        else:
+            continue
+        if not _alive(pid):
+            _remove(os.path.join(directory, name))
+            removed.append(name)
+    if removed:
+        logger.info("lens_evals: removed %d hand-off files of dead processes from %s", len(removed), directory)
+    return removed
 
 
 # ----------------------------------------------------------------- worker side
@@ -247,7 +293,7 @@ def _write_all(fd: int, blocks: list[Any]) -> int:
 def _write_file(directory: str, rows: Rows) -> dict[str, Any]:
     """The blocks written into a new file (plain writes: a full directory is an error now, not a
     SIGBUS later as with a mapping); inline bytes if the directory is full."""
-    name = ROWS_PREFIX + uuid.uuid4().hex
+    name = f"{ROWS_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
     path = os.path.join(directory, name)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -34,14 +34,14 @@ DEFAULT_POOL_MIB = 1024
 SEGMENT_BYTES = 64 * 2**20
 ALIGN = 4096
 SEGMENT_PREFIX = "lens_evals-pool-"
-SEGMENT_NAME = re.compile(rf"^{SEGMENT_PREFIX}[0-9a-f]{{32}}$")
+SEGMENT_NAME = re.compile(rf"^{SEGMENT_PREFIX}[0-9]+-[0-9a-f]{{32}}$")  # the worker's pid, then a uuid
 
 
 class _Segment:
     """One shared file, mapped by the worker, with its free regions (sorted, coalesced)."""
 
     def __init__(self, directory: str, size: int) -> None:
-        self.name = SEGMENT_PREFIX + uuid.uuid4().hex
+        self.name = f"{SEGMENT_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
         self.path = os.path.join(directory, self.name)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
