@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoConfig
 
 from lens_evals.probing.dialogues import Dialogue
-from lens_evals.probing.science import _parameter_shapes, layer_rows, plot_results
+from lens_evals.probing.science import _parameter_shapes, layer_rows, plot_results, results_table
 from lens_evals.probing.train import LayerFeatures
 
 
@@ -50,8 +50,12 @@ def test_plot_results_writes_a_png(tmp_path):
     for name, size in (("a", 1e8), ("b", 5e8)):
         run = {"model": name, "dtype": "float32", "n_layers": 3, "n_parameters": size, "chosen_layer": 1,
                "layers": [{"layer": i, "ip-lr_roleplaying_auroc": 0.5 + i / 10, "ip-lr_validation_auroc": 0.9} for i in range(3)],
-               "probes": [{"probe": k, "auroc": 0.6} for k in ("ip-lr", "ip-dom", "rp-lr")]}
+               "probes": [{"probe": k, "auroc": 0.6, "recall_at_1pct_fpr": 0.25} for k in ("ip-lr", "ip-dom", "rp-lr")],
+               "thresholds": {"ip-lr": {"threshold": 1.5, "bootstrap_95": [1.25, 2.0]}}, "n_control": 10, "control_max_tokens": 8}
         paths.append(tmp_path / f"{name}.json")
         paths[-1].write_text(json.dumps(run))
     plot_results(paths, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = results_table(paths).splitlines()
+    assert len(table) == 2 + 6 and table[2].startswith("| a | 100 M | float32 | 1 (3) | 0.900 | ip-lr | 0.600 | 0.250 |")
+    assert "1.50 [1.25, 2.00]" in table[2] and "per fold" in table[4] and "| — |" in table[3]

@@ -134,3 +134,24 @@ def plot_results(paths: list[Path], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
+
+
+def results_table(paths: list[Path]) -> str:
+    """The results page's table (markdown), one row per model and probe."""
+    runs = sorted((json.loads(p.read_text(encoding="utf-8")) for p in paths), key=lambda r: r["n_parameters"])
+    lines = ["| model | params | dtype | layer (of) | IP val. AUROC | probe | Roleplaying AUROC | recall at 1 % FPR | threshold [95 % bootstrap] | control |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for run in runs:
+        chosen = next(r for r in run["layers"] if r["layer"] == run["chosen_layer"])
+        for probe in run["probes"]:
+            kind = probe["probe"]
+            if kind in run["thresholds"]:
+                t = run["thresholds"][kind]
+                threshold = f"{t['threshold']:.2f} [{t['bootstrap_95'][0]:.2f}, {t['bootstrap_95'][1]:.2f}]"
+            else:
+                threshold = "per fold"
+            validation = f"{chosen[f'{kind}_validation_auroc']:.3f}" if f"{kind}_validation_auroc" in chosen else "—"
+            lines.append(f"| {run['model']} | {run['n_parameters'] / 1e6:.0f} M | {run['dtype']} | {run['chosen_layer']} "
+                         f"({run['n_layers']}) | {validation} | {kind} | {probe['auroc']:.3f} | {probe['recall_at_1pct_fpr']:.3f} "
+                         f"| {threshold} | {run['n_control']} x {run['control_max_tokens']} tok |")
+    return "\n".join(lines)

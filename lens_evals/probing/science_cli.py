@@ -27,10 +27,11 @@ def add_probe_commands(probes_sub: Any) -> None:
 
 def run_probes_command(args: argparse.Namespace) -> int:
     if args.probes_command == "plot":
-        from lens_evals.probing.science import plot_results
+        from lens_evals.probing.science import plot_results, results_table
 
         plot_results(args.results, args.out)
-        print(args.out)
+        print(results_table(args.results))
+        print(f"\nplot: {args.out}")
     elif args.probes_command == "science":
         from lens_evals.probing.science import run_science
 
