@@ -60,6 +60,34 @@ async def _ask(model: Any, prompt: str, lora: str, vector: Any, max_tokens: int,
     return output
 
 
+async def check_serves(model: Any, lora: str) -> None:
+    if lora not in await _lens_api(model).served_models():
+        raise RuntimeError(f"the server does not serve the adapter {lora!r}; start it with -M lora_modules={lora}=PATH_OR_ORACLE_NAME")
+
+
+async def ask_oracle(model: Any, acts: np.ndarray, question: str, settings: OracleSettings, lora: str, max_tokens: int,
+                     zero_vector_baseline: bool = False) -> tuple[ModelOutput, dict[str, Any]]:
+    """Ask the adapter ``lora`` (served beside ``model``) ``question`` about ``acts`` (K, hidden),
+    read after ``settings.target_layer``; the answer and a record of what was asked and injected."""
+    api = _lens_api(model)
+    messages = oracle_messages(settings.target_layer, acts.shape[0], question, settings.placeholder)
+    placeholder_id = check_single_token(settings.placeholder, await api.tokenize(text=settings.placeholder))
+    prompt_ids = await api.tokenize(messages=messages)
+    positions = placeholder_positions(prompt_ids, placeholder_id, acts.shape[0])
+    prompt = messages[0]["content"]
+    output = await _ask(model, prompt, lora, injection_vector(acts, positions, settings), max_tokens, len(prompt_ids))
+    record: dict[str, Any] = {
+        "question": question, "answer": output.completion, "lora": lora, "target_layer": settings.target_layer,
+        "injection_layer": settings.injection_layer, "num_positions": int(acts.shape[0]), "positions": positions,
+        "coefficient": settings.coefficient, "placeholder": settings.placeholder,
+        "mean_vector_norm": round(float(np.linalg.norm(acts, axis=-1).mean()), 3),
+    }
+    if zero_vector_baseline:
+        baseline = await _ask(model, prompt, lora, None, max_tokens, len(prompt_ids))
+        record["zero_vector_answer"] = baseline.completion
+    return output, record
+
+
 @solver
 def activation_oracle(
     question: str | None = None,
@@ -79,29 +107,13 @@ def activation_oracle(
 
     async def solve(state: TaskState, generate: Generate) -> TaskState:
         model = get_model()
-        api = _lens_api(model)
         asked = question or (state.metadata or {}).get(QUESTION_METADATA_KEY)
         if not asked:
             raise ValueError(f"no question: pass question= or set the sample's metadata[{QUESTION_METADATA_KEY!r}]")
-        if lora not in await api.served_models():
-            raise RuntimeError(f"the server does not serve the adapter {lora!r}; start it with -M lora_modules={lora}=PATH_OR_ORACLE_NAME")
+        await check_serves(model, lora)
         stream = await _capture(model, state, target_layer)
         acts = stream[select_positions(stream.shape[0], num_tokens)]
-        messages = oracle_messages(target_layer, acts.shape[0], asked, placeholder)
-        placeholder_id = check_single_token(placeholder, await api.tokenize(text=placeholder))
-        prompt_ids = await api.tokenize(messages=messages)
-        positions = placeholder_positions(prompt_ids, placeholder_id, acts.shape[0])
-        prompt = messages[0]["content"]
-        output = await _ask(model, prompt, lora, injection_vector(acts, positions, settings), max_tokens, len(prompt_ids))
-        record: dict[str, Any] = {
-            "question": asked, "answer": output.completion, "lora": lora, "target_layer": target_layer,
-            "injection_layer": injection_layer, "num_positions": int(acts.shape[0]), "positions": positions,
-            "coefficient": coefficient, "placeholder": placeholder,
-            "mean_vector_norm": round(float(np.linalg.norm(acts, axis=-1).mean()), 3),
-        }
-        if zero_vector_baseline:
-            baseline = await _ask(model, prompt, lora, None, max_tokens, len(prompt_ids))
-            record["zero_vector_answer"] = baseline.completion
+        output, record = await ask_oracle(model, acts, asked, settings, lora, max_tokens, zero_vector_baseline)
         state.store.set(ORACLE_STORE_KEY, record)
         message = output.message.model_copy(update={"metadata": {**(output.message.metadata or {}), "activation_oracle": record}})
         output.choices[0].message = message
