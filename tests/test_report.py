@@ -48,6 +48,7 @@ class ReportDom(HTMLParser):
         super().__init__()
         self.figures: dict[str, list[str]] = {}  # figure id -> tags inside
         self.transcripts: list[dict] = []
+        self.figure_text: dict[str, str] = {}
         self.pairs = 0
         self.sections: list[str] = []  # probe names, one per section (a tab each when several)
         self.tabs = 0
@@ -62,6 +63,7 @@ class ReportDom(HTMLParser):
             self.figures[self._figure] = []
         elif self._figure is not None:
             self.figures[self._figure].append(tag)
+            self.figure_text.setdefault(self._figure, "")
         if tag == "section" and "probe" in classes:
             self.sections.append(a["data-probe"] or "")
         if tag == "input" and a.get("name") == "tabs":
@@ -82,6 +84,8 @@ class ReportDom(HTMLParser):
             self._span = None
 
     def handle_data(self, data: str) -> None:
+        if self._figure is not None:
+            self.figure_text[self._figure] = self.figure_text.get(self._figure, "") + data
         if self._span is not None:
             self._span["text"] += data
 
@@ -108,6 +112,7 @@ def random_probe(directory: Path, seed: int = 0) -> Path:
                      token_selection="all", training_set="random rows (test)", n_train_dialogues=256, n_val_dialogues=0,
                      n_train_tokens=256, regularization_C=1.0, validation_auroc=0.5,
                      threshold=float(np.quantile(control, 0.99)), control_set="random rows (test)", n_control=100,
+                     control_scores=[round(float(c), 4) for c in control],
                      versions=ProbeCard.current_versions(), created=dt.datetime.now(dt.timezone.utc).isoformat())
     return Probe(pipeline=pipeline, card=card).save(directory)
 
@@ -176,6 +181,10 @@ def test_report_of_a_real_log_renders_in_chromium(tiny_logs, tmp_path) -> None:
     assert cli(["report", str(tiny_logs["one"]), "--out", str(page)]) == 0
     dom = check_report(tiny_logs["one"], page, N_SAMPLES)
     assert dom.sections == ["tiny-random-0"] and dom.tabs == 0
+    # The histogram draws the probe card's control scores beside the classes and the threshold.
+    threshold = read_eval_log(str(tiny_logs["one"])).eval.metadata["probe"]["threshold"]
+    assert "control answers (100)" in dom.figure_text["hist-0"] and f"threshold {threshold:.2f}" in dom.figure_text["hist-0"]
+    assert "1% FPR on this eval's honest" in dom.figure_text["roc-0"] and "probe threshold" in dom.figure_text["roc-0"]
 
 
 def test_the_three_probe_tasks_probes_are_tabs(tiny_logs, tmp_path) -> None:

@@ -45,6 +45,7 @@ class ProbeCard(BaseModel):
     threshold_fpr: float = 0.01
     control_set: str
     n_control: int
+    control_scores: list[float] = []  # each control answer's score (4 decimals); empty on cards from before
     score: str = "mean over the scored tokens of the logistic-regression decision function (log-odds of deceptive/false)"
     versions: dict[str, str]
     created: str

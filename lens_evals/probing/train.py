@@ -134,7 +134,8 @@ def train_probe(
         n_train_tokens=int(sum(len(features[i]) for i in train_index)), regularization_C=C,
         validation_auroc=val_auroc, threshold=threshold_at_fpr(control_scores, 0.01),
         control_set=f"lens_evals benign_requests.yaml answered by the model (greedy, {control_max_tokens} tokens)",
-        n_control=len(control_scores), versions=ProbeCard.current_versions(), created=ProbeCard.today(),
+        n_control=len(control_scores), control_scores=[round(float(s), 4) for s in control_scores],
+        versions=ProbeCard.current_versions(), created=ProbeCard.today(),
     )
     probe = Probe(pipeline=pipeline, card=card)
     saved = probe.save(out_dir if out_dir is not None else probe_dir())
