@@ -105,7 +105,10 @@ def probe_scores(
 
 
 def _server_token_ids(state: TaskState) -> dict[str, list[int]]:
-    token_ids = (state.output.metadata or {}).pop(TOKEN_IDS_KEY, None) if state.output else None
+    """The server's token ids, taken out of the output (Inspect would log them with it, three times)."""
+    metadata = (state.output.metadata or {}) if state.output else {}
+    metadata.pop("prompt_token_ids", None)  # the same ids under vllm-lens's key, where the provider adds it
+    token_ids = metadata.pop(TOKEN_IDS_KEY, None)
     if not token_ids:
         raise RuntimeError("the server returned no token ids (return_token_ids): score with a vllm-lens/<model> model")
     return token_ids
