@@ -72,5 +72,5 @@ def accuracy_svg(families: Sequence[str], oracle: Sequence[float], zero_vector: 
     axes.bar(x + 0.2, zero_vector, width=0.4, color=CONTROL_COLOUR, label="zero vector (nothing injected)")
     axes.set_xticks(x, families, rotation=20, ha="right")
     axes.set(ylabel="accuracy", ylim=(0, 1.05))
-    axes.legend(fontsize=7)
+    axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, frameon=False)
     return _svg(figure)

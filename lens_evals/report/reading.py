@@ -180,7 +180,8 @@ def report_data(path: str | Path) -> ReportData:
     if not log.samples:
         raise ReportError(f"{path}: the log of {task!r} holds no samples (status {log.status}); run the eval with samples logged")
     metrics = {name: m.value for s in (log.results.scores if log.results else []) for name, m in s.metrics.items()}
-    data = ReportData(title=f"{task} on {log.eval.model}", task=task, model=log.eval.model, created=log.eval.created,
+    shown_name = task if task != "task" or not log.eval.dataset.name else log.eval.dataset.name  # an unnamed Task
+    data = ReportData(title=f"{shown_name} on {log.eval.model}", task=task, model=log.eval.model, created=log.eval.created,
                       location=str(path), metrics=metrics, metadata=dict(log.eval.metadata or {}))
     if is_probe:
         by_probe, thresholds = _probe_samples(log)

@@ -34,4 +34,5 @@ details.context summary{cursor:pointer;font-size:12px;color:#4b5563}
 background:#f3f4f6;cursor:pointer;margin-right:4px}.tabs>input:checked+label{background:#fff;font-weight:600}
 .tabs>.panel{display:none;border-top:1px solid #d1d5db}
 .oracle .turn.zero{color:#6b7280}
+.transcript.oracle.correct{border-left-color:#16a34a}.transcript.oracle.wrong{border-left-color:#dc2626}
 """
