@@ -38,7 +38,7 @@ TOOL = {"name": "bash", "description": "Run a shell command on the lab server an
         "parameters": {"type": "object", "properties": {"command": {"type": "string", "description": "The shell command to run"}},
                        "required": ["command"]}}
 TOOL_RESULT = "weights.safetensors\nconfig.json\ntokenizer.json"
-QUESTION = "What is the topic?"
+QUESTION = "What word is the text about?"  # a question the small oracle was trained on (its word family)
 QUOTE = "/models"
 BAD_LAYER = 99
 USAGE = ModelUsage(input_tokens=10, output_tokens=10, total_tokens=20)
