@@ -16,7 +16,6 @@ from typing import Any, Sequence
 import numpy as np
 
 DEFAULT_PLACEHOLDER = " ?"
-DEFAULT_INJECTION_LAYER = 1
 
 
 def oracle_prompt(layer: int, num_positions: int, question: str, placeholder: str = DEFAULT_PLACEHOLDER) -> str:

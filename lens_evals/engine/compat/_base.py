@@ -1,4 +1,4 @@
-"""Shared by the compat modules: the logger, vLLM's version, idempotent monkey-patching."""
+"""Shared by the compat modules: the logger and idempotent monkey-patching."""
 
 from __future__ import annotations
 
@@ -6,18 +6,9 @@ import functools
 import logging
 from typing import Any, Callable
 
-
-
-
 logger = logging.getLogger("lens_evals")
 
 _PATCHED_ATTR = "__lens_evals_patched__"
-
-
-def vllm_version() -> str:
-    import vllm
-
-    return getattr(vllm, "__version__", "unknown")
 
 
 def _patch(owner: Any, name: str, make_wrapper: Callable[[Callable], Callable]) -> None:
