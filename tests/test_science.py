@@ -59,3 +59,26 @@ def test_plot_results_writes_a_png(tmp_path):
     table = results_table(paths).splitlines()
     assert len(table) == 2 + 6 and table[2].startswith("| a | 100 M | float32 | 1 (3) | 0.900 | ip-lr | 0.600 | 0.250 |")
     assert "1.50 [1.25, 2.00]" in table[2] and "per fold" in table[4] and "| — |" in table[3]
+
+
+def test_the_science_run_end_to_end_on_tiny_llama(tiny_path, tmp_path, monkeypatch):
+    """Every step on a real (tiny, random) engine: the JSON has every layer, three probes with
+    recall computed against their own thresholds, and the probe set it saved loads."""
+    from lens_evals.probing.multi import load_probe_set, probe_set_path
+    from lens_evals.probing.science import run_science
+    from tests.conftest import make_llm
+
+    monkeypatch.setenv("LENS_EVALS_PROBE_DIR", str(tmp_path / "probes"))
+    with make_llm(tiny_path, enable_prefix_caching=False) as llm:
+        result = run_science(str(tiny_path), tmp_path / "results", ip_limit=24, control_limit=12, control_max_tokens=6,
+                             n_folds=2, roleplaying_limit=6, llm=llm)
+    assert [r["layer"] for r in result["layers"]] == [0, 1, 2, 3] and result["n_roleplaying"] == 12
+    assert [p["probe"] for p in result["probes"]] == ["ip-lr", "ip-dom", "rp-lr"]
+    assert all(0.0 <= p["auroc"] <= 1.0 and 0.0 <= p["recall_at_1pct_fpr"] <= 1.0 for p in result["probes"])
+    assert result["n_parameters"] > 0 and result["chosen_layer"] in range(4)
+    saved = json.loads((tmp_path / "results" / f"{tiny_path.name}-float32.json").read_text())
+    assert saved["probes"] == result["probes"] and not list((tmp_path / "results").glob("*.layers.json"))
+    probes = load_probe_set(probe_set_path(str(tiny_path)))
+    assert probes.layer == result["chosen_layer"]
+    low, high = result["thresholds"]["ip-lr"]["bootstrap_95"]
+    assert low <= probes.readouts["ip-lr"].threshold <= high
