@@ -156,7 +156,7 @@ def main() -> int:
     if log.samples:
         sample = log.samples[0]
         result["target_messages"] = [{**converted, "id": message.id} for converted, message
-                                     in zip(asyncio.run(messages_to_openai(sample.messages)), sample.messages)]
+                                     in zip(asyncio.run(messages_to_openai(sample.messages)), sample.messages, strict=True)]
         result["tools"] = openai_chat_tools([ToolInfo(name=TOOL["name"], description=TOOL["description"],
                                                       parameters=ToolParams.model_validate(TOOL["parameters"]))])
         result["inspections"] = sample.store.get(STORE_KEY, [])
