@@ -70,6 +70,12 @@ def _bench(args: argparse.Namespace) -> int:
 
     return run_bench(args)
 
+def _capture(args: argparse.Namespace) -> int:
+    from lens_evals.capture.cli import run
+
+    return run(args)
+
+
 def _oracle(args: argparse.Namespace) -> int:
     import json
 
@@ -148,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(bench)
     bench.set_defaults(func=_bench)
+
+    capture = sub.add_parser("capture", help="activations of a prompt set to disk: sharded, resumable, bounded memory")
+    from lens_evals.capture.cli import add_arguments as add_capture_arguments
+
+    add_capture_arguments(capture)
+    capture.set_defaults(func=_capture)
 
     oracle = sub.add_parser("oracle", help="activation oracles: train one, find it")
     oracle_sub = oracle.add_subparsers(dest="oracle_command", required=True)

@@ -1,0 +1,175 @@
+"""Run a capture: prompts in batches through the offline engine, rows into shards, the manifest
+rewritten atomically after each shard. Restarting with the same arguments skips every prompt the
+manifest already holds; files a killed run left behind (temporary files, a shard written but not
+yet recorded) are removed first, so no row is ever written twice."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from lens_evals.capture.inputs import PromptItem, read_prompts, source_sha256
+from lens_evals.capture.manifest import (CaptureError, CaptureManifest, RowRecord, ShardRecord, is_disk_full,
+                                         manifest_path, read_manifest, write_manifest)
+from lens_evals.capture.shards import ShardBuffer, shard_name, write_single_row
+
+logger = logging.getLogger(__name__)
+
+STALE_FILE = re.compile(r"(shard-\d{5}\.safetensors(\.tmp)?|manifest\.json\.tmp)")
+
+
+class CaptureStopped(CaptureError):
+    """The run stopped on purpose after ``max_shards`` shards (everything written is recorded)."""
+
+
+@dataclass
+class CaptureSettings:
+    batch_size: int = 16  # prompts per engine call: one batch's captures are in memory at a time
+    shard_rows: int = 256  # prompts per shard at most
+    shard_bytes: int = 256 << 20  # capture bytes per shard at most (the shard buffer's size)
+    max_shards: int | None = None  # stop (CaptureStopped) after writing this many shards in this run
+
+
+def _start_manifest(prompts_path: Path, model: str, layers: list[int], out_dir: Path, n_prompts: int) -> CaptureManifest:
+    sha256 = source_sha256(prompts_path)
+    manifest = read_manifest(out_dir)
+    if manifest is None:
+        return CaptureManifest(model=model, layers=layers, source=str(prompts_path), source_sha256=sha256, n_prompts=n_prompts)
+    mine = {"model": model, "layers": layers, "source_sha256": sha256}
+    theirs = {"model": manifest.model, "layers": manifest.layers, "source_sha256": manifest.source_sha256}
+    if mine != theirs:
+        differ = ", ".join(f"{k} {theirs[k]!r} (now {mine[k]!r})" for k in mine if mine[k] != theirs[k])
+        raise CaptureError(f"{out_dir} holds a capture with other settings: {differ}; resume with the same "
+                           "model, layers and prompt set, or choose another --out")
+    return manifest
+
+
+def _remove_stale(out_dir: Path, manifest: CaptureManifest) -> None:
+    recorded = {shard.name for shard in manifest.shards}
+    for path in out_dir.iterdir():
+        if STALE_FILE.fullmatch(path.name) and path.name not in recorded:
+            logger.warning("removing %s left by an interrupted run", path)
+            path.unlink()
+
+
+def _layer_count(llm: Any) -> int | None:
+    config = llm.llm_engine.model_config.hf_text_config
+    return getattr(config, "num_hidden_layers", None)
+
+
+def _tokenize(llm: Any, items: Sequence[PromptItem], layers: list[int]) -> list[list[int]]:
+    n_layers = _layer_count(llm)
+    bad_layers = [layer for layer in layers if n_layers is not None and not 0 <= layer < n_layers]
+    if bad_layers:
+        raise CaptureError(f"layers {bad_layers} are outside the model's {n_layers} layers (0..{n_layers - 1})")
+    tokenizer = llm.get_tokenizer()
+    limit = llm.llm_engine.model_config.max_model_len - 1  # one token is generated (max_tokens=1)
+    token_ids = []
+    for item in items:
+        ids = item.tokenize(tokenizer)
+        if not 0 < len(ids) <= limit:
+            raise CaptureError(f"prompt {item.index} has {len(ids)} tokens; this engine takes 1..{limit} "
+                               "(raise --max-model-len or shorten it)")
+        token_ids.append(ids)
+    return token_ids
+
+
+class _ShardSink:
+    """Writes shards and records them; turns a full disk into a clear error that says what was kept."""
+
+    def __init__(self, out_dir: Path, manifest: CaptureManifest, settings: CaptureSettings, progress: tqdm) -> None:
+        self.out_dir, self.manifest, self.settings, self.progress = out_dir, manifest, settings, progress
+        self.buffer = ShardBuffer(manifest.layers, settings.shard_rows, settings.shard_bytes)
+        self.written_this_run = 0
+
+    def add(self, prompt_index: int, token_ids: list[int], stream: torch.Tensor) -> None:
+        if self.manifest.dtype is None:
+            self.manifest.dtype = str(stream.dtype).removeprefix("torch.")
+            self.manifest.hidden_size = int(stream.shape[-1])
+        if not self.buffer.fits(stream) and self.buffer.rows:
+            self.flush()
+        if not self.buffer.fits(stream):  # larger than a whole shard buffer: a shard of its own
+            self._record(lambda name: write_single_row(self.out_dir, name, self.manifest.layers, prompt_index, token_ids, stream))
+            return
+        self.buffer.add(prompt_index, token_ids, stream)
+        if self.buffer.full:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buffer.rows:
+            self._record(lambda name: self.buffer.write(self.out_dir, name))
+
+    def _record(self, write: Callable[[str], tuple[ShardRecord, list[RowRecord]]]) -> None:
+        name = shard_name(len(self.manifest.shards))
+        try:
+            shard, rows = write(name)
+            self.manifest.shards.append(shard)
+            self.manifest.rows.extend(rows)
+            write_manifest(self.out_dir, self.manifest)
+        except Exception as exc:  # OSError, or safetensors' error that carries ENOSPC as text
+            if not is_disk_full(exc):
+                raise
+            (self.out_dir / name).unlink(missing_ok=True)  # written but not recorded: not kept
+            kept = read_manifest(self.out_dir)
+            n_shards, n_rows = (len(kept.shards), len(kept.rows)) if kept else (0, 0)
+            raise CaptureError(
+                f"disk full in {self.out_dir} while writing {name}: kept {n_shards} complete shards "
+                f"({n_rows} of {self.manifest.n_prompts} prompts) recorded in {manifest_path(self.out_dir)}; "
+                "free space and rerun the same command to resume") from None
+        self.written_this_run += 1
+        self.progress.set_postfix(shards=len(self.manifest.shards), refresh=False)
+        self.progress.update(shard.n_rows)
+        if self.settings.max_shards is not None and self.written_this_run >= self.settings.max_shards:
+            raise CaptureStopped(f"stopped after {self.written_this_run} shards as asked; "
+                                 f"{len(self.manifest.rows)} of {self.manifest.n_prompts} prompts are in {self.out_dir}")
+
+
+def run_capture(prompts_path: str | Path, model: str, layers: Sequence[int], out_dir: str | Path, *,
+                llm: Any = None, settings: CaptureSettings | None = None, max_model_len: int = 1024,
+                engine_args: dict[str, Any] | None = None, show_progress: bool = True) -> CaptureManifest:
+    """Capture ``layers`` of every prompt of ``prompts_path`` into ``out_dir``; resumes a partial
+    capture there. ``llm``: an offline engine to use (otherwise one is opened on ``model``)."""
+    from vllm import SamplingParams
+
+    from lens_evals.spec import CAPTURE_KEY
+
+    settings = settings or CaptureSettings()
+    prompts_path, out_dir, layer_list = Path(prompts_path), Path(out_dir), sorted(set(layers))
+    items = read_prompts(prompts_path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = _start_manifest(prompts_path, model, layer_list, out_dir, len(items))
+    _remove_stale(out_dir, manifest)
+    if manifest.complete:
+        logger.warning("%s already holds the complete capture", out_dir)
+        return manifest
+    done = manifest.done_prompts()
+    todo = [item for item in items if item.index not in done]
+    if llm is None:
+        from lens_evals.probing.extract import open_engine
+
+        llm = open_engine(model, max_model_len=max_model_len, **(engine_args or {}))
+    token_ids = _tokenize(llm, todo, layer_list)
+    params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={CAPTURE_KEY: layer_list})
+    with tqdm(total=len(items), initial=len(done), desc=f"capture -> {out_dir}", unit="prompt",
+              disable=not show_progress) as progress:
+        sink = _ShardSink(out_dir, manifest, settings, progress)
+        for begin in range(0, len(todo), settings.batch_size):
+            batch = todo[begin : begin + settings.batch_size]
+            batch_ids = token_ids[begin : begin + settings.batch_size]
+            outputs = llm.generate([{"prompt_token_ids": ids} for ids in batch_ids], params, use_tqdm=False)
+            for item, ids, output in zip(batch, batch_ids, outputs):
+                stream = output.activations["residual_stream"]
+                if stream.shape[1] != len(ids):
+                    raise CaptureError(f"prompt {item.index}: captured {stream.shape[1]} rows for {len(ids)} tokens")
+                sink.add(item.index, ids, stream)
+            del outputs
+        sink.flush()
+    manifest.complete = True
+    write_manifest(out_dir, manifest)
+    return manifest
