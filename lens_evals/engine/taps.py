@@ -7,27 +7,44 @@ stream as the next layer will)."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from lens_evals.engine import compat, timing
-from lens_evals.engine.hooks import HookCall, run_calls
-
-if TYPE_CHECKING:
-    from lens_evals.engine.worker import LensWorkerState
+from lens_evals.engine.batch import StepPlan
+from lens_evals.engine.hooks import HookCall, HookContext, run_calls
 
 logger = logging.getLogger("lens_evals")
 
 
-def install_taps(state: "LensWorkerState", layers: dict[int, nn.Module], contract: compat.StreamContract) -> None:
+class StepHost(Protocol):
+    """What the taps read and write during a forward pass: the step's plan (None: no lens request
+    in this step), where the step's captures and probe scores go, and how a hook gets its context
+    and reports a failed request. The worker's state provides it; the taps know nothing else of
+    the worker (no import of it)."""
+
+    plan: StepPlan | None
+    step_captures: dict[int, torch.Tensor]
+    step_scores: dict[int, torch.Tensor]
+
+    def hook_context(self, call: HookCall, layer: int) -> HookContext: ...
+
+    def fail_key(self, key: str, message: str) -> None: ...
+
+    def has_failed(self, key: str) -> bool: ...
+
+    def fail_keys(self, keys: list[str], message: str) -> None: ...
+
+
+def install_taps(state: StepHost, layers: dict[int, nn.Module], contract: compat.StreamContract) -> None:
     """Register a forward hook on every decoder layer of this stage."""
     for index, layer in layers.items():
         layer.register_forward_hook(_make_tap(state, index, contract))
 
 
-def install_hook_tap(state: "LensWorkerState", layer: nn.Module, site: tuple[int, str | None, bool], contract: compat.StreamContract) -> None:
+def install_hook_tap(state: StepHost, layer: nn.Module, site: tuple[int, str | None, bool], contract: compat.StreamContract) -> None:
     """A tap for generic hooks at (layer index, module path inside the layer or None, pre),
     installed the first time a request asks for that site. Raises AttributeError for a bad path."""
     layer_index, module_path, pre = site
@@ -54,7 +71,7 @@ def install_hook_tap(state: "LensWorkerState", layer: nn.Module, site: tuple[int
         module.register_forward_hook(post_tap)
 
 
-def _run_hooks(state: "LensWorkerState", calls: list[HookCall], hidden: torch.Tensor, residual: torch.Tensor | None, layer_index: int) -> None:
+def _run_hooks(state: StepHost, calls: list[HookCall], hidden: torch.Tensor, residual: torch.Tensor | None, layer_index: int) -> None:
     """Rows of a fused-residual layer are hidden + residual; a replacement is written as
     hidden := new, residual := 0, so the next layer sees exactly ``new``."""
 
@@ -69,7 +86,7 @@ def _run_hooks(state: "LensWorkerState", calls: list[HookCall], hidden: torch.Te
     run_calls(calls, stream_of, put, layer_index, state.hook_context, state.fail_key, state.has_failed)
 
 
-def _make_tap(state: "LensWorkerState", layer_index: int, contract: compat.StreamContract):
+def _make_tap(state: StepHost, layer_index: int, contract: compat.StreamContract):
     def tap(module: nn.Module, args: Any, output: Any) -> None:
         plan = state.plan
         if plan is None or layer_index not in plan.hooked_layers:
@@ -86,7 +103,7 @@ def _make_tap(state: "LensWorkerState", layer_index: int, contract: compat.Strea
     return tap
 
 
-def run_layer(state: "LensWorkerState", plan: Any, layer_index: int, hidden: torch.Tensor, residual: torch.Tensor | None) -> None:
+def run_layer(state: StepHost, plan: StepPlan, layer_index: int, hidden: torch.Tensor, residual: torch.Tensor | None) -> None:
     """What the step's plan does after one layer: steer, run hooks, capture, score probes."""
     steer = plan.steer.get(layer_index)
     if steer is not None:
@@ -97,7 +114,7 @@ def run_layer(state: "LensWorkerState", plan: Any, layer_index: int, hidden: tor
     read_step(state, plan, layer_index, hidden, residual)
 
 
-def read_step(state: "LensWorkerState", plan: Any, layer_index: int, hidden: torch.Tensor, residual: torch.Tensor | None = None) -> None:
+def read_step(state: StepHost, plan: StepPlan, layer_index: int, hidden: torch.Tensor, residual: torch.Tensor | None = None) -> None:
     """Capture and score the step's rows of one layer's stream (hidden + residual)."""
     if layer_index in plan.capture_layers:
         state.step_captures[layer_index] = _gather_stream(hidden, residual, plan.capture_span, plan.capture_rows)
