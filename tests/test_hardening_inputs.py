@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import pickle
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,7 +55,8 @@ def safetensors_raw(dtype: str, body: bytes, shape: list[int] | None = None, off
 
 
 VALID = wire.encode_array(np.ones((1, HIDDEN), np.float32))
-PICKLE = pickle.dumps({"x": 1})
+PICKLE = pickle.dumps({"canary": "lens-evals-pickle-canary"})  # tests/scripts/pickle_canary watches for it
+CANARY_DIR = Path(__file__).parent / "scripts" / "pickle_canary"
 
 # name -> (vllm_xargs, other body fields, expected substring in the message)
 BAD: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
@@ -125,8 +130,18 @@ BAD: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
 
 
 @pytest.fixture(scope="module")
-def server(tiny_path):
-    with lens_server(tiny_path, env={"LENS_EVALS_MAX_CAPTURE_GIB": CAP_GIB}) as proc:
+def canary_log(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("canary") / "unpickled.log"
+
+
+def canary_env(log: Path) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(CANARY_DIR), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "LENS_EVALS_PICKLE_CANARY_LOG": str(log)}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_path, canary_log):
+    with lens_server(tiny_path, env={"LENS_EVALS_MAX_CAPTURE_GIB": CAP_GIB, **canary_env(canary_log)}) as proc:
         yield proc
 
 
@@ -193,9 +208,10 @@ def test_no_endpoint_serves_files(server, path) -> None:
     assert "root:" not in resp.text
 
 
-def test_pickle_payloads_never_reach_pickle(server, monkeypatch) -> None:
+def test_pickle_payloads_never_reach_pickle(server, canary_log, monkeypatch) -> None:
     """Object-dtype and raw-pickle payloads are refused by the header check, before safetensors or
-    numpy see them; pickle.loads is never called (a patched pickle.loads would raise)."""
+    numpy see them. Here a patched pickle.loads would raise; in the server (and its engine
+    process) tests/scripts/pickle_canary logs any unpickling of the payload's canary bytes."""
 
     def forbidden(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("pickle.loads called on request data")
@@ -207,6 +223,13 @@ def test_pickle_payloads_never_reach_pickle(server, monkeypatch) -> None:
             SteeringVector.from_wire(xargs["apply_steering_vectors"][0])
         resp = complete(server, vllm_xargs=xargs)
         assert resp.status_code == 400 and message in resp.text
+    assert not canary_log.exists(), f"the server unpickled request data (pids {canary_log.read_text().split()})"
+    monkeypatch.undo()
+    # The canary works: a process with the same environment that unpickles the payload is caught.
+    control = canary_log.with_name("control.log")
+    code = "import pickle, sys; pickle.loads(bytes.fromhex(sys.argv[1]))"
+    subprocess.run([sys.executable, "-c", code, PICKLE.hex()], env={**os.environ, **canary_env(control)}, check=True, timeout=60)
+    assert control.read_text().split() != []
 
 
 def test_total_held_capture_bound_is_a_clear_error(tiny_path, monkeypatch) -> None:
