@@ -17,9 +17,9 @@ import hashlib
 import json
 from typing import Any
 
-from lens_evals import wire
 
 DIGEST_CHARS = 16
+MIN_ARRAY_CHARS = 64  # shorter data strings are logged as they are
 
 
 def array_digest(data: str) -> str:
@@ -27,9 +27,12 @@ def array_digest(data: str) -> str:
 
 
 def _redacted(value: Any) -> Any:
+    """Every encoded array (a dict whose ``data`` is a long string: ours, ``{"encoding":
+    "safetensors-base64", "data"}``, or another wire form with dtype / shape beside it) as its digest."""
     if isinstance(value, dict):
-        if value.get("encoding") == wire.ENCODING and isinstance(value.get("data"), str):
-            return {"encoding": wire.ENCODING, "sha256": array_digest(value["data"]), "base64_chars": len(value["data"])}
+        data = value.get("data")
+        if isinstance(data, str) and len(data) > MIN_ARRAY_CHARS:
+            return {**{k: v for k, v in value.items() if k != "data"}, "sha256": array_digest(data), "base64_chars": len(data)}
         return {key: _redacted(item) for key, item in value.items()}
     if isinstance(value, list):
         return [_redacted(item) for item in value]
