@@ -225,3 +225,30 @@ def test_host_memory_stays_bounded(llm: Any, tmp_path: Path) -> None:
     assert written > 4 * RSS_BOUND
     assert rss.growth < RSS_BOUND, f"peak RSS grew {rss.growth / MIB:.1f} MiB while writing {written / MIB:.1f} MiB"
     assert len(manifest.rows) == 280
+
+
+def test_datasets_file_gives_the_same_prompts(tmp_path: Path) -> None:
+    """A parquet file written by the datasets library reads as the same prompts as its JSONL."""
+    import datasets
+
+    from lens_evals.capture.inputs import read_prompts
+
+    records = [{"prompt": p} for p in TINY_PROMPTS] + [{"messages": chat} for chat in CHATS]
+    jsonl = write_jsonl(tmp_path / "p.jsonl", records)
+    datasets.Dataset.from_list([{"prompt": r.get("prompt"), "messages": r.get("messages")} for r in records]).to_parquet(str(tmp_path / "p.parquet"))
+    assert read_prompts(tmp_path / "p.parquet") == read_prompts(jsonl)
+
+
+@pytest.mark.slow  # Inspect's start-up alone takes ~40 s on the 2-core machine
+def test_inspect_log_gives_its_transcripts(tmp_path: Path) -> None:
+    """An Inspect log (a real run on Inspect's mock model): each sample's messages as a chat."""
+    from inspect_ai import Task, eval as inspect_eval
+    from inspect_ai.dataset import Sample
+    from inspect_ai.solver import generate
+
+    from lens_evals.capture.inputs import read_prompts
+
+    (log,) = inspect_eval(Task(dataset=[Sample(input=p) for p in TINY_PROMPTS[:3]], solver=generate()),
+                          model="mockllm/model", log_dir=str(tmp_path / "logs"), display="none")
+    items = read_prompts(log.location)
+    assert [item.messages[0] for item in items] == [("user", p) for p in TINY_PROMPTS[:3]]
