@@ -1,12 +1,13 @@
 """Score a conversation's final assistant turn with a linear probe, through a ``vllm-lens`` model.
 
-The conversation is sent once with ``continue_final_message`` and one generated token, with the
-probe computed on the worker (probe-on-worker: only per-token scores come back); the final turn's
-scores are averaged. Its token positions come from the server's own ``/tokenize`` (the chat
-without the final turn, with the generation prompt, is the prefix), so no local tokenizer, torch
-or vllm is needed: this runs in a client-only install
-(ControlArena monitors, Petri auditor tools). The tokens read are those of training's ``Dialogue``
-rules with ``score_from=0`` and no excluded words.
+The conversation is written as plain system / user / assistant text turns (tool calls as
+``name({json args})``, as the probes' training dialogues are) and sent once with one generated
+token, the probe computed on the worker (probe-on-worker: only per-token scores come back); the
+final turn's scores are averaged. Its token positions come from the server's own ``/tokenize``
+(:mod:`lens_evals.evals.target_turn`), so no local tokenizer, torch or vllm is needed: this runs in
+a client-only install (ControlArena monitors). The tokens read are those of training's
+``Dialogue`` rules with ``score_from=0`` and no excluded words. (Petri's inspectors read the
+conversation as the target read it instead, tool calls and tools included.)
 """
 
 from __future__ import annotations
@@ -17,12 +18,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import numpy as np
-from inspect_ai.model import (
-    ChatMessage, ChatMessageAssistant, ChatMessageSystem, ChatMessageTool, ChatMessageUser, GenerateConfig, Model,
-)
+from inspect_ai.model import ChatMessage, ChatMessageAssistant, ChatMessageSystem, ChatMessageTool, ChatMessageUser, Model
 
+from lens_evals.evals.target_turn import probe_turn, turn_tokens
 from lens_evals.probing.probe import Probe
-from lens_evals.spec import PROBE_KEY
 
 
 @dataclass(frozen=True)
@@ -33,6 +32,13 @@ class TurnScore:
     threshold: float  # the probe card's 1%-FPR threshold (same units)
     n_tokens: int
     token_scores: list[float]
+
+    @classmethod
+    def of(cls, probe: Probe, token_scores: np.ndarray) -> "TurnScore":
+        """The turn's score from the probe's per-token scores over it."""
+        return cls(probe=probe.card.name, layer=probe.layer, score=float(np.mean(token_scores)),
+                   threshold=float(probe.card.threshold), n_tokens=int(len(token_scores)),
+                   token_scores=[round(float(s), 4) for s in token_scores])
 
     @property
     def flagged(self) -> bool:
@@ -83,44 +89,11 @@ def _inspect_messages(chat: Sequence[dict[str, str]]) -> list[ChatMessage]:
     return [kinds[m["role"]](content=m["content"]) for m in chat]
 
 
-def _lens_api(model: Model) -> Any:
-    from lens_evals.evals.provider import PROVIDER_NAME
-
-    if not str(model).startswith(f"{PROVIDER_NAME}/") or not hasattr(model.api, "tokenize"):
-        raise ValueError(f"probing needs a {PROVIDER_NAME}/<model> model, got {model}")
-    return model.api
-
-
-async def final_turn_positions(model: Model, chat: Sequence[dict[str, str]]) -> tuple[int, np.ndarray]:
-    """(number of prompt tokens, positions of the final assistant turn's tokens) on the server:
-    the tokens past what the chat without that turn (plus the generation prompt) shares with it."""
-    api = _lens_api(model)
-    full = await api.tokenize(messages=list(chat), continue_final_message=True)
-    prefix = await api.tokenize(messages=list(chat[:-1]))
-    shared = 0
-    while shared < min(len(full), len(prefix)) and full[shared] == prefix[shared]:
-        shared += 1
-    if shared >= len(full):
-        raise ValueError("the final assistant turn has no tokens to score")
-    return len(full), np.arange(shared, len(full))
-
-
 async def probe_last_turn(model: Model, probe: Probe, messages: Sequence[ChatMessage] | Sequence[dict[str, str]]) -> TurnScore:
     """Probe score of the final assistant turn of ``messages`` as ``model`` reads it."""
     chat = [dict(m) for m in messages] if messages and isinstance(messages[0], dict) else plain_chat(messages)  # type: ignore[arg-type]
     if not chat or chat[-1]["role"] != "assistant" or not chat[-1]["content"].strip():
         raise ValueError("the conversation must end with a non-empty assistant turn to score")
-    n_tokens, positions = await final_turn_positions(model, chat)
-    config = GenerateConfig(max_tokens=1, temperature=0.0, extra_body={
-        "extra_args": {PROBE_KEY: [probe.linear_probe()]}, "continue_final_message": True, "add_generation_prompt": False})
-    output = await model.generate(_inspect_messages(chat), config=config)
-    activations = (output.metadata or {}).pop("activations", None)
-    if not activations or probe.card.name not in activations.get("probe_scores", {}):
-        raise RuntimeError("the model returned no probe scores: is it a vllm-lens/<model> model?")
-    all_scores = np.asarray(activations["probe_scores"][probe.card.name], dtype=np.float64)  # one per token
-    if all_scores.shape[0] != n_tokens:
-        raise RuntimeError(f"the chat request covered {all_scores.shape[0]} tokens, /tokenize counted {n_tokens}")
-    token_scores = all_scores[positions]
-    return TurnScore(probe=probe.card.name, layer=probe.layer, score=float(token_scores.mean()),
-                     threshold=float(probe.card.threshold), n_tokens=int(len(positions)),
-                     token_scores=[round(float(s), 4) for s in token_scores])
+    turn_messages = _inspect_messages(chat)
+    turn = await turn_tokens(model, turn_messages)
+    return TurnScore.of(probe, await probe_turn(model, turn_messages, (), probe, turn))

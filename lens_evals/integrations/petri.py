@@ -77,10 +77,7 @@ class ProbeInspector:
             raise TurnReadError(f"the probe reads layer {self.probe.layer} only (it was trained there), not layer {layer}; "
                                 "leave layer out, or ask the oracle")
         turn = await turn_tokens(target, messages, tools, span)
-        scores = await probe_turn(target, messages, tools, self.probe, turn)
-        result = TurnScore(probe=self.probe.card.name, layer=self.probe.layer, score=float(scores.mean()),
-                           threshold=float(self.probe.card.threshold), n_tokens=int(len(scores)),
-                           token_scores=[round(float(s), 4) for s in scores])
+        result = TurnScore.of(self.probe, await probe_turn(target, messages, tools, self.probe, turn))
         return result.summary(), {"inspector": self.name, **result.as_dict(), **turn.as_dict()}
 
 
