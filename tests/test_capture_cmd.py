@@ -252,3 +252,37 @@ def test_inspect_log_gives_its_transcripts(tmp_path: Path) -> None:
                           model="mockllm/model", log_dir=str(tmp_path / "logs"), display="none")
     items = read_prompts(log.location)
     assert [item.messages[0] for item in items] == [("user", p) for p in TINY_PROMPTS[:3]]
+
+
+@pytest.mark.slow  # two engine starts in subprocesses (~2 min on the 2-core machine)
+def test_sigkill_then_resume_from_the_command_line(tiny_path: Path, tmp_path: Path) -> None:
+    """`lens-evals capture` killed with SIGKILL once two shards are recorded, then run again: every
+    prompt once, every shard intact."""
+    import os
+    import signal
+    import sys
+
+    from transformers import AutoTokenizer
+
+    prompts = random_token_prompts(tmp_path / "p.jsonl", 400, 240, len(AutoTokenizer.from_pretrained(tiny_path)))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "lens_evals.cli", "capture", str(prompts), "--model", "tiny-llama",
+               "--layers", "0,1,2,3", "--out", str(out), "--batch-size", "8", "--shard-rows", "8"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        manifest = out / "manifest.json"
+        if manifest.exists() and len(json.loads(manifest.read_text())["shards"]) >= 2:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the capture ended before it could be killed"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    killed = CaptureReader(out).manifest
+    assert not killed.complete and 2 <= len(killed.shards) and len(killed.rows) < 400
+    subprocess.run(command, check=True, timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    reader = CaptureReader(out)
+    reader.verify_all()
+    assert reader.manifest.complete
+    assert [row.prompt_index for row in reader.manifest.rows] == list(range(400))
+    assert reader.manifest.rows[: len(killed.rows)] == killed.rows  # the rows kept before the kill are untouched
