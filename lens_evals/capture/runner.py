@@ -171,5 +171,11 @@ def run_capture(prompts_path: str | Path, model: str, layers: Sequence[int], out
             del outputs
         sink.flush()
     manifest.complete = True
-    write_manifest(out_dir, manifest)
+    try:
+        write_manifest(out_dir, manifest)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise CaptureError(f"disk full in {out_dir} while marking the capture complete: all {len(manifest.shards)} "
+                           "shards are recorded; free space and rerun the same command to finish") from None
     return manifest
