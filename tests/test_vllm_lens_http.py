@@ -202,3 +202,22 @@ def test_lens_client(server) -> None:
     assert client.collect_hook_results() == {} and client.hook_set is None
     with pytest.raises(RuntimeError, match="never runs code"):
         client._json("POST", "/v1/hooks/register", {"hooks": [{"fn": {"cloudpickle": ""}, "layer_indices": [0]}]})
+
+
+def test_inspect_metadata_carries_token_ids_and_hook_results(server) -> None:
+    import asyncio
+
+    from inspect_ai.model import GenerateConfig, get_model
+
+    model = get_model("vllm-lens/test", base_url=f"{server.url}/v1", api_key=KEY, memoize=False)
+    extra_args = {"output_residual_stream": True, "apply_hooks": [Hook("record_norm", [2])]}
+    config = GenerateConfig(max_tokens=4, temperature=0, extra_body={"extra_args": extra_args, "ignore_eos": True})
+    output = asyncio.run(model.generate(PROMPT, config=config))
+    metadata = output.metadata
+    stream = metadata["activations"]["residual_stream"]
+    assert stream.dtype == torch.bfloat16 and stream.shape[0] == 4
+    assert metadata["prompt_token_ids"] == metadata["token_ids"]["prompt"] and len(metadata["token_ids"]["completion"]) == 4
+    assert stream.shape[1] == len(metadata["prompt_token_ids"]) + 4 - 1  # row t is token (prompt + completion)[t]
+    assert set(metadata["hook_results"]) == {"0"}
+    assert_stream_close(metadata["hook_results"]["0"]["norm.2"].float()[:, None], stream[2].float().norm(dim=-1)[:, None],
+                        "provider hook result vs capture", bound=BF16_BOUND)

@@ -29,7 +29,8 @@ from lens_evals import wire
 from lens_evals.evals.logged_call import logged_extra_args, real_extra_args, split_xargs, wire_request
 from lens_evals.evals.lora_args import lora_server_args
 from lens_evals.evals.server_process import LensServer, acquire_server, release_server, stop_shared_servers
-from lens_evals.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
+from lens_evals.hooks import Hook
+from lens_evals.spec import CAPTURE_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
 
 logger = logging.getLogger("lens_evals")
 PROVIDER_NAME = "vllm-lens"
@@ -40,6 +41,8 @@ _RAW_ACTIVATIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.Co
 _WIRE_PAYLOADS: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("lens_wire_payloads", default={})
 # Token ids the server returned (``return_token_ids``), taken out of the logged response.
 _TOKEN_IDS: contextvars.ContextVar[dict[str, list[int]] | None] = contextvars.ContextVar("lens_token_ids", default=None)
+# Per-hook results of the request's own hooks ({hook index: saved}), taken out of the logged response.
+_RAW_HOOK_RESULTS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("lens_raw_hook_results", default=None)
 # model args that configure the provider itself, not the server
 _PROVIDER_ARGS = {"base_url", "api_key", "server_timeout"}
 
@@ -60,13 +63,15 @@ def check_no_conflicting_provider() -> None:
 def to_vllm_xargs(extra_args: dict[str, Any]) -> dict[str, Any]:
     """extra_args (Python objects) -> vllm_xargs (strings, numbers, lists of them)."""
     xargs = dict(extra_args)
-    for key, model in ((STEERING_KEY, SteeringVector), (PROBE_KEY, LinearProbe)):
+    for key, model in ((STEERING_KEY, SteeringVector), (PROBE_KEY, LinearProbe), (HOOKS_KEY, Hook)):  # hooks: registered names
         if key in xargs:
             items = xargs[key]
             if isinstance(items, (model, dict, str)):
                 items = [items]
             xargs[key] = [item if isinstance(item, str) else model.from_wire(item).to_json() for item in items]
-    if CAPTURE_KEY in xargs:
+    if xargs.get(CAPTURE_KEY) is True:  # every layer; a JSON bool could reach vLLM's vllm_xargs as the number 1
+        xargs[CAPTURE_KEY] = "true"
+    elif CAPTURE_KEY in xargs and not isinstance(xargs[CAPTURE_KEY], str):  # a JSON string ("[15]") passes as it is
         xargs[CAPTURE_KEY] = [int(layer) for layer in xargs[CAPTURE_KEY]]
     return xargs
 
@@ -76,11 +81,7 @@ def decode_activations(raw: dict[str, Any]) -> dict[str, Any]:
     ("probe_scores" is {name: array}, "saved" a tree) are decoded."""
     if isinstance(raw, list):
         raw = raw[0]
-    try:
-        import torch
-    except ImportError:  # client-only install: numpy arrays
-        return wire.decode_tree(raw or {})
-    return wire.decode_tree(raw or {}, lambda array: torch.from_numpy(array.copy()))
+    return wire.decode_tree_native(raw or {})  # in the model's dtype (numpy, bf16 widened, without torch)
 
 
 @modelapi(name=PROVIDER_NAME)
@@ -131,6 +132,7 @@ class VLLMLensAPI(OpenAICompatibleAPI):
             xargs.update(to_vllm_xargs(real_extra_args(extra_args)))
             extra_body["vllm_xargs"], payloads = split_xargs(xargs)  # arrays as digests in the log
             _WIRE_PAYLOADS.set(payloads)
+            extra_body.setdefault("return_token_ids", True)  # which token each activation row belongs to
         lora = extra_body.pop("lora_request", None)
         if lora:
             params["model"] = lora["lora_name"]
@@ -146,6 +148,8 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         extra = getattr(completion, "model_extra", None)
         if extra and "activations" in extra:
             _RAW_ACTIVATIONS.set(extra.pop("activations"))  # not into the logged model call
+        if extra and "hook_results" in extra:
+            _RAW_HOOK_RESULTS.set(extra.pop("hook_results"))
         if extra and extra.get("prompt_token_ids") is not None:  # asked for with return_token_ids
             choices = [getattr(choice, "model_extra", None) or {} for choice in completion.choices]
             _TOKEN_IDS.set({"prompt": list(extra.pop("prompt_token_ids")),
@@ -161,13 +165,17 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         _RAW_ACTIVATIONS.set(None)
         _WIRE_PAYLOADS.set({})
         _TOKEN_IDS.set(None)
+        _RAW_HOOK_RESULTS.set(None)
         result = await super().generate(input, tools, tool_choice, config)
         raw, token_ids = _RAW_ACTIVATIONS.get(), _TOKEN_IDS.get()
         output = result[0] if isinstance(result, tuple) else result
         if raw is not None and isinstance(output, ModelOutput):
             output.metadata = {**(output.metadata or {}), "activations": decode_activations(raw)}
         if token_ids is not None and isinstance(output, ModelOutput):
-            output.metadata = {**(output.metadata or {}), TOKEN_IDS_KEY: token_ids}
+            output.metadata = {**(output.metadata or {}), TOKEN_IDS_KEY: token_ids, "prompt_token_ids": token_ids["prompt"]}
+        hook_results = _RAW_HOOK_RESULTS.get()
+        if hook_results is not None and isinstance(output, ModelOutput):  # {hook index: saved}, vllm-lens's key
+            output.metadata = {**(output.metadata or {}), "hook_results": decode_activations(hook_results)}
         return result
 
     async def tokenize(self, text: str | None = None, messages: list[dict[str, str]] | None = None,
