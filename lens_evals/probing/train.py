@@ -27,7 +27,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_TRAINING_SET = "instructed-pairs"
 # Chosen by validation AUROC on Instructed-Pairs (never on Roleplaying): see `lens-evals probes sweep`.
-DEFAULT_LAYERS = {"smollm2-135m-instruct": 15, "tiny-llama": 1}
+# Qwen2.5-Coder-0.5B: first layer at validation AUROC 1.000 (docs/results.md); the 1.5B's is the same
+# relative depth (8/24 of 28 layers), not swept yet.
+DEFAULT_LAYERS = {"smollm2-135m-instruct": 15, "tiny-llama": 1, "qwen2.5-coder-0.5b-instruct": 8,
+                  "qwen2.5-coder-1.5b-instruct": 9}
 
 
 def probe_dir() -> Path:
