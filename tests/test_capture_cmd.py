@@ -10,19 +10,20 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Self
 
 import numpy as np
 import psutil
 import pytest
 import torch
-
 from conftest import TINY_PROMPTS, capture, greedy, make_llm
+from tolerance import assert_stream_close
+
 from lens_evals.capture import CaptureError, CaptureReader, CaptureStopped, run_capture
 from lens_evals.capture.runner import CaptureSettings
 from lens_evals.cli import main as cli_main
-from tolerance import assert_stream_close
 
 LAYERS = [0, 1, 2, 3]  # every layer of the tiny Llama
 CHATS = [
@@ -193,7 +194,7 @@ class PeakRss:
             self.peak = max(self.peak, self.process.memory_info().rss)
             time.sleep(0.002)
 
-    def __enter__(self) -> "PeakRss":
+    def __enter__(self) -> Self:
         self.start = self.process.memory_info().rss
         self._thread.start()
         return self
@@ -242,7 +243,8 @@ def test_datasets_file_gives_the_same_prompts(tmp_path: Path) -> None:
 @pytest.mark.slow  # Inspect's start-up alone takes ~40 s on the 2-core machine
 def test_inspect_log_gives_its_transcripts(tmp_path: Path) -> None:
     """An Inspect log (a real run on Inspect's mock model): each sample's messages as a chat."""
-    from inspect_ai import Task, eval as inspect_eval
+    from inspect_ai import Task
+    from inspect_ai import eval as inspect_eval
     from inspect_ai.dataset import Sample
     from inspect_ai.solver import generate
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from lens_evals.capture.manifest import CaptureError
 
@@ -65,7 +66,7 @@ def _item(index: int, record: Any, where: str) -> PromptItem:
 
 
 def _read_jsonl(path: Path) -> list[PromptItem]:
-    items = []
+    items: list[PromptItem] = []
     with open(path, encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -90,7 +91,7 @@ def _read_datasets(path: Path) -> list[PromptItem]:
             table = datasets.Dataset.from_csv(str(path))
         else:
             table = datasets.Dataset.from_file(str(path))
-    except Exception as exc:  # the datasets library raises many types; name the file and the cause
+    except Exception as exc:  # noqa: BLE001 - the datasets library raises many types; name the file and the cause
         raise CaptureError(f"{path}: the datasets library cannot read it: {exc}") from None
     if isinstance(table, datasets.DatasetDict):
         raise CaptureError(f"{path} holds several splits ({', '.join(table)}); point at one split's directory")
@@ -102,9 +103,9 @@ def _read_inspect_log(path: Path) -> list[PromptItem]:
 
     try:
         log = read_eval_log(str(path))
-    except Exception as exc:  # Inspect raises several types for a file that is not a log
+    except Exception as exc:  # noqa: BLE001 - Inspect raises several types for a file that is not a log
         raise CaptureError(f"{path}: not a readable Inspect log: {exc}") from None
-    items = []
+    items: list[PromptItem] = []
     for sample in log.samples or []:
         messages = [{"role": m.role, "content": m.text} for m in sample.messages if m.text]
         items.append(_item(len(items), {"messages": messages}, f"{path} sample {sample.id}"))

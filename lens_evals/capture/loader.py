@@ -5,15 +5,20 @@ and a mismatch names the shard."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 from safetensors import safe_open
 
-from lens_evals.capture.manifest import CaptureError, CaptureManifest, RowRecord, read_manifest
+from lens_evals.capture.manifest import (
+    CaptureError,
+    CaptureManifest,
+    RowRecord,
+    read_manifest,
+)
 from lens_evals.capture.shards import file_sha256
 
 

@@ -7,16 +7,25 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from lens_evals.capture.inputs import PromptItem, read_prompts, source_sha256
-from lens_evals.capture.manifest import (CaptureError, CaptureManifest, RowRecord, ShardRecord, is_disk_full,
-                                         manifest_path, read_manifest, write_manifest)
+from lens_evals.capture.manifest import (
+    CaptureError,
+    CaptureManifest,
+    RowRecord,
+    ShardRecord,
+    is_disk_full,
+    manifest_path,
+    read_manifest,
+    write_manifest,
+)
 from lens_evals.capture.shards import ShardBuffer, shard_name, write_single_row
 
 logger = logging.getLogger(__name__)
@@ -66,7 +75,7 @@ def _layer_count(llm: Any) -> int | None:
 def _tokenize(llm: Any, items: Sequence[PromptItem], layers: list[int]) -> list[list[int]]:
     n_layers = _layer_count(llm)
     bad_layers = [layer for layer in layers if n_layers is not None and not 0 <= layer < n_layers]
-    if bad_layers:
+    if bad_layers and n_layers is not None:
         raise CaptureError(f"layers {bad_layers} are outside the model's {n_layers} layers (0..{n_layers - 1})")
     tokenizer = llm.get_tokenizer()
     limit = llm.llm_engine.model_config.max_model_len - 1  # one token is generated (max_tokens=1)
