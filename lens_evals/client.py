@@ -12,13 +12,21 @@ always gives numpy).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from lens_evals import wire
 from lens_evals.hooks import Hook
 from lens_evals.spec import (
-    CAPTURE_KEY, ENCODING_KEY, HOOK_SET_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector,
+    CAPTURE_KEY,
+    ENCODING_KEY,
+    HOOK_SET_KEY,
+    HOOKS_KEY,
+    PROBE_KEY,
+    STEERING_KEY,
+    LinearProbe,
+    SteeringVector,
 )
 
 # "residual_stream": array, "probe_scores": {name: array}, "saved": hook results (arrays decoded)

@@ -21,9 +21,10 @@ import importlib
 import json
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import field
 from importlib.metadata import entry_points
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from pydantic import ConfigDict, field_validator
 from pydantic.dataclasses import dataclass
@@ -133,7 +134,7 @@ class Hook:
         return json.dumps(self.to_wire())
 
     @classmethod
-    def from_wire(cls, payload: Any) -> "Hook":
+    def from_wire(cls, payload: Any) -> Hook:
         """A Hook object, or the JSON form (dict or string) of a registered hook."""
         if isinstance(payload, Hook):
             return payload

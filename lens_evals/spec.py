@@ -21,7 +21,8 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from typing import Annotated, Any, ClassVar, Mapping, Self, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, ClassVar, Self
 
 import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
@@ -144,7 +145,7 @@ class SteeringVector(_WireModel):
         return list(value)
 
     @model_validator(mode="after")
-    def _shapes(self) -> "SteeringVector":
+    def _shapes(self) -> SteeringVector:
         acts = self.array
         if acts.ndim not in (2, 3):
             raise ValueError(
@@ -263,7 +264,7 @@ class LensRequest(BaseModel):
     def active(self) -> bool:
         return bool(self.capture_layers or self.capture_all or self.steering or self.probes or self.hooks or self.hook_set)
 
-    def for_model(self, num_layers: int) -> "LensRequest":
+    def for_model(self, num_layers: int) -> LensRequest:
         """This request with ``capture_all`` resolved to the model's layers."""
         if not self.capture_all:
             return self

@@ -7,8 +7,9 @@ from __future__ import annotations
 import io
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import zstandard

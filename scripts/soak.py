@@ -14,10 +14,11 @@ import argparse
 import json
 import platform
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import numpy as np
@@ -164,7 +165,7 @@ def main() -> None:
 
 def write(result: dict[str, Any], out: Path, planned: int) -> None:
     result["machine"] = f"{platform.node()} {psutil.cpu_count()} CPUs, load average {psutil.getloadavg()[0]:.1f}"
-    result["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    result["date"] = datetime.now(UTC).isoformat(timespec="seconds")
     rss = [s["rss_bytes"] for s in result["samples"]]
     result["rss_mib"] = {"start": rss[0] / 2**20, "after_first_batch": rss[1] / 2**20, "end": rss[-1] / 2**20, "max": max(rss) / 2**20}
     result["max_held_bytes_after_batches"] = max(s["held_bytes"] for s in result["samples"])

@@ -5,8 +5,9 @@ offline engine, and the oracle's answer through ``lens_evals.oracle.offline``.""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -16,8 +16,8 @@ import torch
 
 from lens_evals import SteeringVector
 from lens_evals.engine.compat.architectures import VERIFIED
-from tests.arch_matrix import run_matrix_isolated, stream_bound
 from tests import arch_zoo
+from tests.arch_matrix import run_matrix_isolated, stream_bound
 from tests.arch_zoo import ZOO, build
 from tests.conftest import capture, greedy, make_llm
 
@@ -90,8 +90,9 @@ def test_graph_mode_matches_hf(arch: str, monkeypatch) -> None:
 def test_graph_mode_is_refused_where_unverified(tiny_path) -> None:
     unverified = sorted(arch for arch, entry in VERIFIED.items() if not entry.graph_mode and arch in ZOO)
     arch = "GPT2LMHeadModel" if "GPT2LMHeadModel" in unverified else unverified[0]
-    from tests.arch_matrix import engine_options
     from vllm import LLM
+
+    from tests.arch_matrix import engine_options
 
     llm = LLM(str(build(arch)), **engine_options(graph=True))
     try:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from safetensors import safe_open
 from safetensors.torch import load_file
 

@@ -60,7 +60,7 @@ def test_disable_makes_the_plugin_a_no_op_and_plain_tokens_match(llm, tiny_path)
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
     without_plugin = json.loads(line[len("RESULT "):])
     assert all(not has_activations for _, has_activations in without_plugin)
     with_plugin = llm.generate(PROMPTS, greedy(6))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lens_evals.engine import handoff, handoff_pool
-from lens_evals.engine.handoff import HandoffTarget, sink_for, claim, claim_all
+from lens_evals.engine.handoff import HandoffTarget, claim, claim_all, sink_for
 from lens_evals.engine.store import Piece, PieceStore, assemble, result_tensors, row_blocks
 
 
@@ -210,17 +210,17 @@ def test_files_of_dead_processes_are_swept_when_a_frontend_starts(tmp_path) -> N
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
     dead_pid, live_pid = int(dead.stdout), os.getpid()
-    hexes = iter(f"{n:032x}" for n in range(1, 100))
-    made = {
-        f"{handoff.MARKER_PREFIX}{next(hexes)}": (str(dead_pid), False),
-        f"{handoff.MARKER_PREFIX}{next(hexes)}": (str(live_pid), True),
-        f"{handoff.MARKER_PREFIX}{next(hexes)}": ("", True),  # an older marker without a pid
-        f"{handoff.ROWS_PREFIX}{dead_pid}-{next(hexes)}": ("rows", False),
-        f"{handoff.ROWS_PREFIX}{live_pid}-{next(hexes)}": ("rows", True),
-        f"{handoff_pool.SEGMENT_PREFIX}{dead_pid}-{next(hexes)}": ("pool", False),
-        f"{handoff_pool.SEGMENT_PREFIX}{live_pid}-{next(hexes)}": ("pool", True),
-        f"not-ours-{dead_pid}-{next(hexes)}": ("x", True),
-    }
+    files = [  # (name without its uuid, content, kept)
+        (handoff.MARKER_PREFIX, str(dead_pid), False),
+        (handoff.MARKER_PREFIX, str(live_pid), True),
+        (handoff.MARKER_PREFIX, "", True),  # an older marker without a pid
+        (f"{handoff.ROWS_PREFIX}{dead_pid}-", "rows", False),
+        (f"{handoff.ROWS_PREFIX}{live_pid}-", "rows", True),
+        (f"{handoff_pool.SEGMENT_PREFIX}{dead_pid}-", "pool", False),
+        (f"{handoff_pool.SEGMENT_PREFIX}{live_pid}-", "pool", True),
+        (f"not-ours-{dead_pid}-", "x", True),
+    ]
+    made = {f"{prefix}{n:032x}": (text, kept) for n, (prefix, text, kept) in enumerate(files, start=1)}
     for name, (text, _) in made.items():
         (tmp_path / name).write_text(text)
     new = HandoffTarget(str(tmp_path))

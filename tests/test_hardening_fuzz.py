@@ -9,7 +9,8 @@ from __future__ import annotations
 import base64
 import json
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings

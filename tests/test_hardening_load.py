@@ -17,9 +17,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-# Slow: a server, solo reference runs and 300 soak requests (~3 min on the quiet 2-core machine).
-pytestmark = pytest.mark.slow
 import requests
 import torch
 
@@ -28,6 +25,9 @@ from lens_evals.client import activations_from_response, lens_xargs
 from lens_evals.evals.server_process import LensServer
 from tests.conftest import engine_options, greedy, lens_server, make_llm
 from tests.tolerance import assert_scores_close, assert_stream_close
+
+# Slow: a server, solo reference runs and 300 soak requests (~3 min on the quiet 2-core machine).
+pytestmark = pytest.mark.slow
 
 N_REQUESTS = 64
 KINDS = ("plain", "capture", "steer", "probe", "steer+capture")
@@ -102,7 +102,7 @@ def without_plugin(tiny_path) -> dict[int, list[int]]:
         env=env, capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
     return dict(zip(plain, json.loads(line[len("RESULT "):])))
 
 

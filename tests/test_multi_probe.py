@@ -112,7 +112,12 @@ def _tiny_roleplaying():
 def test_probe_set_round_trips_without_pickle(tmp_path):
     probes = fit_probe_set("m", 2, random_features(8, 5), [0, 1] * 4, *_tiny_roleplaying(), n_folds=2)
     probes.calibrate(random_features(30, 6))
-    loaded = load_probe_set(probes.save(tmp_path / "set"))
+    saved = probes.save(tmp_path / "qwen2.5-coder-0.5b-instruct__probe-set")  # dots in the name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["qwen2.5-coder-0.5b-instruct__probe-set.json",
+                                                          "qwen2.5-coder-0.5b-instruct__probe-set.npz"]
+    loaded = load_probe_set(saved)
+    with pytest.raises(FileNotFoundError, match="probe set missing"):
+        load_probe_set(tmp_path / "other")
     assert loaded.fold_of == probes.fold_of and loaded.layer == 2
     for name, readout in probes.readouts.items():
         np.testing.assert_array_equal(loaded.readouts[name].weights, readout.weights)
@@ -205,3 +210,20 @@ def test_three_probes_in_one_pass_equal_three_single_probe_runs_and_offline(tiny
                                                      dialogues, ["ip-lr"])}
     assert metrics["probe_ip-lr"]["probe_auroc"] == pytest.approx(offline["ip-lr"].auroc)
     assert metrics["probe_ip-lr"]["recall_at_1pct_fpr"] == pytest.approx(offline["ip-lr"].recall_at_1pct_fpr)
+
+
+def test_a_single_probe_whose_model_name_has_dots_saves_and_loads(tmp_path):
+    """load_probe used with_suffix, which ate "0.5b-instruct__..." of a Qwen probe's name."""
+    from lens_evals.probing.probe import Probe, ProbeCard, load_probe
+    from lens_evals.probing.train import fit_pipeline
+
+    name = "qwen2.5-coder-0.5b-instruct__instructed-pairs"
+    card = ProbeCard(name=name, model="qwen2.5-coder-0.5b-instruct", layer=8, hidden_size=HIDDEN, token_selection="all",
+                     training_set="instructed-pairs", n_train_dialogues=8, n_val_dialogues=0, n_train_tokens=24,
+                     regularization_C=0.1, validation_auroc=0.5, threshold=1.0, control_set="none", n_control=0,
+                     versions={}, created="today")
+    probe = Probe(pipeline=fit_pipeline(random_features(8, 11), [0, 1] * 4), card=card)
+    path = probe.save(tmp_path)
+    assert path.name == f"{name}.joblib" and (tmp_path / f"{name}.json").is_file()
+    for given in (path, tmp_path / f"{name}.json", tmp_path / name):
+        assert load_probe(given).card.name == name

@@ -111,10 +111,10 @@ def test_task_end_to_end_with_a_trained_tiny_oracle(tiny_path, tokenizer, tmp_pa
     requests on one server), and check the solver's answers equal the offline engine's."""
     from vllm.lora.request import LoRARequest
 
+    from lens_evals.evals.oracle_tasks import oracle_heldout_task
     from lens_evals.oracle.build import build_oracle
     from lens_evals.oracle.datasets import all_items, sample_mix
     from lens_evals.oracle.offline import capture_conversations
-    from lens_evals.evals.oracle_tasks import oracle_heldout_task
 
     oracle_dir, card = build_oracle("tiny-oracle", TINY_ORACLE, tmp_path / "tiny-oracle")
     assert card["train"]["steps"] == 2 and set(card["heldout"]["oracle"]) >= {"truth", "word", "all"}

@@ -20,7 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 from inspect_ai.model import (
-    ChatMessageAssistant, ChatMessageSystem, ChatMessageTool, ChatMessageUser, get_model,
+    ChatMessageAssistant,
+    ChatMessageSystem,
+    ChatMessageTool,
+    ChatMessageUser,
+    get_model,
 )
 from inspect_ai.model._openai import messages_to_openai, openai_chat_tools
 from inspect_ai.tool import ToolCall, ToolError, ToolInfo, ToolParam, ToolParams

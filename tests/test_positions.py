@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lens_evals import SteeringVector
-from tests.conftest import on_gpu, capture, greedy, make_llm
+from tests.conftest import capture, greedy, make_llm, on_gpu
 from tests.hf_reference import HFReference
 from tests.tolerance import assert_stream_close, stream_bound
 

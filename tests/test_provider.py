@@ -10,7 +10,8 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from inspect_ai import Task, eval as inspect_eval
+from inspect_ai import Task
+from inspect_ai import eval as inspect_eval
 from inspect_ai.dataset import Sample
 from inspect_ai.model import GenerateConfig, get_model
 from inspect_ai.scorer import match

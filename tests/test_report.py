@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import math
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -18,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from inspect_ai import Task, eval as inspect_eval
+from inspect_ai import Task
+from inspect_ai import eval as inspect_eval
 from inspect_ai.dataset import Sample
 from inspect_ai.event import InfoEvent
 from inspect_ai.log import read_eval_log
@@ -29,9 +29,9 @@ from sklearn.preprocessing import StandardScaler
 
 from lens_evals import LinearProbe, SteeringVector, wire
 from lens_evals.cli import main as cli
-from lens_evals.evals.probe_reading import INFO_SOURCE
 from lens_evals.evals.logged_call import logged_extra_args, real_extra_args, split_xargs, wire_request
 from lens_evals.evals.multi_probe import roleplaying_probes_task
+from lens_evals.evals.probe_reading import INFO_SOURCE
 from lens_evals.evals.provider import to_vllm_xargs
 from lens_evals.evals.roleplaying import roleplaying_task
 from lens_evals.probing.multi import ProbeSet, Readout
@@ -113,7 +113,7 @@ def random_probe(directory: Path, seed: int = 0) -> Path:
                      n_train_tokens=256, regularization_C=1.0, validation_auroc=0.5,
                      threshold=float(np.quantile(control, 0.99)), control_set="random rows (test)", n_control=100,
                      control_scores=[round(float(c), 4) for c in control],
-                     versions=ProbeCard.current_versions(), created=dt.datetime.now(dt.timezone.utc).isoformat())
+                     versions=ProbeCard.current_versions(), created=dt.datetime.now(dt.UTC).isoformat())
     return Probe(pipeline=pipeline, card=card).save(directory)
 
 

@@ -21,8 +21,12 @@ from safetensors.torch import load as safetensors_load
 import lens_evals
 from lens_evals import wire
 from lens_evals.client import (
-    decode_activations, deserialize_hook_results, deserialize_tensor, serialize_activations,
-    serialize_hook_results, serialize_tensor,
+    decode_activations,
+    deserialize_hook_results,
+    deserialize_tensor,
+    serialize_activations,
+    serialize_hook_results,
+    serialize_tensor,
 )
 from lens_evals.engine import plugin
 from lens_evals.hooks import Hook
@@ -107,7 +111,7 @@ def test_zip_bombs_are_refused_before_inflating_and_bad_payloads_say_why() -> No
          "inflates past the 1048576 bytes"),
     ]
     for payload, message in cases:
-        peak, error = _peak_bytes(lambda: wire.decode_array(payload))
+        peak, error = _peak_bytes(lambda payload=payload: wire.decode_array(payload))
         assert error is not None and message in str(error), (message, error)
         assert peak < 8 * 2**20, f"{message}: {peak} bytes allocated while refusing"
     good = zstandard.ZstdCompressor().compress(np.ones(64, np.float32).tobytes())

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from lens_evals.bench.config import BenchConfig
 from lens_evals.bench.measure import Measured, SystemUnavailable, own_max_rss_bytes, write_result

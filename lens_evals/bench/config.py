@@ -43,5 +43,5 @@ class BenchConfig:
         path.write_text(json.dumps(asdict(self)))
 
     @classmethod
-    def load(cls, path: Path) -> "BenchConfig":
+    def load(cls, path: Path) -> BenchConfig:
         return cls(**json.loads(path.read_text()))

@@ -19,8 +19,8 @@ import torch
 
 from lens_evals.engine import handoff
 from lens_evals.engine.compat import BatchLayout
-from lens_evals.engine.results import THREADS_ENV, write_results
 from lens_evals.engine.requests import WorkerProbe, WorkerRequest, WorkerSteering
+from lens_evals.engine.results import THREADS_ENV, write_results
 from lens_evals.engine.taps import run_layer
 from lens_evals.engine.worker import LensWorkerState
 

@@ -21,8 +21,9 @@ import os
 import pstats
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from lens_evals.bench.config import BenchConfig
 from lens_evals.bench.measure import Measured
@@ -113,11 +114,11 @@ def run_mixed(system: System, cfg: BenchConfig) -> Measured:
         measured.notes.append(f"{feature} last round: tokens equal plain on {same}/{len(prompts)}")
     if cfg.sync_debug:
         for feature in FEATURES:
-            measured.notes.append(f"{feature}: " + count_syncs(cfg, lambda: generate(feature)))
+            measured.notes.append(f"{feature}: " + count_syncs(cfg, lambda feature=feature: generate(feature)))
     profile_dir = os.environ.get(PROFILE_ENV)
     if profile_dir:
         Path(profile_dir).mkdir(parents=True, exist_ok=True)
         for feature in FEATURES:
-            _profiled(lambda: generate(feature), Path(profile_dir) / f"{system.name}-{feature}.txt")
+            _profiled(lambda feature=feature: generate(feature), Path(profile_dir) / f"{system.name}-{feature}.txt")
         measured.notes.append(f"profiles in {profile_dir}")
     return measured

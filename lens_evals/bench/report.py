@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -17,8 +17,8 @@ from lens_evals.bench.systems import (
     ALL_SYSTEMS,
     BASELINE,
     GRAPHS,
-    MOONSHOT_SYSTEMS,
     MIN_SPEEDUP_VS_HF,
+    MOONSHOT_SYSTEMS,
     REFERENCE,
     TARGET_VS_GRAPHS,
     TARGETS_VS_EAGER,
@@ -67,7 +67,7 @@ def metadata(cfg: BenchConfig, model_label: str) -> dict:
     versions = {k: v for k, v in versions.items() if v != "not installed"}
     versions["lens-evals"] = f"{_git_commit()} (source {source_digest()})"
     return {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
         "versions": versions,
         "model": model_label,

@@ -82,7 +82,7 @@ class StepPlan:
     reusable: bool = True
     hooked_layers: set[int] = field(default_factory=set)
 
-    def finish(self) -> "StepPlan":
+    def finish(self) -> StepPlan:
         post_hooks = {layer for layer, module, pre in self.hook_calls if module is None and not pre}
         self.hooked_layers = set(self.capture_layers) | set(self.steer) | set(self.probes) | post_hooks
         return self

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn

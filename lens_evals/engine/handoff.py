@@ -26,8 +26,9 @@ import os
 import re
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from lens_evals.engine.handoff_pool import SEGMENT_PREFIX, PoolViews, SharedPool, map_and_unlink
 
@@ -94,7 +95,7 @@ def _default_dir() -> str:
 class HandoffTarget:
     """The frontend process's hand-off directory and marker (made on first use, removed at exit)."""
 
-    _current: "HandoffTarget | None" = None
+    _current: HandoffTarget | None = None
     claimed = 0  # blocks claimed by this process, from files and the pool (tests and diagnostics)
 
     def __init__(self, directory: str) -> None:

@@ -19,7 +19,8 @@ import hashlib
 import hmac
 import json
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from lens_evals.engine import compat, hook_sets
 

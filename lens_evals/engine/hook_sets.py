@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from lens_evals import wire
 from lens_evals.engine import compat

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -144,7 +145,7 @@ class HookContext:
     module_path: str | None
     model: nn.Module
     hf_config: Any
-    parameters: "ParameterCache" = field(repr=False)
+    parameters: ParameterCache = field(repr=False)
 
     @property
     def seq_len(self) -> int:

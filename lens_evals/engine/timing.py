@@ -8,8 +8,8 @@ import os
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Iterator
 
 ENABLED = os.environ.get("LENS_EVALS_TIMING", "0") == "1"
 _seconds: dict[str, float] = defaultdict(float)

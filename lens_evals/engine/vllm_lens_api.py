@@ -16,8 +16,9 @@ function is refused with a 400 that says how to register one by name.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from lens_evals import wire
 from lens_evals.engine import compat, hook_sets

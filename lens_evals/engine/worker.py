@@ -8,20 +8,21 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from lens_evals import wire
 from lens_evals.engine import compat, handoff, timing
 from lens_evals.engine.batch import StepPlan, build_plan
+from lens_evals.engine.graph_taps import GraphTaps, configured_layers, graph_refusal
+from lens_evals.engine.hooks import HookCall, HookContext, ParameterCache, WorkerHook, decode_hooks
+from lens_evals.engine.requests import WorkerRequest, decode_worker_request
 from lens_evals.engine.results import TakenResult, write_results
 from lens_evals.engine.store import Piece, PieceStore, row_blocks, to_host
-from lens_evals.engine.requests import WorkerRequest, decode_worker_request
-from lens_evals import wire
-from lens_evals.spec import INTERNAL_KEY
-from lens_evals.engine.hooks import HookCall, HookContext, ParameterCache, WorkerHook, decode_hooks
-from lens_evals.engine.graph_taps import GraphTaps, configured_layers, graph_refusal
 from lens_evals.engine.taps import install_hook_tap, install_taps, read_step
+from lens_evals.spec import INTERNAL_KEY
 
 logger = logging.getLogger("lens_evals")
 STATE_ATTR = "_lens_evals_state"
@@ -65,7 +66,7 @@ class LensWorkerState:
         self.parameters = ParameterCache(self.model, compat.checkpoint_dir(runner))
 
     @classmethod
-    def detached(cls, device: torch.device, dtype: torch.dtype, local_layers: set[int]) -> "LensWorkerState":
+    def detached(cls, device: torch.device, dtype: torch.dtype, local_layers: set[int]) -> LensWorkerState:
         """The step planning and host store without a model runner (``lens_evals.bench.host_path``)."""
         state = cls.__new__(cls)
         state.graph = None

@@ -17,7 +17,6 @@ import hashlib
 import json
 from typing import Any
 
-
 DIGEST_CHARS = 16
 MIN_ARRAY_CHARS = 64  # shorter data strings are logged as they are
 

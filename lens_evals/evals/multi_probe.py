@@ -11,8 +11,8 @@ Off-policy only: the completions are given.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from inspect_ai import Task

@@ -10,8 +10,9 @@ from it. The scorer gets only :meth:`ProbeReading.summary` (through the sample's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

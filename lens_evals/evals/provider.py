@@ -38,7 +38,7 @@ TOKEN_IDS_KEY = "token_ids"  # ModelOutput.metadata: {"prompt": [...], "completi
 BASE_URL_ENV = "VLLM_LENS_BASE_URL"  # Inspect's SERVICE_BASE_URL convention: reach a running server
 _RAW_ACTIVATIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("lens_raw_activations", default=None)
 # The real (array-carrying) vllm_xargs items of the request being built, keyed by their logged form.
-_WIRE_PAYLOADS: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("lens_wire_payloads", default={})
+_WIRE_PAYLOADS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("lens_wire_payloads", default=None)
 # Token ids the server returned (``return_token_ids``), taken out of the logged response.
 _TOKEN_IDS: contextvars.ContextVar[dict[str, list[int]] | None] = contextvars.ContextVar("lens_token_ids", default=None)
 # Per-hook results of the request's own hooks ({hook index: saved}), taken out of the logged response.
@@ -144,7 +144,7 @@ class VLLMLensAPI(OpenAICompatibleAPI):
 
     async def _generate_completion(self, request: dict[str, Any], config: GenerateConfig) -> Any:
         # Inspect has logged ``request`` already; the arrays go out only on the wire.
-        completion = await super()._generate_completion(wire_request(request, _WIRE_PAYLOADS.get()), config)
+        completion = await super()._generate_completion(wire_request(request, _WIRE_PAYLOADS.get() or {}), config)
         extra = getattr(completion, "model_extra", None)
         if extra and "activations" in extra:
             _RAW_ACTIVATIONS.set(extra.pop("activations"))  # not into the logged model call
@@ -163,7 +163,7 @@ class VLLMLensAPI(OpenAICompatibleAPI):
             # (each LoggedItem keeps the real object, so completion_params and retries still send it).
             config.extra_body = {**config.extra_body, "extra_args": logged_extra_args(config.extra_body["extra_args"])}
         _RAW_ACTIVATIONS.set(None)
-        _WIRE_PAYLOADS.set({})
+        _WIRE_PAYLOADS.set(None)
         _TOKEN_IDS.set(None)
         _RAW_HOOK_RESULTS.set(None)
         result = await super().generate(input, tools, tool_choice, config)

@@ -16,13 +16,14 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import httpx
 
 logger = logging.getLogger("lens_evals")
-_RUNNING: set["LensServer"] = set()
+_RUNNING: set[LensServer] = set()
 
 
 def free_port() -> int:
@@ -69,7 +70,7 @@ class LensServer:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
-    def start(self, timeout: float = 600) -> "LensServer":
+    def start(self, timeout: float = 600) -> LensServer:
         logger.warning("lens_evals: starting vLLM server for %s on port %d (log: %s)", self.model, self.port, self.log_path)
         _install_signal_handlers()  # before the child exists, so a SIGTERM during start-up cleans up too
         with open(self.log_path, "wb") as log:
@@ -119,7 +120,7 @@ class LensServer:
                 continue
 
 
-_SHARED: dict[tuple[str, str, str], tuple["LensServer", int]] = {}
+_SHARED: dict[tuple[str, str, str], tuple[LensServer, int]] = {}
 _SHARED_LOCK = threading.Lock()
 
 

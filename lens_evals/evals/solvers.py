@@ -4,7 +4,8 @@ go into the assistant message's metadata, which the Inspect log viewer shows."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from inspect_ai.model import ChatMessageAssistant

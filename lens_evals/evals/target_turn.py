@@ -21,8 +21,9 @@ is meant to be read by the auditor."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from inspect_ai.model import ChatMessage, ChatMessageAssistant, GenerateConfig, Model

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from inspect_ai.model import ChatMessage, ChatMessageAssistant, ChatMessageSystem, ChatMessageTool, ChatMessageUser, Model
@@ -34,7 +35,7 @@ class TurnScore:
     token_scores: list[float]
 
     @classmethod
-    def of(cls, probe: Probe, token_scores: np.ndarray) -> "TurnScore":
+    def of(cls, probe: Probe, token_scores: np.ndarray) -> TurnScore:
         """The turn's score from the probe's per-token scores over it."""
         return cls(probe=probe.card.name, layer=probe.layer, score=float(np.mean(token_scores)),
                    threshold=float(probe.card.threshold), n_tokens=int(len(token_scores)),

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from inspect_ai.model import ChatMessage, ChatMessageAssistant, Model, get_model
 from inspect_ai.tool import Tool, ToolDef, ToolError, ToolInfo
@@ -96,7 +97,7 @@ class OracleInspector:
         self.trained_on = trained_on
 
     @classmethod
-    def from_card(cls, oracle_dir: str | Path, lora: str = "oracle", **options: Any) -> "OracleInspector":
+    def from_card(cls, oracle_dir: str | Path, lora: str = "oracle", **options: Any) -> OracleInspector:
         """Settings from a trained oracle's card (``.venv/bin/lens-evals oracle path NAME`` prints its directory)."""
         card_path = Path(oracle_dir).expanduser() / ORACLE_CARD
         if not card_path.is_file():

@@ -84,7 +84,7 @@ def build_oracle(name: str, config: OracleTrainConfig, out_dir: Path | None = No
                   "threads": threads},
         "heldout": result,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     write_card(partial, card)
     shutil.rmtree(target, ignore_errors=True)

@@ -18,10 +18,11 @@ from __future__ import annotations
 import csv
 import hashlib
 import random
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Iterable, Literal, Sequence
+from typing import Literal
 
 import yaml
 

@@ -3,7 +3,8 @@ with nothing injected), offline through the engine."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

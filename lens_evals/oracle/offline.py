@@ -5,8 +5,9 @@ Training activations come from here too, so training and inference read the same
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -11,7 +11,8 @@ positions; :func:`inject` is the same formula for HF training). No vllm import h
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

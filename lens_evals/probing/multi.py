@@ -127,19 +127,29 @@ class ProbeSet:
                                           threshold_at_fpr(readout.scores(control_features), fpr))
 
     def save(self, path: str | Path) -> Path:
-        base = Path(path).with_suffix("")
-        base.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(base.with_suffix(".npz"), **{name: r.weights for name, r in self.readouts.items()})
+        json_path, npz_path = set_files(path)
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(npz_path, **{name: r.weights for name, r in self.readouts.items()})
         meta = {"model": self.model, "layer": self.layer, "fold_of": self.fold_of, "card": self.card,
                 "readouts": {n: {"layer": r.layer, "bias": r.bias, "threshold": r.threshold} for n, r in self.readouts.items()}}
-        base.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        return base.with_suffix(".json")
+        json_path.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        return json_path
+
+
+def set_files(path: str | Path) -> tuple[Path, Path]:
+    """(NAME.json, NAME.npz) for ``NAME``, ``NAME.json`` or ``NAME.npz`` (NAME may hold dots)."""
+    base = Path(path)
+    if base.suffix in (".json", ".npz"):
+        base = base.with_suffix("")
+    return base.with_name(base.name + ".json"), base.with_name(base.name + ".npz")
 
 
 def load_probe_set(path: str | Path) -> ProbeSet:
-    base = Path(path).with_suffix("")
-    meta = json.loads(base.with_suffix(".json").read_text(encoding="utf-8"))
-    with np.load(base.with_suffix(".npz"), allow_pickle=False) as weights:
+    json_path, npz_path = set_files(path)
+    if not json_path.is_file() or not npz_path.is_file():
+        raise FileNotFoundError(f"probe set missing: {json_path} and {npz_path} (train one with `lens-evals probes train-set`)")
+    meta = json.loads(json_path.read_text(encoding="utf-8"))
+    with np.load(npz_path, allow_pickle=False) as weights:
         readouts = {name: Readout(name, int(r["layer"]), weights[name].astype(np.float32), float(r["bias"]), float(r["threshold"]))
                     for name, r in meta["readouts"].items()}
     return ProbeSet(meta["model"], int(meta["layer"]), readouts, {k: int(v) for k, v in meta["fold_of"].items()}, meta["card"])
@@ -243,7 +253,7 @@ def ensure_probe_set(model: str, layer: int | None = None, dataset: str | Path |
     from lens_evals.probing.train import DEFAULT_LAYERS
 
     path = probe_set_path(model)
-    if retrain or not path.is_file() or not path.with_suffix(".npz").is_file():
+    if retrain or not all(p.is_file() for p in set_files(path)):
         chosen = DEFAULT_LAYERS.get(Path(model).name, 0) if layer is None else layer
         train_probe_set(model, chosen, path, dataset=dataset, **options)
     return path

@@ -115,7 +115,8 @@ def load_probe(path: str | Path) -> Probe:
     base = Path(path)
     if base.suffix in (PROBE_SUFFIX, CARD_SUFFIX):
         base = base.with_suffix("")
-    probe_file, card_file = base.with_suffix(PROBE_SUFFIX), base.with_suffix(CARD_SUFFIX)
+    # with_name, not with_suffix: model names hold dots ("qwen2.5-coder-0.5b-instruct__...")
+    probe_file, card_file = base.with_name(base.name + PROBE_SUFFIX), base.with_name(base.name + CARD_SUFFIX)
     for needed in (probe_file, card_file):
         if not needed.is_file():
             raise FileNotFoundError(f"probe file missing: {needed} (train one with `lens-evals probes train`)")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from html import escape
 from itertools import groupby
-from typing import Sequence
 
 import numpy as np
 

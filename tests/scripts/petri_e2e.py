@@ -21,7 +21,8 @@ import json
 import re
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from inspect_ai import eval as inspect_eval
 from inspect_ai.model import ChatMessageAssistant, ChatMessageTool, GenerateConfig, ModelOutput, ModelUsage, get_model

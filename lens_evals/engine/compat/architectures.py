@@ -18,8 +18,9 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -293,7 +294,7 @@ def layer_support(model_config: Any, layers: dict[int, nn.Module]) -> LayerSuppo
     return LayerSupport(arch, layer_class, None, message)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _forward_signature(layer_type: type) -> inspect.Signature:
     return inspect.signature(layer_type.forward)
 

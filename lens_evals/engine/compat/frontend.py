@@ -4,9 +4,9 @@ result delivery, the HTTP app, collective_rpc and worker methods."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
-
+from typing import Any
 
 from lens_evals.engine.compat._base import _patch, logger
 

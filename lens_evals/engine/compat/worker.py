@@ -3,8 +3,9 @@ layout, requests' extra args, decoder layers, layer inputs / outputs, parallel r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
