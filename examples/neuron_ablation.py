@@ -66,7 +66,7 @@ def main() -> None:
     ablated, _ = run(ablation(chosen))
     random_p, _ = run(ablation(control))
     print(f"p({ANSWER!r} | {PROMPT!r}) = {base:.4f}")
-    print(f"zero the {args.count} neurons with the largest direct effect {[(int(l), int(n)) for l, n in chosen]}:")
+    print(f"zero the {args.count} neurons with the largest direct effect {[(int(layer), int(n)) for layer, n in chosen]}:")
     print(f"    p = {ablated:.4f} ({ablated - base:+.4f})")
     print(f"zero {args.count} random neurons of the same layers: p = {random_p:.4f} ({random_p - base:+.4f})")
     print(f"({time.monotonic() - started:.1f} s)")

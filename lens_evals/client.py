@@ -141,7 +141,7 @@ def deserialize_hook_results(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]
 @dataclass
 class GenerateOutput:
     text: str
-    activations: ActivationsDict | None = None
+    activations: ActivationsDict | list[ActivationsDict] | None = None  # a list for several prompts
     hook_results: dict[str, dict[str, Any]] | None = None
     logprobs: Any = None
     prompt_token_ids: list[int] | None = None
@@ -231,7 +231,7 @@ class LensClient:
         self._hooks, self.hook_set = combined, made["id"]
         if prefetch_params:
             self.prefetch_params(list(prefetch_params))
-        return made["id"]
+        return str(made["id"])
 
     def _collect(self, set_id: str) -> dict[str, dict[str, Any]]:
         raw = self._json("POST", "/v1/hooks/collect", {"id": set_id})["results"]

@@ -193,7 +193,8 @@ def import_target(target: str) -> Callable[..., Any]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise ValueError(f"{target} is not callable")
-    return obj
+    function: Callable[..., Any] = obj
+    return function
 
 
 def registered_hook(name: str) -> Callable[..., Any]:

@@ -156,11 +156,12 @@ class SteeringVector(_WireModel):
                 f"activations has {acts.shape[0]} layer rows but layer_indices has {len(self.layer_indices)}"
             )
         if acts.ndim == 3:
-            if self.position_indices is None:  # vllm-lens's rule: positions 0..n-1
-                self.__dict__["position_indices"] = list(range(acts.shape[1]))
-            if acts.shape[1] != len(self.position_indices):
+            positions = self.position_indices
+            if positions is None:  # vllm-lens's rule: positions 0..n-1
+                positions = self.__dict__["position_indices"] = list(range(acts.shape[1]))
+            if acts.shape[1] != len(positions):
                 raise ValueError(
-                    f"activations has {acts.shape[1]} position rows but position_indices has {len(self.position_indices)}"
+                    f"activations has {acts.shape[1]} position rows but position_indices has {len(positions)}"
                 )
         if not np.isfinite(acts).all():
             raise ValueError("activations contain NaN or inf")

@@ -106,9 +106,10 @@ def _decode_ours(payload: Mapping[str, Any], allowed: frozenset[str]) -> dict[st
         raise WireError(f"unknown tensor object fields {sorted(extra)}")
     if _compression(payload) is None:
         return codec.parse_safetensors(_b64(payload.get("data")), allowed)
-    nbytes = payload.get("nbytes")
-    if not codec.is_int(nbytes) or nbytes < 8:
+    declared = payload.get("nbytes")
+    if not codec.is_int(declared) or declared < 8:
         raise WireError("a zstd-compressed tensor object needs 'nbytes': the inflated size in bytes")
+    nbytes = int(declared)
     codec.check_size(nbytes)
     packed = _b64(payload.get("data"), codec.b64_chars(codec.compress_bound(nbytes)))
     return codec.parse_safetensors(codec.inflate(packed, nbytes), allowed)
