@@ -8,6 +8,7 @@ first use. vllm-lens's helpers (``serialize_tensor``...) live in :mod:`lens_eval
 from typing import Any
 
 from lens_evals.hooks import Hook
+from lens_evals.request_args import parse_lens_args
 from lens_evals.spec import (
     CAPTURE_KEY,
     PROBE_KEY,
@@ -15,7 +16,6 @@ from lens_evals.spec import (
     LensRequest,
     LinearProbe,
     SteeringVector,
-    parse_lens_args,
 )
 
 __all__ = [

@@ -30,7 +30,8 @@ from lens_evals.client import (
 )
 from lens_evals.engine import plugin
 from lens_evals.hooks import Hook
-from lens_evals.spec import SteeringVector, parse_lens_args
+from lens_evals.request_args import parse_lens_args
+from lens_evals.spec import SteeringVector
 from tests.conftest import TINY_PROMPTS, capture, greedy, make_llm
 from tests.tolerance import assert_stream_close
 

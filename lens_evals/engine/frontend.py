@@ -21,7 +21,8 @@ from lens_evals.engine.hooks import encode_hooks, forget_local, union_of
 from lens_evals.engine.store import result_tensors
 from lens_evals.engine.worker import FETCH_METHOD
 from lens_evals.hooks import check_registered_args
-from lens_evals.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS, parse_lens_args, refuse_misspelled_keys
+from lens_evals.request_args import parse_lens_args, refuse_misspelled_keys
+from lens_evals.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS
 
 REGISTRY_ATTR = "_lens_evals_pending"
 TAPPED_ATTR = "_lens_evals_graph_layers"
