@@ -15,7 +15,14 @@ from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue
 from lens_evals.probing.extract import extract_features
 from lens_evals.probing.multi import (
-    ProbeSet, Readout, evaluate_offline, fit_logistic, fit_probe_set, grouped_folds, load_probe_set, scenario_key,
+    ProbeSet,
+    Readout,
+    evaluate_offline,
+    fit_logistic,
+    fit_probe_set,
+    grouped_folds,
+    load_probe_set,
+    scenario_key,
     threshold_interval,
 )
 from tests.conftest import make_llm
@@ -155,7 +162,7 @@ def test_three_readouts_in_one_request_equal_three_single_readout_requests(tiny_
             tokenized = tokenize_dialogue(tokenizer, dialogue)
             prompt = {"prompt_token_ids": tokenized.token_ids}
 
-            def run(readouts, capture_layers=None):
+            def run(readouts, capture_layers=None, prompt=prompt):
                 extra = {PROBE_KEY: [r.linear_probe() for r in readouts]}
                 if capture_layers:
                     extra[CAPTURE_KEY] = capture_layers

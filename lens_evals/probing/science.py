@@ -25,7 +25,13 @@ from lens_evals.probing import datasets
 from lens_evals.probing.extract import answer_requests, open_engine
 from lens_evals.probing.metrics import auroc
 from lens_evals.probing.multi import (
-    evaluate_offline, fit_difference_of_means, fit_logistic, fit_probe_set, probe_set_path, result_rows, threshold_interval,
+    evaluate_offline,
+    fit_difference_of_means,
+    fit_logistic,
+    fit_probe_set,
+    probe_set_path,
+    result_rows,
+    threshold_interval,
 )
 from lens_evals.probing.train import capture, load_training_set, split_groups
 
