@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import csv
 import hashlib
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, field_validator

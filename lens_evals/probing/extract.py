@@ -7,7 +7,8 @@ are exactly the positions the probe will read at evaluation time.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm

@@ -3,7 +3,7 @@ control set, recall at a threshold."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from sklearn.metrics import roc_auc_score

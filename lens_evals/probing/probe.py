@@ -62,7 +62,7 @@ class ProbeCard(BaseModel):
 
     @staticmethod
     def today() -> str:
-        return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 @dataclass

@@ -5,8 +5,9 @@ layer is chosen on validation alone."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -14,8 +15,14 @@ from lens_evals.probing import datasets
 from lens_evals.probing.extract import open_engine
 from lens_evals.probing.metrics import auroc
 from lens_evals.probing.train import (
-    DEFAULT_MODEL, DEFAULT_TRAINING_SET, capture, dialogue_scores, fit_pipeline, load_training_set,
-    selection_for, split_groups,
+    DEFAULT_MODEL,
+    DEFAULT_TRAINING_SET,
+    capture,
+    dialogue_scores,
+    fit_pipeline,
+    load_training_set,
+    selection_for,
+    split_groups,
 )
 
 
