@@ -157,7 +157,7 @@ def test_mutated_steering_and_probe_objects_are_refused_cleanly() -> None:
         for valid, model, well_formed in ((VALID_STEER, SteeringVector, well_formed_vector), (VALID_PROBE, LinearProbe, well_formed_probe)):
             obj = json.loads(json.dumps(valid))
             key = data.draw(st.sampled_from(sorted(obj) + ["extra"]))
-            obj[key] = data.draw(json_values)
+            obj[key] = data.draw(json_scalars | json_values)  # scalars often: some mutations are valid
             text = json.dumps(obj)
             if data.draw(st.booleans()):
                 cut = data.draw(st.integers(0, len(text)))
@@ -170,4 +170,9 @@ def test_mutated_steering_and_probe_objects_are_refused_cleanly() -> None:
 
     check()
     assert outcomes["SteeringVector refused"] > 0 and outcomes["LinearProbe refused"] > 0, outcomes
-    assert outcomes["SteeringVector accepted"] > 0 and outcomes["LinearProbe accepted"] > 0, outcomes
+    # The accepting path runs on mutations that must pass: the derandomized draws depend on what
+    # ran before in the process (2026-12-03: the full suite's order drew no valid probe at all).
+    for valid, model, well_formed, key, value in ((VALID_STEER, SteeringVector, well_formed_vector, "scale", -0.5),
+                                                  (VALID_PROBE, LinearProbe, well_formed_probe, "bias", 3),
+                                                  (VALID_PROBE, LinearProbe, well_formed_probe, "layer", 7)):
+        well_formed(model.from_wire(json.dumps({**valid, key: value})))
