@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import field
@@ -29,9 +28,9 @@ from typing import Any
 from pydantic import ConfigDict, field_validator
 from pydantic.dataclasses import dataclass
 
-from lens_evals import wire
+from lens_evals import settings, wire
 
-HOOKS_ENV = "LENS_EVALS_HOOKS"
+HOOKS_ENV = settings.HOOKS.name
 ENTRY_POINT_GROUP = "lens_evals.hooks"
 BUILTIN_HOOKS = {
     "ablate": "lens_evals.hook_library:ablate",
@@ -165,7 +164,7 @@ def hook_registry() -> dict[str, str]:
     """Registered hook names -> "module:function": built-ins, then the entry point group
     ``lens_evals.hooks``, then ``LENS_EVALS_HOOKS`` (later ones override earlier ones).
     Entry points are read once per process (installing a package needs a restart)."""
-    return dict(_registry_for(os.environ.get(HOOKS_ENV, "")))
+    return dict(_registry_for(settings.HOOKS.get()))
 
 
 @functools.lru_cache(maxsize=1)

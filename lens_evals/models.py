@@ -14,14 +14,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from lens_evals import gguf_models
+from lens_evals import gguf_models, settings
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +33,7 @@ TINY_CHAT_TEMPLATE = (
 
 
 def cache_root() -> Path:
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lens-evals" / "models"
-    return Path(os.environ.get("LENS_EVALS_MODEL_DIR", default))
+    return settings.MODEL_DIR.get()
 
 
 def model_path(name: str, prepare: bool = True) -> Path:

@@ -11,16 +11,16 @@ this CPU, so their column is only indicative; planning and storing are host work
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import numpy as np
 import torch
 
+from lens_evals import settings
 from lens_evals.engine import handoff
 from lens_evals.engine.compat import BatchLayout
 from lens_evals.engine.requests import WorkerProbe, WorkerRequest, WorkerSteering
-from lens_evals.engine.results import THREADS_ENV, write_results
+from lens_evals.engine.results import write_results
 from lens_evals.engine.taps import run_layer
 from lens_evals.engine.worker import LensWorkerState
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.requests} requests x {args.steps} decode steps, hidden {args.hidden}, bfloat16, one hooked layer")
     target = handoff.HandoffTarget.for_this_process()
     to_file = handoff.sink_for({**target, "pid": -1}) if target else handoff.inline  # as for another process
-    threads = int(os.environ.get(THREADS_ENV, 8))
+    threads = settings.WRITE_THREADS.get() if settings.WRITE_THREADS.is_set() else 8
     print(f"| feature | plan ms/step | store ms/step | plan+store share of a 12 ms GPU step | layer ops ms/step (CPU) "
           f"| fetch all ms (inline bytes) | fetch all ms (hand-off) | same, {threads} writer threads |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import cProfile
 import io
-import os
 import pstats
 import statistics
 import time
@@ -25,12 +24,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lens_evals import settings
 from lens_evals.bench.config import BenchConfig
 from lens_evals.bench.measure import Measured
 from lens_evals.bench.systems import System
 
 FEATURES = ("plain", "capture-1", "steer-1", "probe")
-PROFILE_ENV = "LENS_EVALS_BENCH_PROFILE"
+PROFILE_ENV = settings.BENCH_PROFILE.name
 
 
 def rotated(features: tuple[str, ...], round_index: int) -> list[str]:
@@ -115,7 +115,7 @@ def run_mixed(system: System, cfg: BenchConfig) -> Measured:
     if cfg.sync_debug:
         for feature in FEATURES:
             measured.notes.append(f"{feature}: " + count_syncs(cfg, lambda feature=feature: generate(feature)))
-    profile_dir = os.environ.get(PROFILE_ENV)
+    profile_dir = settings.BENCH_PROFILE.get()
     if profile_dir:
         Path(profile_dir).mkdir(parents=True, exist_ok=True)
         for feature in FEATURES:

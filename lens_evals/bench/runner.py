@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 
+from lens_evals import settings
 from lens_evals.bench.config import BenchConfig
 from lens_evals.bench.measure import write_result
 from lens_evals.bench.systems import ALL_SYSTEMS, BASELINE, System
@@ -48,14 +49,14 @@ def system_env(system: System, cfg: BenchConfig) -> dict[str, str]:
     if workers > 1 and cfg.device == "cpu" and system.on_vllm:
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(core) for core in range(workers)))
     if system.lens is None:  # pure vLLM and the other tools run without our plugin
-        env["LENS_EVALS_DISABLE"] = "1"
+        env[settings.DISABLE.name] = "1"
     else:
-        env.pop("LENS_EVALS_DISABLE", None)
+        env.pop(settings.DISABLE.name, None)
     if system.lens == "capture-all":
         # Every request's rows of every layer are held until the offline call returns.
         positions = cfg.prompt_tokens + len(cfg.prompts) * cfg.max_tokens
         need_gib = positions * cfg.num_layers * cfg.hidden_size * 4 / 2**30
-        env["LENS_EVALS_MAX_HELD_CAPTURE_GIB"] = str(max(8.0, round(need_gib * 1.5, 1)))
+        env[settings.MAX_HELD_CAPTURE_GIB.name] = str(max(8.0, round(need_gib * 1.5, 1)))
     return env
 
 

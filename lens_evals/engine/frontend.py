@@ -5,14 +5,13 @@ to its RequestOutput as ``output.activations``."""
 from __future__ import annotations
 
 import contextvars
-import os
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from lens_evals import wire
+from lens_evals import settings, wire
 from lens_evals.engine import compat, timing
 from lens_evals.engine.graph_taps import configured_layers, refusal
 from lens_evals.engine.handoff import HandoffTarget, claim_all
@@ -27,7 +26,6 @@ from lens_evals.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS
 REGISTRY_ATTR = "_lens_evals_pending"
 TAPPED_ATTR = "_lens_evals_graph_layers"
 REFUSAL_ATTR = "_lens_evals_refusal"
-DEFAULT_MAX_CAPTURE_GIB = 4.0
 
 
 @dataclass(frozen=True)
@@ -70,7 +68,7 @@ class PendingRequest:
 
 
 def max_capture_bytes() -> int:
-    return int(float(os.environ.get("LENS_EVALS_MAX_CAPTURE_GIB", DEFAULT_MAX_CAPTURE_GIB)) * 2**30)
+    return settings.MAX_CAPTURE_GIB.in_bytes()
 
 
 def _registry(processor: Any) -> dict[str, PendingRequest]:

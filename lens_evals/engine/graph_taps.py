@@ -24,18 +24,18 @@ cache key, so graphs compiled with other taps (or none) are never reused.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
+from lens_evals import settings
 from lens_evals.engine import compat
 
 logger = logging.getLogger("lens_evals")
 
-GRAPH_LAYERS_ENV = "LENS_EVALS_GRAPH_LAYERS"
+GRAPH_LAYERS_ENV = settings.GRAPH_LAYERS.name
 CONFIG_KEY = "lens_evals"
 CAPTURE_BUFFER = "lens_evals_capture"
 STEER_BUFFER = "lens_evals_steer"
@@ -77,7 +77,7 @@ def parse_layer_spec(spec: Any) -> str | list[int] | None:
 
 
 def env_layer_spec() -> str | list[int] | None:
-    return parse_layer_spec(os.environ.get(GRAPH_LAYERS_ENV))
+    return parse_layer_spec(settings.GRAPH_LAYERS.get())
 
 
 def resolve_layers(spec: str | list[int] | None, num_layers: int) -> list[int] | None:

@@ -30,13 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from lens_evals import settings
 from lens_evals.engine.handoff_pool import SEGMENT_PREFIX, PoolViews, SharedPool, map_and_unlink
 
 logger = logging.getLogger("lens_evals")
-HANDOFF_ENV = "LENS_EVALS_HANDOFF"
-DIR_ENV = "LENS_EVALS_HANDOFF_DIR"
-MIN_BYTES_ENV = "LENS_EVALS_HANDOFF_MIN_BYTES"  # smaller blocks go inline (default 1 MiB): a
-DEFAULT_MIN_BYTES = 1 << 20  # file costs more than copying them
+HANDOFF_ENV = settings.HANDOFF.name
+DIR_ENV = settings.HANDOFF_DIR.name
+MIN_BYTES_ENV = settings.HANDOFF_MIN_BYTES.name  # smaller blocks go inline: a file costs more than copying them
 ROOM_MARGIN = 256 << 20  # leave this much free in the directory
 SHM_DIR = "/dev/shm"
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
@@ -69,7 +69,7 @@ def inline(rows: Rows) -> dict[str, Any]:
 
 
 def _enabled() -> bool:
-    return os.environ.get(HANDOFF_ENV, "1") != "0"
+    return settings.HANDOFF.get()
 
 
 def _free_bytes(directory: str) -> int:
@@ -83,9 +83,9 @@ def _free_bytes(directory: str) -> int:
 
 
 def _default_dir() -> str:
-    configured = os.environ.get(DIR_ENV)
+    configured = settings.HANDOFF_DIR.get()
     if configured:
-        return configured
+        return str(configured)
     if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) and _free_bytes(SHM_DIR) > 2 * ROOM_MARGIN:
         return SHM_DIR
     return tempfile.gettempdir()
@@ -240,7 +240,7 @@ def sink_for(target: dict[str, Any] | None) -> Sink:
         seen = _files.seen[(directory, token)] = os.path.exists(os.path.join(directory, MARKER_PREFIX + token))
     if not seen:
         return inline
-    min_bytes = int(os.environ.get(MIN_BYTES_ENV, DEFAULT_MIN_BYTES))
+    min_bytes = settings.HANDOFF_MIN_BYTES.get()
     for other, old_pool in list(_files.pools.items()):  # frontends that exited: their pools go
         if other != token and not os.path.exists(old_pool.marker):
             _cleanup_pool(_files.pools.pop(other))

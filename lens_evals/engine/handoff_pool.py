@@ -28,9 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from lens_evals import settings
+
 logger = logging.getLogger("lens_evals")
-POOL_ENV = "LENS_EVALS_HANDOFF_POOL_MIB"
-DEFAULT_POOL_MIB = 1024
+POOL_ENV = settings.HANDOFF_POOL_MIB.name
 SEGMENT_BYTES = 64 * 2**20
 ALIGN = 4096
 SEGMENT_PREFIX = "lens_evals-pool-"
@@ -101,7 +102,7 @@ class SharedPool:
 
     @property
     def limit(self) -> int:
-        return int(float(os.environ.get(POOL_ENV, DEFAULT_POOL_MIB)) * 2**20)
+        return settings.HANDOFF_POOL_MIB.in_bytes()
 
     @property
     def pooled_bytes(self) -> int:

@@ -17,13 +17,12 @@ and ``clear()``). Server: the HTTP endpoints in ``lens_evals.engine.server``.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lens_evals import wire
+from lens_evals import settings, wire
 from lens_evals.engine import compat
 from lens_evals.engine.hooks import encode_hooks, forget_local, union_of
 from lens_evals.engine.worker import CLEAR_SET_METHOD, REGISTER_SET_METHOD
@@ -31,10 +30,7 @@ from lens_evals.hooks import Hook, check_registered_args
 from lens_evals.spec import HOOK_SET_KEY, LensRequest
 
 STORE_ATTR = "_lens_evals_hook_sets"
-DEFAULT_MAX_RESULTS_MIB = 512.0
 MAX_HOOKS_PER_SET = 256
-DEFAULT_MAX_HOOK_SETS = 64
-DEFAULT_MAX_HOOK_SET_MIB = 256.0
 FREE_HINT = "free one with DELETE /lens/hook_sets/{id} (offline: HookSet.clear())"
 
 
@@ -70,11 +66,11 @@ class HookSetStore:
 
     @property
     def max_sets(self) -> int:
-        return int(os.environ.get("LENS_EVALS_MAX_HOOK_SETS", DEFAULT_MAX_HOOK_SETS))
+        return settings.MAX_HOOK_SETS.get()
 
     @property
     def max_hook_chars(self) -> int:
-        return int(float(os.environ.get("LENS_EVALS_MAX_HOOK_SET_MIB", DEFAULT_MAX_HOOK_SET_MIB)) * 2**20)
+        return settings.MAX_HOOK_SET_MIB.in_bytes()
 
     def admit(self, record: _Record) -> None:
         """Count a new set against both bounds (HookSetLimit if it does not fit) until
@@ -104,7 +100,7 @@ class HookSetStore:
 
     @property
     def max_chars(self) -> int:
-        return int(float(os.environ.get("LENS_EVALS_MAX_HOOK_RESULTS_MIB", DEFAULT_MAX_RESULTS_MIB)) * 2**20)
+        return settings.MAX_HOOK_RESULTS_MIB.in_bytes()
 
     def record(self, set_id: str) -> _Record:
         if set_id not in self.sets:

@@ -5,21 +5,22 @@ starts (frontend, engine core, workers). Idempotent; ``LENS_EVALS_DISABLE=1`` (o
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
+
+from lens_evals import settings
 
 logger = logging.getLogger("lens_evals")
 
 
-DISABLE_ENVS = ("LENS_EVALS_DISABLE", "VLLM_LENS_DISABLE")
+DISABLE_SETTINGS = (settings.DISABLE, settings.VLLM_LENS_DISABLE)
 
 
 def disabled_by() -> str | None:
     """The environment variable that turns the plugin off, if one does."""
-    for name in DISABLE_ENVS:
-        if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on"):
-            return name
+    for setting in DISABLE_SETTINGS:
+        if setting.get():
+            return setting.name
     return None
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +31,7 @@ class TakenResult:
 
 _writers: dict[int, ThreadPoolExecutor] = {}
 PARALLEL_WRITE_BYTES = 32 * 2**20
-THREADS_ENV = "LENS_EVALS_WRITE_THREADS"
+THREADS_ENV = settings.WRITE_THREADS.name
 
 
 def writer_threads() -> int:
@@ -40,7 +39,7 @@ def writer_threads() -> int:
     (``scripts/fetch_path_bench.py``, 258 MiB): into memory touched before (the pool's steady
     state) one thread writes in ~80 ms and 4-8 threads in 180-270 ms; only into fresh files do
     threads help (4-8 threads 57-84 ms, one 170-196 ms)."""
-    return max(1, int(os.environ.get(THREADS_ENV, 1)))
+    return max(1, settings.WRITE_THREADS.get())
 
 
 def write_results(taken: dict[str, TakenResult], sink: handoff.Sink, threads: int | None = None) -> dict[str, dict[str, Any] | None]:

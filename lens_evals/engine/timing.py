@@ -4,14 +4,15 @@ process logs its totals when results are fetched, then starts again from zero.""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-ENABLED = os.environ.get("LENS_EVALS_TIMING", "0") == "1"
+from lens_evals import settings
+
+ENABLED = settings.TIMING.get()  # read once, when the process imports the engine
 _seconds: dict[str, float] = defaultdict(float)
 _calls: dict[str, int] = defaultdict(int)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -13,7 +12,7 @@ from typing import Any
 
 import torch
 
-from lens_evals import wire
+from lens_evals import settings, wire
 from lens_evals.engine import compat, handoff, timing
 from lens_evals.engine.batch import StepPlan, build_plan
 from lens_evals.engine.graph_taps import GraphTaps, configured_layers, graph_refusal
@@ -30,11 +29,6 @@ FETCH_METHOD = "lens_evals_fetch"
 MEMORY_METHOD = "lens_evals_memory"
 REGISTER_SET_METHOD = "lens_evals_register_hook_set"
 CLEAR_SET_METHOD = "lens_evals_clear_hook_set"
-DEFAULT_MAX_SAVED_MIB = 256.0
-
-
-def _limit_bytes(env: str, default_gib: float) -> int:
-    return int(float(os.environ.get(env, default_gib)) * 2**30)
 
 
 class LensWorkerState:
@@ -82,7 +76,7 @@ class LensWorkerState:
         self.hook_sites: set[tuple[int, str | None, bool]] = set()
         self.hook_sets: dict[str, list[WorkerHook]] = {}
         self.by_key: dict[str, WorkerRequest] = {}
-        self.max_saved_chars = int(float(os.environ.get("LENS_EVALS_MAX_SAVED_MIB", DEFAULT_MAX_SAVED_MIB)) * 2**20)
+        self.max_saved_chars = settings.MAX_SAVED_MIB.in_bytes()
         self.requests: dict[str, WorkerRequest | None] = {}
         self.req_keys: dict[str, str] = {}
         self.captures = PieceStore()  # captured rows per request key
@@ -90,7 +84,7 @@ class LensWorkerState:
         self.errors: dict[str, str] = {}
         self.fetched: set[str] = set()
         self.finished_unfetched: OrderedDict[str, float] = OrderedDict()
-        self.max_held_bytes = _limit_bytes("LENS_EVALS_MAX_HELD_CAPTURE_GIB", 8.0)
+        self.max_held_bytes = settings.MAX_HELD_CAPTURE_GIB.in_bytes()
         self.plan: StepPlan | None = None
         self._last_plan: tuple[tuple[list[str], list[int]], StepPlan] | None = None
         self.step_captures: dict[int, torch.Tensor] = {}

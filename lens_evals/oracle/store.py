@@ -7,10 +7,10 @@ Adapters are not committed: ``lens-evals oracle train`` makes one in minutes on 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from lens_evals import settings
 from lens_evals.oracle.train import OracleTrainConfig
 
 CARD_NAME = "card.json"
@@ -28,8 +28,7 @@ RECIPES: dict[str, OracleTrainConfig] = {
 
 
 def oracle_root() -> Path:
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lens-evals" / "oracles"
-    return Path(os.environ.get("LENS_EVALS_ORACLE_DIR", default))
+    return settings.ORACLE_DIR.get()
 
 
 def is_oracle_dir(path: Path) -> bool:

@@ -5,7 +5,6 @@ StandardScaler + LogisticRegression (L2) -> validation AUROC on held-out groups 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from sklearn.model_selection import GroupShuffleSplit
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from lens_evals import settings
 from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue, TokenSelection
 from lens_evals.probing.extract import answer_requests, extract_features, open_engine
@@ -35,7 +35,7 @@ DEFAULT_LAYERS = {"smollm2-135m-instruct": 15, "tiny-llama": 1, "qwen2.5-coder-0
 
 
 def probe_dir() -> Path:
-    return Path(os.environ.get("LENS_EVALS_PROBE_DIR", Path.cwd() / "probes"))
+    return settings.PROBE_DIR.get()
 
 
 def default_probe_name(model: str = DEFAULT_MODEL, training_set: str = DEFAULT_TRAINING_SET) -> str:

