@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from lens_evals import settings
 from lens_evals.engine import handoff
 from lens_evals.engine.store import RowBlocks
 
