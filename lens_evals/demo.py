@@ -4,10 +4,7 @@ contrasting prompt sets), then generate with and without it in one dynamic batch
 
 from __future__ import annotations
 
-import os
 import time
-
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
 POSITIVE = ["I love this, what a wonderful day!", "This is fantastic news, I am so happy.", "What a delightful surprise, thank you!"]
 NEGATIVE = ["I hate this, what a terrible day.", "This is awful news, I am so sad.", "What a horrible surprise, how dreadful."]
@@ -16,14 +13,15 @@ QUESTIONS = ["Tell me about your weekend.", "How do you feel about Mondays?", "D
 
 def run_demo(model: str, layer: int, scale: float) -> int:
     import torch
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from lens_evals import SteeringVector
     from lens_evals.models import resolve_model
+    from lens_evals.offline_engine import open_offline_engine
 
     path = resolve_model(model)
     started = time.perf_counter()
-    llm = LLM(path, dtype="float32", max_model_len=1024, seed=0)
+    llm = open_offline_engine(path, dtype="float32")
     print(f"engine ready in {time.perf_counter() - started:.1f} s ({path})")
 
     capture = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"output_residual_stream": [layer]})

@@ -59,8 +59,11 @@ def gpu_share() -> dict[str, Any]:
 
 
 def engine_options(**kwargs: Any) -> dict[str, Any]:
-    """The tests' LLM options: fp32, short context, fixed seed and :func:`gpu_share`."""
-    return {"dtype": "float32", "max_model_len": 1024, "seed": 0, **gpu_share(), **kwargs}
+    """The tests' LLM options: the package's engine defaults (``lens_evals.offline_engine``: short
+    context, fixed seed), fp32 and :func:`gpu_share`."""
+    from lens_evals.offline_engine import engine_defaults
+
+    return engine_defaults(**{"dtype": "float32", **gpu_share(), **kwargs})
 
 
 def settle_gpu_memory(timeout_s: float = 60.0) -> None:

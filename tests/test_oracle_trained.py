@@ -23,7 +23,8 @@ def test_trained_oracle_beats_zero_vector_on_heldout(smollm2_path) -> None:
     from transformers import AutoTokenizer
     from vllm.lora.request import LoRARequest
 
-    from lens_evals.oracle.build import build_oracle, start_engine, stop_engine
+    from lens_evals.offline_engine import close_offline_engine
+    from lens_evals.oracle.build import build_oracle, start_engine
     from lens_evals.oracle.datasets import all_items, sample_mix
     from lens_evals.oracle.evaluate import evaluate_offline
     from lens_evals.oracle.store import adapter_rank, read_card
@@ -41,7 +42,7 @@ def test_trained_oracle_beats_zero_vector_on_heldout(smollm2_path) -> None:
         result = evaluate_offline(llm, AutoTokenizer.from_pretrained(str(smollm2_path)),
                                   LoRARequest("oracle", 1, str(directory)), config.settings(), items)
     finally:
-        stop_engine(llm)
+        close_offline_engine(llm)
     oracle, zero = result["oracle"], result["zero_vector"]
     print("oracle", oracle, "zero vector", zero)
     assert oracle["all"] >= zero["all"] + MIN_OVERALL_GAIN

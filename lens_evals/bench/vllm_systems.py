@@ -14,6 +14,7 @@ import numpy as np
 from lens_evals.bench.config import BenchConfig
 from lens_evals.bench.measure import Measured, Stopwatch, SystemUnavailable, best_of
 from lens_evals.bench.systems import System
+from lens_evals.offline_engine import offline_engine_args
 from lens_evals.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector
 
 PROBE_NAME = "bench"
@@ -72,18 +73,17 @@ def engine_prompts(prompts: list[list[int]]) -> list[dict[str, list[int]]]:
 
 def engine_options(system: System, cfg: BenchConfig) -> dict[str, Any]:
     """The LLM(...) arguments every vLLM system shares; graph mode taps ``cfg.layer``."""
-    options: dict[str, Any] = {
-        "model": cfg.model_dir,
-        "dtype": cfg.dtype,
-        "max_model_len": cfg.max_model_len,
-        "seed": 0,
-        "enforce_eager": not system.cuda_graphs,
+    options = offline_engine_args(
+        cfg.model_dir,
+        dtype=cfg.dtype,
+        max_model_len=cfg.max_model_len,
+        enforce_eager=not system.cuda_graphs,
         # Off for every system: lens requests are salted (never cached), plain ones would be.
-        "enable_prefix_caching": False,
-        "skip_tokenizer_init": not has_tokenizer(cfg.model_dir),
-        "tensor_parallel_size": cfg.tensor_parallel_size,
-        "pipeline_parallel_size": cfg.pipeline_parallel_size,
-    }
+        enable_prefix_caching=False,
+        skip_tokenizer_init=not has_tokenizer(cfg.model_dir),
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        pipeline_parallel_size=cfg.pipeline_parallel_size,
+    )
     if cfg.device == "cuda":
         options["gpu_memory_utilization"] = cfg.gpu_memory_utilization
     if system.graph_mode:

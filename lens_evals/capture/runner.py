@@ -160,9 +160,9 @@ def run_capture(prompts_path: str | Path, model: str, layers: Sequence[int], out
     done = manifest.done_prompts()
     todo = [item for item in items if item.index not in done]
     if llm is None:
-        from lens_evals.probing.extract import open_engine
+        from lens_evals.offline_engine import open_offline_engine
 
-        llm = open_engine(model, max_model_len=max_model_len, **(engine_args or {}))
+        llm = open_offline_engine(model, max_model_len=max_model_len, **(engine_args or {}))
     token_ids = _tokenize(llm, todo, layer_list)
     params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={CAPTURE_KEY: layer_list})
     with tqdm(total=len(items), initial=len(done), desc=f"capture -> {out_dir}", unit="prompt",

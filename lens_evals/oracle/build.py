@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from lens_evals.offline_engine import close_offline_engine, open_offline_engine
 from lens_evals.oracle.datasets import HELDOUT_EVERY, all_items, sample_mix
 from lens_evals.oracle.store import oracle_root, write_card
 from lens_evals.oracle.train import OracleTrainConfig, build_examples, train_lora
@@ -22,16 +22,8 @@ logger = logging.getLogger("lens_evals")
 
 def start_engine(model_dir: str, lora_rank: int, max_model_len: int = 1024) -> Any:
     """An in-process engine that serves one adapter beside the base model."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM
-
-    return LLM(model_dir, dtype="float32", max_model_len=max_model_len, seed=0,
-               enable_lora=True, max_loras=2, max_lora_rank=max(lora_rank, 8))
-
-
-def stop_engine(llm: Any) -> None:
-    llm.llm_engine.engine_core.shutdown()
+    return open_offline_engine(model_dir, kv_cache_gib=1, in_process=True, dtype="float32", max_model_len=max_model_len,
+                               enable_lora=True, max_loras=2, max_lora_rank=max(lora_rank, 8))
 
 
 def build_oracle(name: str, config: OracleTrainConfig, out_dir: Path | None = None) -> tuple[Path, dict[str, Any]]:
@@ -71,7 +63,7 @@ def build_oracle(name: str, config: OracleTrainConfig, out_dir: Path | None = No
         result = evaluate_offline(llm, tokenizer, LoRARequest(name, 1, str(partial)), settings, eval_items)
         timings["eval_s"] = time.monotonic() - started
     finally:
-        stop_engine(llm)
+        close_offline_engine(llm)
     card = {
         "name": name,
         "base_model": config.base_model,

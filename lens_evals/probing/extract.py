@@ -6,7 +6,6 @@ are exactly the positions the probe will read at evaluation time.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,18 +14,6 @@ from tqdm.auto import tqdm
 
 from lens_evals.probing.dialogues import Dialogue, TokenSelection, tokenize_dialogue
 from lens_evals.spec import CAPTURE_KEY
-
-
-def open_engine(model: str, max_model_len: int = 1024, **engine_args: Any) -> Any:
-    """An offline vLLM engine on an embedded model name or a local directory."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    from vllm import LLM
-
-    from lens_evals.models import PREPARERS, resolve_model
-
-    # Same default as the vllm-lens provider's server, so probes see the numbers they will score.
-    engine_args.setdefault("dtype", "float32" if model in PREPARERS else "auto")
-    return LLM(resolve_model(model), max_model_len=max_model_len, seed=0, **engine_args)
 
 
 def extract_features(

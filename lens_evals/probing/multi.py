@@ -214,12 +214,13 @@ def train_probe_set(model: str, layer: int, out: str | Path, dataset: str | Path
                     n_folds: int = 5) -> ProbeSet:
     """Capture Instructed-Pairs, Roleplaying (off-policy, ``dataset`` or ours) and the model's own
     control answers at ``layer`` in one engine; fit, calibrate and save the three probes."""
+    from lens_evals.offline_engine import open_offline_engine
     from lens_evals.probing import datasets
-    from lens_evals.probing.extract import answer_requests, open_engine
+    from lens_evals.probing.extract import answer_requests
     from lens_evals.probing.probe import ProbeCard
     from lens_evals.probing.train import capture, load_training_set
 
-    engine = llm if llm is not None else open_engine(model)
+    engine = llm if llm is not None else open_offline_engine(model)
     pairs = load_training_set("instructed-pairs", limit)
     roleplaying = datasets.roleplaying_dialogues(dataset)
     pair_features = capture(engine, pairs, [layer], "all", desc=f"instructed-pairs layer {layer}")

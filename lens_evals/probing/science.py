@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from lens_evals.offline_engine import open_offline_engine
 from lens_evals.probing import datasets
-from lens_evals.probing.extract import answer_requests, open_engine
+from lens_evals.probing.extract import answer_requests
 from lens_evals.probing.metrics import auroc
 from lens_evals.probing.multi import (
     evaluate_offline,
@@ -55,7 +56,7 @@ def run_science(model: str, out: str | Path = "docs/results", dtype: str | None 
                 roleplaying_limit: int | None = None, llm: Any = None) -> dict[str, Any]:
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    engine = llm if llm is not None else open_engine(model, **({"dtype": dtype} if dtype else {}))
+    engine = llm if llm is not None else open_offline_engine(model, **({"dtype": dtype} if dtype else {}))
     timings["engine_start_s"] = time.perf_counter() - start
     config = engine.llm_engine.model_config
     layers = list(range(config.hf_config.num_hidden_layers))

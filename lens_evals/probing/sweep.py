@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from lens_evals.offline_engine import open_offline_engine
 from lens_evals.probing import datasets
-from lens_evals.probing.extract import open_engine
 from lens_evals.probing.metrics import auroc
 from lens_evals.probing.train import (
     DEFAULT_MODEL,
@@ -37,7 +37,7 @@ def sweep_layers(
     with_roleplaying: bool = True,
 ) -> dict[str, Any]:
     """Writes ``OUT.json`` and ``OUT.png``; returns the per-layer results."""
-    engine = llm if llm is not None else open_engine(model)
+    engine = llm if llm is not None else open_offline_engine(model)
     n_layers = engine.llm_engine.model_config.hf_config.num_hidden_layers
     layer_list = sorted(layers) if layers else list(range(n_layers))
     selection, _ = selection_for(training_set)

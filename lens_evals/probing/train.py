@@ -17,9 +17,10 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from lens_evals import settings
+from lens_evals.offline_engine import open_offline_engine
 from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue, TokenSelection
-from lens_evals.probing.extract import answer_requests, extract_features, open_engine
+from lens_evals.probing.extract import answer_requests, extract_features
 from lens_evals.probing.metrics import auroc, threshold_at_fpr
 from lens_evals.probing.probe import Probe, ProbeCard
 
@@ -116,7 +117,7 @@ def train_probe(
 ) -> Probe:
     """Train, validate, calibrate and save one probe; returns it (its card holds the numbers)."""
     layer = DEFAULT_LAYERS.get(Path(model).name, 0) if layer is None else layer
-    engine = llm if llm is not None else open_engine(model)
+    engine = llm if llm is not None else open_offline_engine(model)
     selection, exclude = selection_for(training_set)
     dialogues = load_training_set(training_set, limit, seed)
     data = capture(engine, dialogues, [layer], selection, desc=f"{training_set} layer {layer}")

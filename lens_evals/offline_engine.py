@@ -1,0 +1,50 @@
+"""The offline vLLM engine (``vllm.LLM``) as the package opens it: one set of defaults.
+
+Probe training and sweeps, ``lens-evals capture``, the science runs, the demo, activation-oracle
+training and the benchmark all open their engine through :func:`offline_engine_args`; what one of
+them needs differently (LoRA, a longer context, the benchmark's parallelism) is an explicit
+override at its call. vllm is imported only by :func:`open_offline_engine`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+# The checkpoint's dtype, except float32 for the embedded models: the vllm-lens provider's server
+# uses float32 for them too, so probes trained here see the numbers they will score.
+EMBEDDED_DTYPE = "float32"
+DEFAULTS: dict[str, Any] = {"max_model_len": 1024, "seed": 0}
+KV_CACHE_GIB = 2  # VLLM_CPU_KVCACHE_SPACE unless the environment sets it (vLLM's CPU build only)
+
+
+def engine_defaults(**overrides: Any) -> dict[str, Any]:
+    """The defaults without a model: a 1024-token context and seed 0; ``overrides`` win."""
+    return {**DEFAULTS, **overrides}
+
+
+def offline_engine_args(model: str, **overrides: Any) -> dict[str, Any]:
+    """``LLM(**...)`` keyword arguments for an embedded model's name or a model directory: its
+    directory, float32 for an embedded model (else the checkpoint's dtype), and
+    :func:`engine_defaults`; ``overrides`` win."""
+    from lens_evals.models import PREPARERS, resolve_model
+
+    dtype = EMBEDDED_DTYPE if model in PREPARERS else "auto"
+    return {"model": resolve_model(model), **engine_defaults(**{"dtype": dtype, **overrides})}
+
+
+def open_offline_engine(model: str, *, kv_cache_gib: int = KV_CACHE_GIB, in_process: bool = False, **overrides: Any) -> Any:
+    """A ``vllm.LLM`` with :func:`offline_engine_args`. ``kv_cache_gib`` and ``in_process`` (no
+    engine-core process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) are set in the environment unless
+    it already sets them."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    if in_process:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM
+
+    return LLM(**offline_engine_args(model, **overrides))
+
+
+def close_offline_engine(llm: Any) -> None:
+    """Shut the engine down now (its engine core, workers and their memory), not at exit."""
+    llm.llm_engine.engine_core.shutdown()

@@ -1,0 +1,35 @@
+"""lens_evals.offline_engine: one set of defaults for every offline engine the package opens,
+and no other place in the package that constructs ``vllm.LLM``. No engine is started."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from lens_evals.models import model_path
+from lens_evals.offline_engine import offline_engine_args
+
+PACKAGE = Path(__file__).resolve().parent.parent / "lens_evals"
+
+
+def test_defaults_and_overrides(tmp_path: Path) -> None:
+    embedded = offline_engine_args("tiny-llama")
+    assert embedded == {"model": str(model_path("tiny-llama", prepare=False)), "dtype": "float32", "max_model_len": 1024, "seed": 0}
+    assert offline_engine_args(str(tmp_path)) == {"model": str(tmp_path), "dtype": "auto", "max_model_len": 1024, "seed": 0}
+    overridden = offline_engine_args(str(tmp_path), dtype="bfloat16", max_model_len=4096, enable_lora=True)
+    assert overridden == {"model": str(tmp_path), "dtype": "bfloat16", "max_model_len": 4096, "seed": 0, "enable_lora": True}
+
+
+# The benchmark times the constructor alone (vllm imported before), with offline_engine_args's options.
+TIMED_START = "bench/vllm_systems.py"
+
+
+def test_the_package_opens_offline_engines_in_one_place() -> None:
+    """Every ``LLM(...)`` call in the package is in offline_engine.py, but the benchmark's timed one."""
+    calls = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("LLM", "vllm.LLM"):
+                calls.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert sorted(call.split(":")[0] for call in calls) == [TIMED_START, "offline_engine.py"], calls
+    assert "offline_engine_args(" in (PACKAGE / TIMED_START).read_text(encoding="utf-8")
