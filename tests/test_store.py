@@ -98,14 +98,14 @@ def test_worker_data_path_with_plan_reuse_and_a_request_leaving() -> None:
     from lens_evals.engine.compat import BatchLayout
     from lens_evals.engine.requests import WorkerProbe, WorkerRequest
     from lens_evals.engine.taps import run_layer
-    from lens_evals.engine.worker import LensWorkerState
+    from lens_evals.engine.worker_core import WorkerCore
 
     hidden_size, layer = 8, 2
     weights = torch.randn(hidden_size, generator=torch.Generator().manual_seed(1))
-    state = LensWorkerState.detached(torch.device("cpu"), torch.float32, {0, 1, 2, 3})
-    state.track("a", WorkerRequest(key="ka", capture_layers=[layer]))
-    state.track("b", WorkerRequest(key="kb", capture_layers=[layer], probes=[WorkerProbe(0, layer, "w", weights, 0.5)]))
-    state.track("c", WorkerRequest(key="kc", capture_layers=[layer]))
+    core = WorkerCore(torch.device("cpu"), torch.float32, {0, 1, 2, 3})
+    core.ledger.track("a", WorkerRequest(key="ka", capture_layers=[layer]))
+    core.ledger.track("b", WorkerRequest(key="kb", capture_layers=[layer], probes=[WorkerProbe(0, layer, "w", weights, 0.5)]))
+    core.ledger.track("c", WorkerRequest(key="kc", capture_layers=[layer]))
     streams: dict[str, list[torch.Tensor]] = {"a": [], "b": [], "c": []}
     generator = torch.Generator().manual_seed(0)
     previous_plan = None
@@ -114,27 +114,28 @@ def test_worker_data_path_with_plan_reuse_and_a_request_leaving() -> None:
         rows = [2 if step == 0 else 1 for _ in names]  # a 2-token prefill, then decode
         hidden = torch.randn(sum(rows), hidden_size, generator=generator)
         residual = torch.randn(sum(rows), hidden_size, generator=generator)
-        plan = state.plan_step(BatchLayout(names, rows, [0 if step == 0 else step + 1] * len(names)), None)
+        plan = core.plan_step(BatchLayout(names, rows, [0 if step == 0 else step + 1] * len(names)), None)
         if step == 2:
             assert plan is previous_plan  # same requests and row counts: reused
         previous_plan = plan
-        run_layer(state, plan, layer, hidden, residual)
-        state.store_step(plan)
+        step_context = core.begin_step(plan)
+        run_layer(step_context, layer, hidden, residual)
+        core.store_step(step_context)
         offset = 0
         for name, n in zip(names, rows):
             streams[name].append((hidden + residual)[offset : offset + n])
             offset += n
         if step == 2:
-            result = state.pop_result("kc")  # fetched as it finishes, like the frontend does
-            state._finish("c")
-    results = {"c": result, "a": state.pop_result("ka"), "b": state.pop_result("kb")}
+            result = core.pop_result("kc")  # fetched as it finishes, like the frontend does
+            core.finish("c")
+    results = {"c": result, "a": core.pop_result("ka"), "b": core.pop_result("kb")}
     for name, result in results.items():
         tensors = result_tensors(result)
         want = torch.cat(streams[name])
         assert torch.equal(tensors["residual_stream"][0], want), name
         if name == "b":
             torch.testing.assert_close(tensors["probe_scores"][0], want @ weights + 0.5)
-    assert state.held_bytes == 0
+    assert core.held_bytes == 0
 
 
 def test_packed_rows_refuse_unknown_dtypes_and_wrong_lengths() -> None:

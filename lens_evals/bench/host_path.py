@@ -22,7 +22,7 @@ from lens_evals.engine.compat import BatchLayout
 from lens_evals.engine.requests import WorkerProbe, WorkerRequest, WorkerSteering
 from lens_evals.engine.results import write_results
 from lens_evals.engine.taps import run_layer
-from lens_evals.engine.worker import LensWorkerState
+from lens_evals.engine.worker_core import WorkerCore
 
 GPU_EAGER_STEP_MS = 12.0
 
@@ -40,31 +40,32 @@ def _request(feature: str, index: int, layer: int, hidden: int, dtype: torch.dty
 
 def measure(feature: str, requests: int, steps: int, hidden: int, dtype: torch.dtype, layer: int = 16,
             sink: handoff.Sink = handoff.inline, threads: int = 1) -> dict[str, float]:
-    state = LensWorkerState.detached(torch.device("cpu"), dtype, set(range(32)))
+    core = WorkerCore(torch.device("cpu"), dtype, set(range(32)))
     for index in range(requests):
-        state.track(f"req-{index}", _request(feature, index, layer, hidden, dtype))
+        core.ledger.track(f"req-{index}", _request(feature, index, layer, hidden, dtype))
     hidden_rows = torch.randn(requests, hidden).to(dtype)
     residual_rows = torch.randn(requests, hidden).to(dtype)
     plan_s = ops_s = store_s = 0.0
     for step in range(steps):
         layout = BatchLayout([f"req-{i}" for i in range(requests)], [1] * requests, [step] * requests)
         started = time.perf_counter()
-        plan = state.plan_step(layout, None)
+        plan = core.plan_step(layout, None)
         planned = time.perf_counter()
-        run_layer(state, plan, layer, hidden_rows, residual_rows)
+        step_context = core.begin_step(plan)
+        run_layer(step_context, layer, hidden_rows, residual_rows)
         ran = time.perf_counter()
-        state.store_step(plan)
+        core.store_step(step_context)
         stored = time.perf_counter()
         plan_s, ops_s, store_s = plan_s + planned - started, ops_s + ran - planned, store_s + stored - ran
     started = time.perf_counter()
-    written = write_results({f"key-{i}": state.take_result(f"key-{i}") for i in range(requests)}, sink, threads)  # as a fetch does
+    written = write_results({f"key-{i}": core.take_result(f"key-{i}") for i in range(requests)}, sink, threads)  # as a fetch does
     results = list(written.values())
     handoff.claim_all([{str(i): r for i, r in enumerate(results) if r}])  # the frontend's side: map, unlink
     fetch_s = time.perf_counter() - started
     if feature != "steer" and any(r is None or "error" in r for r in results):
         raise RuntimeError(f"{feature}: a request came back without its rows: {results[0]}")
     return {"plan_ms": 1e3 * plan_s / steps, "ops_ms": 1e3 * ops_s / steps, "store_ms": 1e3 * store_s / steps,
-            "fetch_all_ms": 1e3 * fetch_s, "held_bytes_after": float(state.held_bytes)}
+            "fetch_all_ms": 1e3 * fetch_s, "held_bytes_after": float(core.held_bytes)}
 
 
 def main(argv: list[str] | None = None) -> int:

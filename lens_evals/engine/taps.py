@@ -7,7 +7,9 @@ stream as the next layer will)."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,59 +21,69 @@ from lens_evals.engine.hooks import HookCall, HookContext, run_calls
 logger = logging.getLogger("lens_evals")
 
 
-class StepHost(Protocol):
-    """What the taps read and write during a forward pass: the step's plan (None: no lens request
-    in this step), where the step's captures and probe scores go, and how a hook gets its context
-    and reports a failed request. The worker's state provides it; the taps know nothing else of
-    the worker (no import of it)."""
+@dataclass
+class StepContext:
+    """One step as the taps see it, handed to them by the worker: the step's plan, where each
+    layer's captures and probe scores go, how a hook gets its context and how a request is
+    failed. The taps know nothing else of the worker (no import of it)."""
 
-    plan: StepPlan | None
-    step_captures: dict[int, torch.Tensor]
-    step_scores: dict[int, torch.Tensor]
+    plan: StepPlan
+    hook_context: Callable[[HookCall, int], HookContext]
+    fail_key: Callable[[str, str], None]
+    has_failed: Callable[[str], bool]
+    captures: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> the step's gathered rows
+    scores: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> the step's probe scores
 
-    def hook_context(self, call: HookCall, layer: int) -> HookContext: ...
-
-    def fail_key(self, key: str, message: str) -> None: ...
-
-    def has_failed(self, key: str) -> bool: ...
-
-    def fail_keys(self, keys: list[str], message: str) -> None: ...
+    def fail_keys(self, keys: list[str], message: str) -> None:
+        for key in keys:
+            self.fail_key(key, message)
 
 
-def install_taps(state: StepHost, layers: dict[int, nn.Module], contract: compat.StreamContract) -> None:
+class ActiveStep:
+    """Where the installed taps find the step being run: None between steps and in steps
+    without a lens request."""
+
+    __slots__ = ("step",)
+
+    def __init__(self) -> None:
+        self.step: StepContext | None = None
+
+
+def install_taps(active: ActiveStep, layers: dict[int, nn.Module], contract: compat.StreamContract) -> None:
     """Register a forward hook on every decoder layer of this stage."""
     for index, layer in layers.items():
-        layer.register_forward_hook(_make_tap(state, index, contract))
+        layer.register_forward_hook(_make_tap(active, index, contract))
 
 
-def install_hook_tap(state: StepHost, layer: nn.Module, site: tuple[int, str | None, bool], contract: compat.StreamContract) -> None:
+def install_hook_tap(active: ActiveStep, layer: nn.Module, site: tuple[int, str | None, bool], contract: compat.StreamContract) -> None:
     """A tap for generic hooks at (layer index, module path inside the layer or None, pre),
     installed the first time a request asks for that site. Raises AttributeError for a bad path."""
     layer_index, module_path, pre = site
     module = layer.get_submodule(module_path) if module_path else layer
 
-    def run(hidden: torch.Tensor, residual: torch.Tensor | None) -> None:
-        calls = state.plan.hook_calls.get(site) if state.plan is not None else None
-        if calls:
-            _run_hooks(state, calls, hidden, residual, layer_index)
+    def calls_here() -> tuple[StepContext, list[HookCall]] | None:
+        step = active.step
+        calls = step.plan.hook_calls.get(site) if step is not None else None
+        return (step, calls) if step is not None and calls else None
 
     if pre:
         def pre_tap(mod: nn.Module, args: Any, kwargs: Any) -> None:
-            if state.plan is not None and site in state.plan.hook_calls:
-                run(*(contract.read_input(layer, args, kwargs) if module_path is None else (compat.first_input(args, kwargs), None)))
+            if (here := calls_here()) is not None:
+                hidden, residual = contract.read_input(layer, args, kwargs) if module_path is None else (compat.first_input(args, kwargs), None)
+                _run_hooks(here[0], here[1], hidden, residual, layer_index)
             return None
 
         module.register_forward_pre_hook(pre_tap, with_kwargs=True)
     elif module_path is not None:
         def post_tap(mod: nn.Module, args: Any, output: Any) -> None:
-            if state.plan is not None and site in state.plan.hook_calls:
-                run(compat.first_output(output), None)
+            if (here := calls_here()) is not None:
+                _run_hooks(here[0], here[1], compat.first_output(output), None, layer_index)
             return None
 
         module.register_forward_hook(post_tap)
 
 
-def _run_hooks(state: StepHost, calls: list[HookCall], hidden: torch.Tensor, residual: torch.Tensor | None, layer_index: int) -> None:
+def _run_hooks(step: StepContext, calls: list[HookCall], hidden: torch.Tensor, residual: torch.Tensor | None, layer_index: int) -> None:
     """Rows of a fused-residual layer are hidden + residual; a replacement is written as
     hidden := new, residual := 0, so the next layer sees exactly ``new``."""
 
@@ -83,44 +95,46 @@ def _run_hooks(state: StepHost, calls: list[HookCall], hidden: torch.Tensor, res
         if residual is not None:
             residual[start:stop] = 0
 
-    run_calls(calls, stream_of, put, layer_index, state.hook_context, state.fail_key, state.has_failed)
+    run_calls(calls, stream_of, put, layer_index, step.hook_context, step.fail_key, step.has_failed)
 
 
-def _make_tap(state: StepHost, layer_index: int, contract: compat.StreamContract):
+def _make_tap(active: ActiveStep, layer_index: int, contract: compat.StreamContract) -> Callable[..., None]:
     def tap(module: nn.Module, args: Any, output: Any) -> None:
-        plan = state.plan
-        if plan is None or layer_index not in plan.hooked_layers:
+        step = active.step
+        if step is None or layer_index not in step.plan.hooked_layers:
             return None
         try:
             hidden, residual = contract.read_output(output)
             with timing.phase("taps (queued)"):
-                run_layer(state, plan, layer_index, hidden, residual)
+                run_layer(step, layer_index, hidden, residual)
         except Exception as exc:  # noqa: BLE001 - reported to every lens request of the step
             logger.exception("lens_evals: layer %d tap failed", layer_index)
-            state.fail_keys(plan.keys, f"layer {layer_index} hook failed: {type(exc).__name__}: {exc}")
+            step.fail_keys(step.plan.keys, f"layer {layer_index} hook failed: {type(exc).__name__}: {exc}")
         return None
 
     return tap
 
 
-def run_layer(state: StepHost, plan: StepPlan, layer_index: int, hidden: torch.Tensor, residual: torch.Tensor | None) -> None:
+def run_layer(step: StepContext, layer_index: int, hidden: torch.Tensor, residual: torch.Tensor | None) -> None:
     """What the step's plan does after one layer: steer, run hooks, capture, score probes."""
+    plan = step.plan
     steer = plan.steer.get(layer_index)
     if steer is not None:
         _apply_steering(hidden, residual, steer)
     calls = plan.hook_calls.get((layer_index, None, False))
     if calls:
-        _run_hooks(state, calls, hidden, residual, layer_index)
-    read_step(state, plan, layer_index, hidden, residual)
+        _run_hooks(step, calls, hidden, residual, layer_index)
+    read_step(step, layer_index, hidden, residual)
 
 
-def read_step(state: StepHost, plan: StepPlan, layer_index: int, hidden: torch.Tensor, residual: torch.Tensor | None = None) -> None:
+def read_step(step: StepContext, layer_index: int, hidden: torch.Tensor, residual: torch.Tensor | None = None) -> None:
     """Capture and score the step's rows of one layer's stream (hidden + residual)."""
+    plan = step.plan
     if layer_index in plan.capture_layers:
-        state.step_captures[layer_index] = _gather_stream(hidden, residual, plan.capture_span, plan.capture_rows)
+        step.captures[layer_index] = _gather_stream(hidden, residual, plan.capture_span, plan.capture_rows)
     probes = plan.probes.get(layer_index)
     if probes is not None:
-        state.step_scores[layer_index] = _probe_scores(hidden, residual, probes)
+        step.scores[layer_index] = _probe_scores(hidden, residual, probes)
 
 
 def _apply_steering(hidden: torch.Tensor, residual: torch.Tensor | None, steer: Any) -> None:

@@ -1,0 +1,58 @@
+"""The worker's host copies of every step's captures and probe scores, per request key, and
+the bytes they hold (the memory bound is enforced by the worker core, which knows the ledger)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from lens_evals.engine.batch import StepPlan
+from lens_evals.engine.store import Piece, PieceStore, to_host
+
+
+class StepStores:
+    def __init__(self, max_held_bytes: int) -> None:
+        self.captures = PieceStore()  # captured rows per request key
+        self.scores = PieceStore(arena_chunk_bytes=4 * 2**20)  # probe scores per request key
+        self.max_held_bytes = max_held_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        return self.captures.held_bytes + self.scores.held_bytes
+
+    def over_bound(self) -> bool:
+        return self.held_bytes > self.max_held_bytes
+
+    def keys(self) -> set[str]:
+        """Every request key with rows held."""
+        return self.captures.keys() | self.scores.keys()
+
+    def release(self, key: str) -> tuple[list[Piece], list[Piece]]:
+        """Forget a request's (captured, scored) pieces and return them (still readable)."""
+        return self.captures.release(key), self.scores.release(key)
+
+    def store(self, plan: StepPlan, captured: dict[int, torch.Tensor], scored: dict[int, torch.Tensor],
+              keeps: Callable[[str], bool]) -> None:
+        """One device-to-host copy for the step's captures and one for its probe scores; each
+        request ``keeps`` wants gets a Piece (where its rows are), nothing is cut per request here."""
+        self.captures.compact()
+        self.scores.compact()
+        starts = plan.start_positions
+        if plan.capture_slots and len(captured) == len(plan.capture_layers):
+            layers = [captured[layer] for layer in plan.capture_layers]
+            stacked = layers[0].unsqueeze(0) if len(layers) == 1 else torch.stack(layers)  # (L, R, H), a new tensor
+            data, ready, chunk = to_host(stacked, self.captures.arena)
+            buffer = self.captures.new_buffer(data, ready, stacked.shape[1], chunk)
+            for slot in plan.capture_slots:
+                if keeps(slot.key):
+                    self.captures.add(slot.key, Piece(buffer, slot.row_start, slot.num_rows, starts[slot.batch_index], slot.layer_slots))
+            self.captures.drop_unused(buffer)
+        if plan.score_slots and len(scored) == len(plan.probes):
+            flat = torch.cat([scored[layer] for layer in plan.probes])  # float32 scores of every (row, probe) pair
+            data, ready, chunk = to_host(flat, self.scores.arena)
+            buffer = self.scores.new_buffer(data, ready, flat.shape[0], chunk)
+            for slot in plan.score_slots:
+                if keeps(slot.key):
+                    self.scores.add(slot.key, Piece(buffer, 0, slot.num_rows, starts[slot.batch_index], slot.flat_offsets))
+            self.scores.drop_unused(buffer)

@@ -1,0 +1,101 @@
+"""The worker's data path without a model: the request ledger, the step planner with its plan
+cache, the step stores with their memory bound, and the fetch. ``LensWorkerState`` (the model
+runner's side) drives it around each forward pass; ``lens_evals.bench.host_path`` and the tests
+drive it directly."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from lens_evals import settings
+from lens_evals.engine import compat, handoff, timing
+from lens_evals.engine.batch import StepPlan, build_plan
+from lens_evals.engine.hooks import HookCall, HookContext
+from lens_evals.engine.ledger import RequestLedger
+from lens_evals.engine.results import Fetch, TakenResult
+from lens_evals.engine.step_stores import StepStores
+from lens_evals.engine.taps import StepContext
+
+logger = logging.getLogger("lens_evals")
+
+
+def _no_hook_context(call: HookCall, layer: int) -> HookContext:
+    raise RuntimeError("hooks need a model runner (LensWorkerState)")
+
+
+class WorkerCore:
+    def __init__(self, device: torch.device, dtype: torch.dtype, local_layers: set[int], capture_here: bool = True) -> None:
+        """``capture_here``: False on ranks that do not keep captures (tensor-parallel rank > 0)."""
+        self.device = device
+        self.dtype = dtype
+        self.capture_here = capture_here
+        self.local_layers = local_layers
+        self.ledger = RequestLedger()
+        self.stores = StepStores(settings.MAX_HELD_CAPTURE_GIB.in_bytes())
+        max_saved_chars = settings.MAX_SAVED_MIB.in_bytes()
+        self.fetch = Fetch(self.ledger, self.stores, capture_here, local_layers, max_saved_chars)
+        self._last_plan: tuple[tuple[list[str], list[int]], StepPlan] | None = None
+
+    @property
+    def held_bytes(self) -> int:
+        return self.stores.held_bytes
+
+    # ----------------------------------------------------------------- one step
+    def plan_step(self, layout: compat.BatchLayout, input_ids: torch.Tensor | None) -> StepPlan | None:
+        """The step's plan; a decode step with the same requests and row counts as the last
+        one reuses its tensors (only the start positions change), so it costs no device work."""
+        signature = (layout.req_ids, layout.num_rows)
+        if self._last_plan is not None and self._last_plan[0] == signature:
+            plan = self._last_plan[1]
+            plan.start_positions = layout.start_positions
+            return plan
+        plan = build_plan(
+            layout, self.ledger.requests, self.device, self.dtype, self.capture_here, self.local_layers,
+            input_ids, set(self.ledger.errors),
+        )
+        self._last_plan = (signature, plan) if plan is not None and plan.reusable else None
+        return plan
+
+    def begin_step(self, plan: StepPlan, hook_context: Callable[[HookCall, int], HookContext] = _no_hook_context) -> StepContext:
+        """What the taps get for this step (see ``taps.StepContext``)."""
+        return StepContext(plan, hook_context, self.ledger.fail_key, self.ledger.has_failed)
+
+    def store_step(self, step: StepContext) -> None:
+        """One device-to-host copy for the step's captures and one for its probe scores; each
+        request keeps a Piece (where its rows are), nothing is cut per request here."""
+        with timing.phase("store"):
+            self.stores.store(step.plan, step.captures, step.scores, self.ledger.keeps)
+            self._enforce_memory_bound()
+
+    def _enforce_memory_bound(self) -> None:
+        while self.stores.over_bound() and (key := self.ledger.oldest_unfetched()) is not None:
+            logger.warning("lens_evals: dropping unfetched capture %s to stay under the host memory bound", key)
+            self._drop(key)
+        if self.stores.over_bound():
+            keys = list(self.stores.keys())
+            self.ledger.fail_keys(keys, "worker capture memory bound exceeded (LENS_EVALS_MAX_HELD_CAPTURE_GIB)")
+            for key in keys:
+                self.stores.release(key)
+
+    # ----------------------------------------------------------------- finishing and fetching
+    def finish(self, req_id: str) -> None:
+        """vLLM finished the request: drop it if fetched already, else keep its rows for the fetch."""
+        key = self.ledger.finish(req_id)
+        if key is not None:
+            self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        self.stores.release(key)
+        self.ledger.forget(key)
+
+    def take_result(self, key: str) -> TakenResult:
+        """Release one request (see ``results.Fetch.take``)."""
+        return self.fetch.take(key)
+
+    def pop_result(self, key: str, sink: handoff.Sink = handoff.inline) -> dict | None:
+        """Release one request and return its capture, probe scores and hook results (rows
+        placed by absolute position, written by ``sink``; ``saved`` JSON-safe, arrays encoded)."""
+        return self.fetch.take(key).write(sink)
