@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from lens_evals.engine.batch import StepPlan
+from lens_evals.engine.plan import StepPlan
 from lens_evals.engine.store import Piece, PieceStore, to_host
 
 

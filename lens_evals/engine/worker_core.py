@@ -12,9 +12,10 @@ import torch
 
 from lens_evals import settings
 from lens_evals.engine import compat, handoff, timing
-from lens_evals.engine.batch import StepPlan, build_plan
 from lens_evals.engine.hooks import HookCall, HookContext
 from lens_evals.engine.ledger import RequestLedger
+from lens_evals.engine.plan import StepPlan
+from lens_evals.engine.planners import StepPlanner
 from lens_evals.engine.results import Fetch, TakenResult
 from lens_evals.engine.step_stores import StepStores
 from lens_evals.engine.taps import StepContext
@@ -34,10 +35,10 @@ class WorkerCore:
         self.capture_here = capture_here
         self.local_layers = local_layers
         self.ledger = RequestLedger()
+        self.planner = StepPlanner(device, dtype, capture_here, local_layers)
         self.stores = StepStores(settings.MAX_HELD_CAPTURE_GIB.in_bytes())
         max_saved_chars = settings.MAX_SAVED_MIB.in_bytes()
         self.fetch = Fetch(self.ledger, self.stores, capture_here, local_layers, max_saved_chars)
-        self._last_plan: tuple[tuple[list[str], list[int]], StepPlan] | None = None
 
     @property
     def held_bytes(self) -> int:
@@ -45,19 +46,8 @@ class WorkerCore:
 
     # ----------------------------------------------------------------- one step
     def plan_step(self, layout: compat.BatchLayout, input_ids: torch.Tensor | None) -> StepPlan | None:
-        """The step's plan; a decode step with the same requests and row counts as the last
-        one reuses its tensors (only the start positions change), so it costs no device work."""
-        signature = (layout.req_ids, layout.num_rows)
-        if self._last_plan is not None and self._last_plan[0] == signature:
-            plan = self._last_plan[1]
-            plan.start_positions = layout.start_positions
-            return plan
-        plan = build_plan(
-            layout, self.ledger.requests, self.device, self.dtype, self.capture_here, self.local_layers,
-            input_ids, set(self.ledger.errors),
-        )
-        self._last_plan = (signature, plan) if plan is not None and plan.reusable else None
-        return plan
+        """The step's plan (None: no lens request in it), reused from the last step when it can be."""
+        return self.planner.plan(layout, self.ledger.requests, input_ids, set(self.ledger.errors))
 
     def begin_step(self, plan: StepPlan, hook_context: Callable[[HookCall, int], HookContext] = _no_hook_context) -> StepContext:
         """What the taps get for this step (see ``taps.StepContext``)."""
