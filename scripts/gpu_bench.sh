@@ -35,9 +35,27 @@
 # capture run (release, write, claim; inline / files / the shared pool) on the GPU host.
 # Extra arguments go to `lens-evals bench` (e.g. --prompts 64 --max-tokens 32 --gpu-layers 8 for
 # a quick smoke run; use the same ones in every call, or the earlier results are not reused).
+#
+# WORKLOAD=prefill (issue #21): 1,000 Alpaca-like token-id prompts (40-400 tokens), max_tokens=1,
+# every token of the layer captured, best of 2 after a warm-up, results in its own BENCH_DIR
+# (/tmp/lens-evals-bench-prefill). SYSTEMS may be left out: the issue's table and the paired
+# eager rounds (plain / capture 1 layer / 8 layers / steering / 3 probes on one engine), planned
+# to fit one device call (graphs ~170 s with compilation, the graph-mode systems ~60 s each,
+# eager ones ~25 s, HF forward ~45 s); the rest in a second call (same BENCH_DIR, --resume):
+#   WORKLOAD=prefill bash scripts/gpu_bench.sh
+#   WORKLOAD=prefill bash scripts/gpu_bench.sh lens-graphs-mixed,lens-capture-8,lens-graphs-capture-8
 set -uo pipefail
-systems=${1:?usage: gpu_bench.sh SYSTEMS [lens-evals bench args]}
-shift
+WORKLOAD=${WORKLOAD:-decode}
+if [ "$WORKLOAD" = prefill ]; then
+  PREFILL_SYSTEMS=vllm-graphs,vllm-eager,lens-capture-1,lens-graphs-capture-1,lens-graphs-probe,lens-steer-1,lens-mixed,hf-forward
+  systems=${1:-$PREFILL_SYSTEMS}
+  [ $# -gt 0 ] && shift
+  set -- --workload prefill --repeats 2 "$@"
+  BENCH_DIR=${BENCH_DIR:-/tmp/lens-evals-bench-prefill}
+else
+  systems=${1:?usage: gpu_bench.sh SYSTEMS [lens-evals bench args]  (or WORKLOAD=prefill gpu_bench.sh [SYSTEMS])}
+  shift
+fi
 BENCH_DIR=${BENCH_DIR:-/tmp/lens-evals-bench}
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site . >/dev/null || exit 1
 export PYTHONPATH=/tmp/site:$PWD LENS_EVALS_MODEL_DIR=/tmp/lens-models PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false

@@ -94,3 +94,60 @@ def test_token_check_reports_differences_under_the_baselines_own_noise_floor() -
     assert token_check({**ours, "token_ids": steady["token_ids"]}, flaky, cfg)["tokens_equal"] is True
     graphs = token_check({**ours, "system": "vllm-graphs"}, steady, cfg)
     assert graphs["tokens_equal"] is None and graphs["prompts_equal"] == 2
+
+
+def test_prefill_workload_captures_every_prompt_token(tiny_path, tmp_path) -> None:
+    """``--workload prefill``: Alpaca-like lengths, one new token, every prompt token captured.
+    Our capture (a batch of prompts, several layers) and HF forward + hook (right-padded,
+    length-sorted batches) each equal a single-prompt HF forward on the first prompts."""
+    from safetensors.torch import load_file
+
+    from lens_evals.bench.prefill import PREFILL_MAX, PREFILL_MIN, capture_layers
+    from tests.hf_reference import HFReference
+    from tests.tolerance import assert_stream_close
+
+    out = tmp_path / "prefill"
+    systems = ["vllm-eager", "lens-capture-8", "lens-mixed", "hf-forward"]
+    code = main(["bench", "--workload", "prefill", "--model", str(tiny_path), "--prompts", "3", "--hf-batches", "1,2",
+                 "--systems", ",".join(systems), "--out", str(out)])
+    cfg = BenchConfig.load(out / "config.json")
+    assert cfg.workload == "prefill" and cfg.max_tokens == 1 and cfg.probe_count == 3
+    assert all(PREFILL_MIN <= len(p) <= PREFILL_MAX for p in cfg.prompts)
+    report = json.loads((out / "bench.json").read_text())
+    rows = {row["system"]: row for row in report["rows"]}
+    assert list(rows) == systems
+    for name in systems:
+        assert rows[name]["status"] == "ok", rows[name].get("reason")
+        assert rows[name]["generated_tokens"] == 3 and rows[name]["tokens_equal"] is True, name
+    # the tiny Llama has 4 layers: "8 layers" are all of them, the bench layer among them
+    assert capture_layers("capture-8", cfg.num_layers, cfg.layer) == [0, 1, 2, 3]
+    reference = HFReference(tiny_path)
+    for name in ("lens-capture-8", "hf-forward"):
+        samples = load_file(str(out / "systems" / rows[name]["samples_file"]))
+        assert sorted(samples) == ["0", "1"]
+        for index in (0, 1):
+            expected = reference.residual_stream(cfg.prompts[index], [cfg.layer])[0]
+            assert samples[str(index)].shape == expected.shape  # every prompt token, no more
+            assert_stream_close(samples[str(index)], expected, f"{name}, prompt {index}")
+    assert rows["lens-capture-8"]["capture_reference"] == "hf-forward"
+    assert rows["lens-capture-8"]["capture_positions"] == len(cfg.prompts[0]) + len(cfg.prompts[1])
+    moved = sum(len(p) for p in cfg.prompts) * 4 * cfg.hidden_size * 4  # 4 layers, float32
+    assert f"= {moved / 1e9:.3f} GB moved" in " ".join(rows["lens-capture-8"]["notes"])
+    assert "batch " in rows["hf-forward"]["notes"][0]
+    # one engine, paired rounds: plain and each feature (capture 1 and 8 layers, steering, 3 probes)
+    mixed = rows["lens-mixed"]["interleaved"]
+    assert set(mixed["summary"]) == {"plain", "capture-1", "capture-8", "steer-1", "probe"}
+    text = (out / "bench.md").read_text()
+    assert "Workload prefill" in text and "| lens-mixed | capture-8 |" in text and "Targets (issue #21)" in text
+    assert code == 0
+
+
+def test_prefill_lengths_and_layer_sets() -> None:
+    from lens_evals.bench.prefill import PREFILL_MAX, PREFILL_MIN, many_layers, prefill_lengths
+
+    lengths = prefill_lengths(1000)
+    assert lengths == prefill_lengths(1000) and lengths != prefill_lengths(1000, seed=1)
+    assert min(lengths) >= PREFILL_MIN and max(lengths) <= PREFILL_MAX
+    assert 150 < sum(lengths) / len(lengths) < 190  # the issue's set: 169,905 tokens in 1,000 prompts
+    assert many_layers(32, 16) == [0, 4, 9, 13, 16, 22, 27, 31]
+    assert many_layers(30, 15) == sorted(set(many_layers(30, 15))) and len(many_layers(30, 15)) == 8 and 15 in many_layers(30, 15)

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from lens_evals.bench.config import BenchConfig
-from lens_evals.bench.systems import ALL_SYSTEMS, BASELINE, GRAPHS, REFERENCE
+from lens_evals.bench.systems import ALL_SYSTEMS, BASELINE, GRAPHS, HF_FORWARD, REFERENCE
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -93,9 +93,9 @@ def annotate(results: list[dict], cfg: BenchConfig, out_dir: Path) -> None:
     """Add the checks to each result in place."""
     by_name = {r["system"]: r for r in results}
     baseline = by_name.get(BASELINE)
-    reference = by_name.get(REFERENCE)
-    if reference is None or reference.get("status") != "ok":
-        reference = by_name.get("lens-capture-1")
+    # HF first (generate + hook, or forward + hook on the prefill workload), else our capture
+    candidates = [by_name.get(name) for name in (REFERENCE, HF_FORWARD, "lens-capture-1")]
+    reference = next((r for r in candidates if r is not None and r.get("status") == "ok"), None)
     for result in results:
         system = ALL_SYSTEMS[result["system"]]
         # graph-mode rows against pure vLLM with graphs (the same kernels), the others against eager

@@ -24,6 +24,10 @@ def _runner(kind: str) -> Callable[[System, BenchConfig], Measured]:
         from lens_evals.bench import hf_systems
 
         return {"hf": hf_systems.run_hf_hook, "nnsight-hf": hf_systems.run_nnsight_hf, "tl": hf_systems.run_tl_bridge}[kind]
+    if kind == "hf-forward":
+        from lens_evals.bench.hf_forward import run_hf_forward
+
+        return run_hf_forward
     if kind == "vllm-mixed":
         from lens_evals.bench.interleaved import run_mixed
 

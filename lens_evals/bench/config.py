@@ -18,6 +18,9 @@ class BenchConfig:
     device: str = "cpu"  # "cpu" or "cuda"
     dtype: str = "float32"  # vLLM / torch dtype name
     hf_batch: int = 16
+    hf_batches: list[int] = field(default_factory=list)  # hf-forward: batch sizes tried, the fastest timed
+    workload: str = "decode"  # or "prefill": Alpaca-like prompt lengths, max_tokens=1 (see ``prefill``)
+    probe_count: int = 1  # probes per request of the probe systems (all on ``layer``)
     check_prompts: int = 2  # prompts whose captured layer is kept to compare systems
     steer_scale: float = 0.0  # 0: same work as real steering, tokens must equal pure vLLM's
     engine: str = "inprocess"  # or "multiprocess" (vLLM's default)

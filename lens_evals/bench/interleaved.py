@@ -26,10 +26,16 @@ from typing import Any
 
 from lens_evals import settings
 from lens_evals.bench.config import BenchConfig
-from lens_evals.bench.measure import Measured
+from lens_evals.bench.measure import Measured, torch_dtype
+from lens_evals.bench.prefill import capture_layers, copy_note
 from lens_evals.bench.systems import System
 
 FEATURES = ("plain", "capture-1", "steer-1", "probe")
+PREFILL_FEATURES = ("plain", "capture-1", "capture-8", "steer-1", "probe")  # graph mode taps one layer: no capture-8
+
+
+def features_of(system: System, cfg: BenchConfig) -> tuple[str, ...]:
+    return PREFILL_FEATURES if cfg.workload == "prefill" and not system.graph_mode else FEATURES
 PROFILE_ENV = settings.BENCH_PROFILE.name
 
 
@@ -78,7 +84,7 @@ def _profiled(run: Callable[[], Any], path: Path) -> None:
 def delivered(feature: str, outputs: list[Any]) -> int:
     """How many outputs carry what the feature asked for (a capture, probe scores); steering and
     plain outputs carry nothing extra, so all count."""
-    if feature == "capture-1":
+    if feature.startswith("capture"):
         return sum((getattr(o, "activations", None) or {}).get("residual_stream") is not None for o in outputs)
     if feature == "probe":
         return sum(bool((getattr(o, "activations", None) or {}).get("probe_scores")) for o in outputs)
@@ -88,7 +94,8 @@ def delivered(feature: str, outputs: list[Any]) -> int:
 def run_mixed(system: System, cfg: BenchConfig) -> Measured:
     from lens_evals.bench.vllm_systems import count_syncs, engine_prompts, lens_extra_args, sampling_params, start_engine
 
-    extras = {f: lens_extra_args(System(f, f, "vllm", lens=f), cfg) for f in FEATURES}
+    features = features_of(system, cfg)
+    extras = {f: lens_extra_args(System(f, f, "vllm", lens=f), cfg) for f in features}
     llm, start_seconds, warm_seconds = start_engine(system, cfg, list(extras.values()))
     prompts = engine_prompts(cfg.prompts)
     params = {f: sampling_params(cfg, cfg.max_tokens, extra) for f, extra in extras.items()}
@@ -96,10 +103,10 @@ def run_mixed(system: System, cfg: BenchConfig) -> Measured:
     def generate(feature: str) -> list[Any]:
         return llm.generate(prompts, params[feature], use_tqdm=False)
 
-    times: dict[str, list[float]] = {f: [] for f in FEATURES}
+    times: dict[str, list[float]] = {f: [] for f in features}
     tokens: dict[str, list[list[int]]] = {}
     for round_index in range(max(2, cfg.repeats)):
-        for feature in rotated(FEATURES, round_index):
+        for feature in rotated(features, round_index):
             began = time.perf_counter()
             outputs = generate(feature)
             times[feature].append(time.perf_counter() - began)
@@ -109,16 +116,22 @@ def run_mixed(system: System, cfg: BenchConfig) -> Measured:
                 raise RuntimeError(f"{feature}: only {carried}/{len(prompts)} outputs carry their result")
     measured = Measured(start_seconds, warm_seconds, min(times["plain"]), tokens["plain"], all_seconds=times["plain"])
     measured.interleaved = {"times": times, "summary": summarise(times)}
-    for feature in FEATURES[1:]:
+    for feature in features[1:]:
         same = sum(a == b for a, b in zip(tokens[feature], tokens["plain"]))
         measured.notes.append(f"{feature} last round: tokens equal plain on {same}/{len(prompts)}")
     if cfg.sync_debug:
-        for feature in FEATURES:
+        for feature in features:
             measured.notes.append(f"{feature}: " + count_syncs(cfg, lambda feature=feature: generate(feature)))
     profile_dir = settings.BENCH_PROFILE.get()
     if profile_dir:
         Path(profile_dir).mkdir(parents=True, exist_ok=True)
-        for feature in FEATURES:
+        for feature in features:
             _profiled(lambda feature=feature: generate(feature), Path(profile_dir) / f"{system.name}-{feature}.txt")
         measured.notes.append(f"profiles in {profile_dir}")
+    if cfg.workload == "prefill":
+        for feature in features:
+            if feature.startswith("capture"):
+                layers = capture_layers(feature, cfg.num_layers, cfg.layer)
+                note = copy_note(cfg.prompt_tokens, len(layers), cfg.hidden_size, torch_dtype(cfg.dtype), cfg.device)
+                measured.notes.append(f"{feature}: {note}")
     return measured

@@ -15,8 +15,11 @@ CPU_MODEL = "smollm2-135m-instruct"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prompts", type=int, default=None, help="number of prompts (CPU 64, GPU 256)")
-    parser.add_argument("--max-tokens", type=int, default=None, help="generated tokens per prompt (CPU 32, GPU 128)")
+    parser.add_argument("--workload", choices=("decode", "prefill"), default="decode",
+                        help="decode: 8-64-token prompts, many new tokens; prefill: Alpaca-like 40-400-token prompts, "
+                             "max_tokens=1, every token captured (issue #21)")
+    parser.add_argument("--prompts", type=int, default=None, help="number of prompts (decode: CPU 64, GPU 256; prefill: CPU 128, GPU 1000)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="generated tokens per prompt (decode: CPU 32, GPU 128; prefill: 1)")
     parser.add_argument("--layer", type=int, default=None, help="hooked layer (default: the middle one)")
     parser.add_argument("--systems", default=None, help=f"comma-separated subset of: {', '.join(ALL_SYSTEMS)}")
     parser.add_argument("--out", type=Path, default=Path("logs/bench"), help="output directory")
@@ -25,10 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-model-dir", type=Path, default=Path("/tmp/lens-evals-bench-llama8b"), help="where --gpu builds its model")
     parser.add_argument("--gpu-layers", type=int, default=32, help="decoder layers of the --gpu model (32: Llama-8B)")
     parser.add_argument("--hf-batch", type=int, default=None, help="batch size of the HF-based systems (CPU 16, GPU 64)")
+    parser.add_argument("--hf-batches", default=None, help="hf-forward: batch sizes to try, the fastest is timed (CPU 4,8,16; GPU 16,32,64)")
     parser.add_argument("--engine", choices=("inprocess", "multiprocess"), default=None, help="vLLM engine (CPU inprocess, GPU multiprocess)")
     parser.add_argument("--steer-scale", type=float, default=0.0, help="0 keeps the work of steering and the tokens of pure vLLM")
     parser.add_argument("--check-prompts", type=int, default=2, help="prompts whose captured layer is compared with HF")
-    parser.add_argument("--repeats", type=int, default=1, help="timed runs per system (the best is reported)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per system, the best reported (decode 1, prefill 2)")
     parser.add_argument("--sync-debug", action="store_true", help="GPU, --engine inprocess: count host-GPU syncs of each vLLM system (one extra untimed run)")
     parser.add_argument("--resume", action="store_true", help="keep results in --out from an earlier run of the same work")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM systems: tensor parallel workers (CPU: one core each)")
@@ -53,6 +57,7 @@ def _model(args: argparse.Namespace) -> tuple[Path, str]:
 
 
 def build_config(args: argparse.Namespace) -> tuple[BenchConfig, str]:
+    from lens_evals.bench.prefill import prefill_lengths
     from lens_evals.bench.prompts import make_prompts
 
     model_dir, label = _model(args)
@@ -61,11 +66,17 @@ def build_config(args: argparse.Namespace) -> tuple[BenchConfig, str]:
     layer = num_layers // 2 if args.layer is None else args.layer
     if not 0 <= layer < num_layers:
         raise ValueError(f"--layer {layer} out of range: the model has {num_layers} layers")
-    n_prompts = args.prompts or (256 if args.gpu else 64)
+    prefill = args.workload == "prefill"
+    n_prompts = args.prompts or ((1000 if args.gpu else 128) if prefill else (256 if args.gpu else 64))
+    lengths = prefill_lengths(n_prompts) if prefill else None
+    hf_batches = args.hf_batches or ("16,32,64" if args.gpu else "4,8,16")
     cfg = BenchConfig(
         model_dir=str(model_dir),
-        prompts=make_prompts(n_prompts, model_dir, int(hf_config["vocab_size"])),
-        max_tokens=args.max_tokens or (128 if args.gpu else 32),
+        prompts=make_prompts(n_prompts, model_dir, int(hf_config["vocab_size"]), lengths=lengths),
+        max_tokens=args.max_tokens or (1 if prefill else 128 if args.gpu else 32),
+        workload=args.workload,
+        probe_count=3 if prefill else 1,
+        hf_batches=[int(b) for b in hf_batches.split(",")],
         layer=layer,
         num_layers=num_layers,
         hidden_size=int(hf_config["hidden_size"]),
@@ -76,7 +87,7 @@ def build_config(args: argparse.Namespace) -> tuple[BenchConfig, str]:
         steer_scale=args.steer_scale,
         engine=args.engine or ("multiprocess" if args.gpu else "inprocess"),
         timeout_s=args.timeout,
-        repeats=args.repeats,
+        repeats=args.repeats or (2 if prefill else 1),
         sync_debug=args.sync_debug,
         tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size,
@@ -88,9 +99,9 @@ def run_bench(args: argparse.Namespace) -> int:
     from lens_evals.bench import checks, report
     from lens_evals.bench.runner import run_systems
 
-    systems = resolve(args.systems.split(",") if args.systems else None, args.gpu)
+    systems = resolve(args.systems.split(",") if args.systems else None, args.gpu, args.workload)
     cfg, label = build_config(args)
-    print(f"[bench] {label}: {len(cfg.prompts)} prompts ({cfg.prompt_tokens} tokens) x {cfg.max_tokens} new tokens, layer {cfg.layer}", flush=True)
+    print(f"[bench] {cfg.workload}, {label}: {len(cfg.prompts)} prompts ({cfg.prompt_tokens} tokens) x {cfg.max_tokens} new tokens, layer {cfg.layer}", flush=True)
     results = run_systems(systems, cfg, args.out, resume=args.resume)
     checks.annotate(results, cfg, args.out)
     text, png = report.write(results, cfg, label, args.out)

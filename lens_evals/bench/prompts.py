@@ -33,9 +33,9 @@ def _text(rng: np.random.Generator, n_words: int) -> str:
     return " ".join(sentences)
 
 
-def make_prompts(n: int, model_dir: Path, vocab_size: int, seed: int = 0) -> list[list[int]]:
-    """``n`` prompts of MIN_TOKENS..MAX_TOKENS token ids each."""
-    lengths = prompt_lengths(n, seed)
+def make_prompts(n: int, model_dir: Path, vocab_size: int, seed: int = 0, lengths: list[int] | None = None) -> list[list[int]]:
+    """``n`` prompts of MIN_TOKENS..MAX_TOKENS token ids each (or of the given ``lengths``)."""
+    lengths = prompt_lengths(n, seed) if lengths is None else lengths
     rng = np.random.default_rng(seed + 1)
     tokenizer = _load_tokenizer(model_dir)
     if tokenizer is None:

@@ -17,8 +17,10 @@ from lens_evals.bench.systems import (
     ALL_SYSTEMS,
     BASELINE,
     GRAPHS,
+    HF_FORWARD,
     MIN_SPEEDUP_VS_HF,
     MOONSHOT_SYSTEMS,
+    PREFILL_TARGET,
     REFERENCE,
     TARGET_VS_GRAPHS,
     TARGETS_VS_EAGER,
@@ -71,6 +73,7 @@ def metadata(cfg: BenchConfig, model_label: str) -> dict:
         "machine": machine(),
         "versions": versions,
         "model": model_label,
+        "workload": cfg.workload,
         "device": cfg.device,
         "dtype": cfg.dtype,
         "prompts": len(cfg.prompts),
@@ -85,7 +88,8 @@ def metadata(cfg: BenchConfig, model_label: str) -> dict:
     }
 
 
-def rows(results: list[dict]) -> list[dict]:
+def rows(results: list[dict], prompt_tokens: int | None = None) -> list[dict]:
+    """The table's rows; tok/s counts generated tokens, or ``prompt_tokens`` when given (prefill)."""
     by_name = {r["system"]: r for r in results}
     eager = by_name.get(BASELINE, {}).get("seconds")
     graphs = by_name.get(GRAPHS, {}).get("seconds")
@@ -98,13 +102,40 @@ def rows(results: list[dict]) -> list[dict]:
         if seconds is not None:
             row["x_eager"] = seconds / eager if eager else None
             row["x_graphs"] = seconds / graphs if graphs else None
-            row["tokens_per_s"] = r["generated_tokens"] / seconds if seconds > 0 else None
+            row["tokens_per_s"] = (prompt_tokens or r["generated_tokens"]) / seconds if seconds > 0 else None
         table.append(row)
     return table
 
 
-def targets(table: list[dict], device: str) -> list[dict]:
-    """Issue #10's targets, each with its measured value and whether it is met."""
+def _goal(target: str, value: float | None, limit: float, at_least: bool = False) -> dict:
+    met = None if value is None else (value >= limit if at_least else value <= limit)
+    return {"target": target, "value": value, "met": met}
+
+
+def prefill_targets(table: list[dict], device: str) -> list[dict]:
+    """Issue #21's: capture <= 1.05x pure vLLM (own process, and paired on one engine), in graph
+    mode against pure vLLM with graphs; and how much faster than HF forward + hook."""
+    by_name = {r["system"]: r for r in table}
+    found = [_goal(f"{name} <= {PREFILL_TARGET:.2f}x eager vLLM (own process)", by_name[name].get("x_eager"), PREFILL_TARGET)
+             for name in ("lens-capture-1", "lens-capture-8", "lens-capture-all") if name in by_name]
+    for system in ("lens-mixed", "lens-graphs-mixed"):
+        mixed = by_name.get(system, {}).get("interleaved", {}).get("summary", {})
+        for feature in (f for f in mixed if f.startswith("capture")):
+            found.append(_goal(f"{feature} <= {PREFILL_TARGET:.2f}x plain requests on one engine ({system}, median of paired rounds)",
+                               mixed[feature]["x_plain_paired_median"], PREFILL_TARGET))
+    if device == "cuda":
+        found += [_goal(f"{name} <= {PREFILL_TARGET:.2f}x vLLM with CUDA graphs", by_name[name].get("x_graphs"), PREFILL_TARGET)
+                  for name in ("lens-graphs-capture-1", "lens-graphs-capture-8") if name in by_name]
+    ours, hf = by_name.get("lens-capture-1", {}).get("seconds"), by_name.get(HF_FORWARD, {}).get("seconds")
+    found.append(_goal("lens-capture-1 faster than HF forward + hook (x)", hf / ours if ours and hf else None, 1.0, at_least=True))
+    return found
+
+
+def targets(table: list[dict], device: str, workload: str = "decode") -> list[dict]:
+    """The workload's targets (issue #10: decode; #21: prefill), each with its measured value and
+    whether it is met."""
+    if workload == "prefill":
+        return prefill_targets(table, device)
     by_name = {r["system"]: r for r in table}
     found = []
     for name, limit in TARGETS_VS_EAGER.items():
@@ -139,8 +170,11 @@ def _check_cell(row: dict) -> str:
 def markdown(meta: dict, table: list[dict], goals: list[dict]) -> str:
     has_graphs = any(r.get("x_graphs") is not None for r in table)
     head = ["system", "seconds", "x eager vLLM"] + (["x graphs vLLM"] if has_graphs else [])
-    head += ["start s", "tok/s", "peak host GiB", "tokens = vLLM", "max abs diff (against)", "note"]
+    has_device = any(r.get("peak_device_bytes") is not None for r in table)
+    head += ["start s", "prompt tok/s" if meta.get("workload") == "prefill" else "tok/s", "peak host GiB"] + (["peak device GiB"] if has_device else [])
+    head += ["tokens = vLLM", "max abs diff (against)", "note"]
     lines = [
+        f"Workload {meta.get('workload', 'decode')}: "
         f"{meta['model']} on {meta['device']} ({meta['dtype']}), {meta['prompts']} prompts ({meta['prompt_tokens']} prompt tokens), "
         f"{meta['max_tokens']} generated tokens each (greedy, ignore_eos), layer {meta['layer']} of {meta['num_layers']}, "
         f"vLLM engine {meta['engine']} ({meta.get('parallel', 'TP=1 PP=1')}), HF batch {meta['hf_batch']}. {meta['date']}.",
@@ -162,6 +196,7 @@ def markdown(meta: dict, table: list[dict], goals: list[dict]) -> str:
                 _fmt(r.get("start_seconds"), ".1f"),
                 _fmt(r.get("tokens_per_s"), ".0f"),
                 _fmt(r["peak_rss_bytes"] / 2**30, ".2f"),
+                *([_fmt(None if r.get("peak_device_bytes") is None else r["peak_device_bytes"] / 2**30, ".2f")] if has_device else []),
                 _check_cell({**r, "prompts": meta["prompts"]}),
                 (f"probe vs w.h+b of {r.get('probe_against')} ({r.get('probe_positions')} positions): {probe:.2e}" if probe is not None
                  else "-" if diff is None else f"{diff:.2e} ({r.get('capture_reference')})"),
@@ -169,7 +204,7 @@ def markdown(meta: dict, table: list[dict], goals: list[dict]) -> str:
             ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += interleaved_markdown(table)
-    lines += ["", "Targets (issue #10):"]
+    lines += ["", f"Targets (issue {'#21' if meta.get('workload') == 'prefill' else '#10'}):"]
     for goal in goals:
         state = "not measured" if goal["met"] is None else ("met" if goal["met"] else "NOT met")
         lines.append(f"- {goal['target']}: {_fmt(goal['value'], '.2f', 'x')} ({state})")
@@ -224,8 +259,8 @@ def bar_chart(table: list[dict], meta: dict, path: Path) -> None:
 
 def write(results: list[dict], cfg: BenchConfig, model_label: str, out_dir: Path) -> tuple[str, Path | None]:
     meta = metadata(cfg, model_label)
-    table = rows(results)
-    goals = targets(table, cfg.device)
+    table = rows(results, cfg.prompt_tokens if cfg.workload == "prefill" else None)
+    goals = targets(table, cfg.device, cfg.workload)
     text = markdown(meta, table, goals)
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": table, "targets": goals}, indent=2))
     (out_dir / "bench.md").write_text(text)

@@ -11,12 +11,14 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from lens_evals import settings
 from lens_evals.bench.config import BenchConfig
 from lens_evals.bench.measure import write_result
+from lens_evals.bench.prefill import MANY_LAYERS
 from lens_evals.bench.systems import ALL_SYSTEMS, BASELINE, System
 
 logger = logging.getLogger("lens_evals.bench")
@@ -52,10 +54,13 @@ def system_env(system: System, cfg: BenchConfig) -> dict[str, str]:
         env[settings.DISABLE.name] = "1"
     else:
         env.pop(settings.DISABLE.name, None)
-    if system.lens == "capture-all":
-        # Every request's rows of every layer are held until the offline call returns.
+    held_layers = {"capture-all": cfg.num_layers, "capture-8": MANY_LAYERS}.get(system.lens or "", 0)
+    if system.lens == "mixed" and cfg.workload == "prefill":
+        held_layers = MANY_LAYERS  # its capture-8 rounds
+    if held_layers:
+        # Every request's rows of every captured layer are held until the offline call returns.
         positions = cfg.prompt_tokens + len(cfg.prompts) * cfg.max_tokens
-        need_gib = positions * cfg.num_layers * cfg.hidden_size * 4 / 2**30
+        need_gib = positions * min(held_layers, cfg.num_layers) * cfg.hidden_size * 4 / 2**30
         env[settings.MAX_HELD_CAPTURE_GIB.name] = str(max(8.0, round(need_gib * 1.5, 1)))
     return env
 
@@ -73,6 +78,39 @@ def _tree_rss(proc: psutil.Process) -> int:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return total
+
+
+class DeviceMemory:
+    """Device memory in use on GPU 0 (NVML), sampled with the host memory: a system's peak is the
+    most seen while it ran less what was in use before it started (one system runs at a time)."""
+
+    def __init__(self, device: str) -> None:
+        self.handle: Any = None
+        if device != "cuda":
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception as exc:  # noqa: BLE001 - the row then says "-" for device memory
+            logger.warning("device memory not sampled: %s", exc)
+        self.before = self.used()
+        self.peak = self.before
+
+    def used(self) -> int:
+        if self.handle is None:
+            return 0
+        import pynvml
+
+        return int(pynvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+
+    def sample(self) -> None:
+        if self.handle is not None:
+            self.peak = max(self.peak, self.used())
+
+    def peak_bytes(self) -> int | None:
+        return None if self.handle is None else self.peak - self.before
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
@@ -99,9 +137,11 @@ def launch(system: System, cfg: BenchConfig, cfg_path: Path, out_dir: Path) -> d
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=system_env(system, cfg), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         watched = psutil.Process(proc.pid)
+        device = DeviceMemory(cfg.device)
         try:
             while proc.poll() is None:
                 peak = max(peak, _tree_rss(watched))
+                device.sample()
                 if time.perf_counter() - started > cfg.timeout_s:
                     timed_out = True
                     _stop_group(proc)
@@ -117,7 +157,8 @@ def launch(system: System, cfg: BenchConfig, cfg_path: Path, out_dir: Path) -> d
         tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
         reason = f"timed out after {cfg.timeout_s:.0f} s" if timed_out else f"exited {proc.returncode} without a result"
         result = {"system": system.name, "status": "failed", "reason": f"{reason}: {' | '.join(tail)}"[:800]}
-    result.update(peak_rss_bytes=max(peak, int(result.get("child_max_rss_bytes", 0))), process_seconds=wall, log=str(log_path))
+    result.update(peak_rss_bytes=max(peak, int(result.get("child_max_rss_bytes", 0))), process_seconds=wall, log=str(log_path),
+                  peak_device_bytes=device.peak_bytes())
     write_result(result_path, result)  # with the memory seen from outside, so --resume keeps it
     return result
 

@@ -10,7 +10,7 @@ class System:
     name: str
     label: str
     kind: str  # "vllm" (pure or ours), "vllm-mixed" (ours, features interleaved), "hf", "nnsight-hf", "nnsight-vllm", "tl"
-    lens: str | None = None  # our feature: "plain" (none), "capture-1", "capture-all", "steer-1", "probe", "mixed"
+    lens: str | None = None  # our feature: "plain" (none), "capture-1", "capture-8", "capture-all", "steer-1", "probe", "mixed"
     cuda_graphs: bool = False  # pure vLLM with CUDA graphs / torch.compile (GPU only)
     gpu_only: bool = False
     captures_layer: bool = False  # yields the hooked layer's stream to compare with HF
@@ -29,6 +29,7 @@ class System:
 BASELINE = "vllm-eager"
 GRAPHS = "vllm-graphs"
 REFERENCE = "hf-hook"  # the independent reference for captured values
+HF_FORWARD = "hf-forward"  # the prefill workload's HF competitor (and its reference)
 
 ALL_SYSTEMS: dict[str, System] = {
     s.name: s
@@ -37,11 +38,14 @@ ALL_SYSTEMS: dict[str, System] = {
         System(BASELINE, "pure vLLM, eager", "vllm"),
         System("lens-plain", "ours: plugin on, plain requests", "vllm", lens="plain"),
         System("lens-capture-1", "ours: capture 1 layer", "vllm", lens="capture-1", captures_layer=True),
+        System("lens-capture-8", "ours: capture 8 layers", "vllm", lens="capture-8", captures_layer=True),
         System("lens-capture-all", "ours: capture all layers", "vllm", lens="capture-all", captures_layer=True),
         System("lens-steer-1", "ours: steer 1 layer", "vllm", lens="steer-1"),
         System("lens-probe", "ours: probe on worker", "vllm", lens="probe"),
         # Graph mode: torch.compile + CUDA graphs kept on, the layer tapped by a fixed op
         System("lens-graphs-capture-1", "ours, graph mode: capture 1 layer", "vllm", lens="capture-1",
+               cuda_graphs=True, gpu_only=True, captures_layer=True),
+        System("lens-graphs-capture-8", "ours, graph mode: capture 8 layers", "vllm", lens="capture-8",
                cuda_graphs=True, gpu_only=True, captures_layer=True),
         System("lens-graphs-steer-1", "ours, graph mode: steer 1 layer", "vllm", lens="steer-1", cuda_graphs=True, gpu_only=True),
         System("lens-graphs-probe", "ours, graph mode: probe on worker", "vllm", lens="probe", cuda_graphs=True, gpu_only=True),
@@ -50,6 +54,7 @@ ALL_SYSTEMS: dict[str, System] = {
         System("lens-graphs-mixed", "ours, graph mode, same engine: plain / capture / steer / probe rounds", "vllm-mixed",
                lens="mixed", cuda_graphs=True, gpu_only=True),
         System(REFERENCE, "HF generate + forward hook", "hf", captures_layer=True),
+        System(HF_FORWARD, "HF forward + hook, length-sorted, batch tuned", "hf-forward", captures_layer=True),
         System("nnsight-hf", "nnsight 0.8, HF backend", "nnsight-hf", captures_layer=True),
         System("nnsight-vllm", "nnsight 0.8, vLLM backend", "nnsight-vllm", captures_layer=True),
         System("tl-bridge", "TransformerLens 4.3 TransformerBridge", "tl", captures_layer=True),
@@ -63,13 +68,23 @@ MOONSHOT_SYSTEMS = ("lens-graphs-capture-1", "lens-graphs-steer-1", "lens-graphs
 MIN_SPEEDUP_VS_HF = 10.0  # ours capture 1 layer vs HF generate + hook
 
 
-def default_systems(gpu: bool) -> list[str]:
-    return [name for name, s in ALL_SYSTEMS.items() if gpu or not s.gpu_only]
+# The prefill workload (issue #21): capture costs against the copy it must make.
+PREFILL_ONLY = ("lens-capture-8", "lens-graphs-capture-8", HF_FORWARD)
+PREFILL_CPU = ("vllm-eager", "lens-capture-1", "lens-mixed", HF_FORWARD)
+PREFILL_GPU = ("vllm-graphs", "vllm-eager", "lens-capture-1", "lens-capture-8", "lens-graphs-capture-1",
+               "lens-graphs-capture-8", "lens-steer-1", "lens-graphs-probe", "lens-mixed", "lens-graphs-mixed", HF_FORWARD)
+PREFILL_TARGET = 1.05  # capture <= 1.05x pure vLLM (eager, and graph mode against graphs)
 
 
-def resolve(names: list[str] | None, gpu: bool) -> list[System]:
+def default_systems(gpu: bool, workload: str = "decode") -> list[str]:
+    if workload == "prefill":
+        return list(PREFILL_GPU if gpu else PREFILL_CPU)
+    return [name for name, s in ALL_SYSTEMS.items() if (gpu or not s.gpu_only) and name not in PREFILL_ONLY]
+
+
+def resolve(names: list[str] | None, gpu: bool, workload: str = "decode") -> list[System]:
     """The systems to run, baseline first; unknown names are a ValueError."""
-    chosen = names or default_systems(gpu)
+    chosen = names or default_systems(gpu, workload)
     unknown = [n for n in chosen if n not in ALL_SYSTEMS]
     if unknown:
         raise ValueError(f"unknown systems {unknown}; known: {', '.join(ALL_SYSTEMS)}")

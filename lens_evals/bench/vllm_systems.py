@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from lens_evals.bench.config import BenchConfig
-from lens_evals.bench.measure import Measured, Stopwatch, SystemUnavailable, best_of
+from lens_evals.bench.measure import Measured, Stopwatch, SystemUnavailable, best_of, torch_dtype
+from lens_evals.bench.prefill import capture_layers, copy_note
 from lens_evals.bench.systems import System
 from lens_evals.offline_engine import offline_engine_args
 from lens_evals.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector
@@ -25,18 +26,16 @@ def has_tokenizer(model_dir: str) -> bool:
     return any((Path(model_dir) / name).exists() for name in ("tokenizer.json", "tokenizer.model"))
 
 
-def probe_weights(hidden_size: int) -> np.ndarray:
-    return (np.random.default_rng(11).standard_normal(hidden_size) / np.sqrt(hidden_size)).astype(np.float32)
+def probe_weights(hidden_size: int, seed: int = 11) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(hidden_size) / np.sqrt(hidden_size)).astype(np.float32)
 
 
 def lens_extra_args(system: System, cfg: BenchConfig) -> dict[str, Any] | None:
     rng = np.random.default_rng(7)
     if system.lens in (None, "plain"):
         return None
-    if system.lens == "capture-1":
-        return {CAPTURE_KEY: [cfg.layer]}
-    if system.lens == "capture-all":
-        return {CAPTURE_KEY: list(range(cfg.num_layers))}
+    if system.lens in ("capture-1", "capture-8", "capture-all"):
+        return {CAPTURE_KEY: capture_layers(system.lens, cfg.num_layers, cfg.layer)}
     if system.lens == "steer-1":
         direction = rng.standard_normal((1, cfg.hidden_size)).astype(np.float32)
         direction /= np.linalg.norm(direction)
@@ -49,8 +48,10 @@ def lens_extra_args(system: System, cfg: BenchConfig) -> dict[str, Any] | None:
             raise SystemUnavailable(
                 "not available: lens_evals.spec has no LinearProbe / PROBE_KEY on this branch (probe-on-worker not merged)"
             ) from None
-        probe = LinearProbe(name=PROBE_NAME, layer=cfg.layer, weights=probe_weights(cfg.hidden_size), bias=PROBE_BIAS)
-        return {PROBE_KEY: [probe]}
+        probes = [LinearProbe(name=PROBE_NAME, layer=cfg.layer, weights=probe_weights(cfg.hidden_size), bias=PROBE_BIAS)]
+        probes += [LinearProbe(name=f"{PROBE_NAME}-{i}", layer=cfg.layer, weights=probe_weights(cfg.hidden_size, seed=11 + i), bias=0.0)
+                   for i in range(1, cfg.probe_count)]
+        return {PROBE_KEY: probes}
     raise ValueError(f"unknown lens feature {system.lens!r}")
 
 
@@ -87,7 +88,8 @@ def engine_options(system: System, cfg: BenchConfig) -> dict[str, Any]:
     if cfg.device == "cuda":
         options["gpu_memory_utilization"] = cfg.gpu_memory_utilization
     if system.graph_mode:
-        options["additional_config"] = {"lens_evals": {"graph_layers": [cfg.layer]}}
+        tapped = capture_layers(system.lens, cfg.num_layers, cfg.layer) or [cfg.layer]
+        options["additional_config"] = {"lens_evals": {"graph_layers": tapped}}
     return options
 
 
@@ -126,9 +128,13 @@ def run_vllm(system: System, cfg: BenchConfig) -> Measured:
         measured.notes.append(f"runs 1 and {len(runs)} agree on {same}/{len(prompts)} outputs")
         measured.runs_agree = same
     if system.captures_layer:
-        index = cfg.layer if system.lens == "capture-all" else 0
+        layers = capture_layers(system.lens, cfg.num_layers, cfg.layer)
+        index = layers.index(cfg.layer)
         for i, output in enumerate(outputs[: cfg.check_prompts]):
             measured.samples[i] = output.activations["residual_stream"][index].float()
+        if cfg.workload == "prefill":
+            positions = cfg.prompt_tokens + len(cfg.prompts) * (cfg.max_tokens - 1)
+            measured.notes.append(copy_note(positions, len(layers), cfg.hidden_size, torch_dtype(cfg.dtype), cfg.device))
     if system.lens == "probe":
         returned = sum(_probe_scores(o) is not None for o in outputs)
         measured.notes.append(f"probe scores on {returned}/{len(outputs)} outputs")
