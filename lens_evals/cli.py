@@ -79,7 +79,7 @@ def _capture(args: argparse.Namespace) -> int:
 def _oracle(args: argparse.Namespace) -> int:
     import json
 
-    from lens_evals.oracle.store import RECIPES, oracle_path, read_card
+    from lens_evals.oracle.adapters import RECIPES, oracle_path, read_card
 
     try:
         if args.oracle_command == "path":

@@ -12,10 +12,10 @@ See tasks/README.md. Scores: the oracle's accuracy and its zero-vector baseline'
 from __future__ import annotations
 
 from inspect_ai import Task, task
-
 from lens_evals.evals.oracle_tasks import oracle_heldout_task, secret_word_task
-from lens_evals.oracle.datasets import FAMILIES, QUESTIONS
-from lens_evals.oracle.store import DEFAULT_ORACLE
+
+from lens_evals.oracle.adapters import DEFAULT_ORACLE
+from lens_evals.oracle.qa_items import FAMILIES, QUESTIONS
 
 
 @task

@@ -1,6 +1,6 @@
 """Offline references for the Petri inspectors: a conversation's final turn found by character
 offsets in the HF tokenizer's rendering (not by the server's /tokenize), its activations from an
-offline engine, and the oracle's answer through ``lens_evals.oracle.offline``."""
+offline engine, and the oracle's answer through ``lens_evals.oracle.inference``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from lens_evals.oracle.offline import OracleSettings, oracle_answers
+from lens_evals.oracle.inference import OracleSettings, oracle_answers
 from lens_evals.spec import CAPTURE_KEY
 
 TOOL_TEMPLATE = Path(__file__).resolve().parents[1] / "lens_evals" / "data" / "chat_templates" / "chatml_tools.jinja"

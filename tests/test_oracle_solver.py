@@ -8,9 +8,9 @@ import pytest
 import torch
 from inspect_ai import eval as inspect_eval
 
-from lens_evals.oracle.offline import OracleSettings, injection_vector, oracle_answers, oracle_prompt_ids
+from lens_evals.oracle.inference import OracleSettings, injection_vector, oracle_answers, oracle_prompt_ids
+from lens_evals.oracle.lora_training import OracleTrainConfig
 from lens_evals.oracle.prompt import placeholder_token_id
-from lens_evals.oracle.train import OracleTrainConfig
 from lens_evals.spec import CAPTURE_KEY, STEERING_KEY
 from tests.conftest import capture, greedy, make_llm
 from tests.lora_helpers import random_adapter
@@ -109,12 +109,12 @@ TINY_ORACLE = OracleTrainConfig(base_model="tiny-llama", target_layer=2, injecti
 def test_task_end_to_end_with_a_trained_tiny_oracle(tiny_path, tokenizer, tmp_path) -> None:
     """Train a tiny oracle (2 steps), run the held-out task through the provider (base and LoRA
     requests on one server), and check the solver's answers equal the offline engine's."""
+    from lens_evals.evals.oracle_tasks import oracle_heldout_task
     from vllm.lora.request import LoRARequest
 
-    from lens_evals.evals.oracle_tasks import oracle_heldout_task
     from lens_evals.oracle.build import build_oracle
-    from lens_evals.oracle.datasets import all_items, sample_mix
-    from lens_evals.oracle.offline import capture_conversations
+    from lens_evals.oracle.inference import capture_conversations
+    from lens_evals.oracle.qa_items import all_items, sample_mix
 
     oracle_dir, card = build_oracle("tiny-oracle", TINY_ORACLE, tmp_path / "tiny-oracle")
     assert card["train"]["steps"] == 2 and set(card["heldout"]["oracle"]) >= {"truth", "word", "all"}

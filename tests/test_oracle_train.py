@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from lens_evals.oracle.datasets import OracleItem
-from lens_evals.oracle.offline import OracleSettings
+from lens_evals.oracle.inference import OracleSettings
+from lens_evals.oracle.lora_training import InjectionHook, answer_loss, build_examples, collate, decoder_layers
 from lens_evals.oracle.prompt import inject
-from lens_evals.oracle.train import InjectionHook, answer_loss, build_examples, collate, decoder_layers
+from lens_evals.oracle.qa_items import OracleItem
 
 SETTINGS = OracleSettings(target_layer=2, injection_layer=1, num_tokens=None, placeholder=" cat", coefficient=1.0)
 

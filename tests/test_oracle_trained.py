@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from lens_evals.oracle.store import DEFAULT_ORACLE, RECIPES, oracle_path
+from lens_evals.oracle.adapters import DEFAULT_ORACLE, RECIPES, oracle_path
 
 MIN_OVERALL_GAIN = 0.25
 MIN_FAMILY_GAIN = 0.4
@@ -24,11 +24,11 @@ def test_trained_oracle_beats_zero_vector_on_heldout(smollm2_path) -> None:
     from vllm.lora.request import LoRARequest
 
     from lens_evals.offline_engine import close_offline_engine
+    from lens_evals.oracle.adapters import adapter_rank, read_card
     from lens_evals.oracle.build import build_oracle, start_engine
-    from lens_evals.oracle.datasets import all_items, sample_mix
     from lens_evals.oracle.evaluate import evaluate_offline
-    from lens_evals.oracle.store import adapter_rank, read_card
-    from lens_evals.oracle.train import OracleTrainConfig
+    from lens_evals.oracle.lora_training import OracleTrainConfig
+    from lens_evals.oracle.qa_items import all_items, sample_mix
 
     try:
         directory = oracle_path(DEFAULT_ORACLE)

@@ -5,7 +5,7 @@ and parses tool calls (the ChatML tool template, vLLM's hermes parser); syntheti
 on; the auditor and judge are scripted (tests/scripts/petri_e2e.py).
 
 It checks: the target makes a tool call that the log shows, the auditor answers it and the target
-goes on; every oracle answer equals the offline oracle's (``lens_evals.oracle.offline``) on
+goes on; every oracle answer equals the offline oracle's (``lens_evals.oracle.inference``) on
 activations captured offline at token positions found independently (character offsets of the HF
 tokenizer's rendering), the quoted span included; the probe's score equals the probe on the
 offline capture; a layer out of range and an empty span come back to the auditor as tool errors
@@ -22,14 +22,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from lens_evals.evals.lora_args import lora_server_args
+from lens_evals.evals.server_process import LensServer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from lens_evals.evals.lora_args import lora_server_args
-from lens_evals.evals.server_process import LensServer
-from lens_evals.oracle.offline import OracleSettings
-from lens_evals.oracle.store import RECIPES, SMALL_ORACLE, oracle_path, read_card
+from lens_evals.oracle.adapters import RECIPES, SMALL_ORACLE, oracle_path, read_card
+from lens_evals.oracle.inference import OracleSettings
 from lens_evals.probing.probe import Probe, ProbeCard
 from tests.conftest import make_llm
 from tests.petri_reference import TOOL_TEMPLATE, capture_ids, offline_oracle, turn_by_characters

@@ -3,7 +3,7 @@ ChatML tool template, vLLM's hermes tool-call parser), without Petri: a conversa
 contain tool calls and tool results is read as the target read it.
 
 * the oracle's answer over the last turn, and over a quoted span of it, equals the offline
-  oracle's (``lens_evals.oracle.offline``) on activations captured by an offline engine at token
+  oracle's (``lens_evals.oracle.inference``) on activations captured by an offline engine at token
   positions found independently (character offsets in the HF tokenizer's rendering);
 * the probe's score of that turn equals the probe applied to the offline capture;
 * bad requests (layer out of range, empty or absent span, the probe asked for another layer, an
@@ -28,14 +28,14 @@ from inspect_ai.model import (
 )
 from inspect_ai.model._openai import messages_to_openai, openai_chat_tools
 from inspect_ai.tool import ToolCall, ToolError, ToolInfo, ToolParam, ToolParams
+from lens_evals.evals.lora_args import lora_server_args
+from lens_evals.evals.server_process import LensServer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from lens_evals.evals.lora_args import lora_server_args
-from lens_evals.evals.server_process import LensServer
 from lens_evals.integrations.petri import OracleInspector, ProbeInspector, inspect_turn
-from lens_evals.oracle.offline import OracleSettings
+from lens_evals.oracle.inference import OracleSettings
 from lens_evals.probing.probe import Probe, ProbeCard
 from tests.conftest import make_llm
 from tests.lora_helpers import random_adapter

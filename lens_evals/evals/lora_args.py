@@ -38,7 +38,7 @@ def resolve_adapter(path_or_name: str) -> Path:
     candidate = Path(path_or_name).expanduser()
     if (candidate / "adapter_config.json").is_file():
         return candidate.resolve()
-    from lens_evals.oracle.store import oracle_path
+    from lens_evals.oracle.adapters import oracle_path
 
     return oracle_path(path_or_name).resolve()
 

@@ -8,7 +8,7 @@ from inspect_ai.scorer import CORRECT, INCORRECT, Score, Scorer, Target, accurac
 from inspect_ai.solver import TaskState
 
 from lens_evals.evals.oracle_solver import ORACLE_STORE_KEY
-from lens_evals.oracle.datasets import answer_matches
+from lens_evals.oracle.qa_items import answer_matches
 
 
 def _score(answer: str | None, target: Target) -> Score:

@@ -22,7 +22,7 @@ import numpy as np
 from inspect_ai.model import ChatMessageUser, GenerateConfig, ModelOutput, get_model
 from inspect_ai.solver import Generate, Solver, TaskState, solver
 
-from lens_evals.oracle.offline import OracleSettings, injection_vector
+from lens_evals.oracle.inference import OracleSettings, injection_vector
 from lens_evals.oracle.prompt import check_single_token, oracle_messages, placeholder_positions, select_positions
 from lens_evals.spec import CAPTURE_KEY, STEERING_KEY
 

@@ -21,8 +21,8 @@ from inspect_ai.solver import Solver
 
 from lens_evals.evals.oracle_scorers import oracle_answer_match, zero_vector_match
 from lens_evals.evals.oracle_solver import QUESTION_METADATA_KEY, activation_oracle
-from lens_evals.oracle.datasets import FAMILIES, QUESTIONS, all_items, sample_mix, taboo_prompts
-from lens_evals.oracle.store import read_card
+from lens_evals.oracle.adapters import read_card
+from lens_evals.oracle.qa_items import FAMILIES, QUESTIONS, all_items, sample_mix, taboo_prompts
 
 TABOO_WORDS = ("ship", "wave", "song", "snow", "rock", "moon", "jump", "green", "flame", "flag",
                "dance", "cloud", "clock", "chair", "salt", "book", "blue", "gold", "leaf", "smile")

@@ -34,7 +34,7 @@ from inspect_ai.util import store
 from lens_evals.evals.oracle_solver import ask_oracle, check_serves
 from lens_evals.evals.target_turn import TurnReadError, capture_turn, probe_turn, turn_tokens
 from lens_evals.evals.turn_probe import TurnScore
-from lens_evals.oracle.offline import OracleSettings
+from lens_evals.oracle.inference import OracleSettings
 from lens_evals.probing.probe import Probe, load_probe
 
 STORE_KEY = "lens_evals:target_activations"

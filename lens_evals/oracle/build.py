@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from lens_evals.offline_engine import close_offline_engine, open_offline_engine
-from lens_evals.oracle.datasets import HELDOUT_EVERY, all_items, sample_mix
-from lens_evals.oracle.store import oracle_root, write_card
-from lens_evals.oracle.train import OracleTrainConfig, build_examples, train_lora
+from lens_evals.oracle.adapters import oracle_root, write_card
+from lens_evals.oracle.lora_training import OracleTrainConfig, build_examples, train_lora
+from lens_evals.oracle.qa_items import HELDOUT_EVERY, all_items, sample_mix
 
 logger = logging.getLogger("lens_evals")
 
@@ -34,7 +34,7 @@ def build_oracle(name: str, config: OracleTrainConfig, out_dir: Path | None = No
 
     from lens_evals.models import resolve_model
     from lens_evals.oracle.evaluate import evaluate_offline
-    from lens_evals.oracle.offline import capture_conversations
+    from lens_evals.oracle.inference import capture_conversations
 
     target = out_dir or oracle_root() / name
     model_dir = resolve_model(config.base_model)

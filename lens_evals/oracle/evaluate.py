@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from lens_evals.oracle.datasets import OracleItem, answer_matches
-from lens_evals.oracle.offline import OracleSettings, capture_conversations, oracle_answers
+from lens_evals.oracle.inference import OracleSettings, capture_conversations, oracle_answers
+from lens_evals.oracle.qa_items import OracleItem, answer_matches
 
 
 def family_accuracy(items: Sequence[OracleItem], answers: Sequence[str]) -> dict[str, float]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from lens_evals import settings
-from lens_evals.oracle.train import OracleTrainConfig
+from lens_evals.oracle.lora_training import OracleTrainConfig
 
 CARD_NAME = "card.json"
 ADAPTER_CONFIG = "adapter_config.json"

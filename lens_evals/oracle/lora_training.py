@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from pydantic import BaseModel, Field
 
-from lens_evals.oracle.datasets import FAMILIES, OracleItem
-from lens_evals.oracle.offline import OracleSettings, oracle_prompt_ids
+from lens_evals.oracle.inference import OracleSettings, oracle_prompt_ids
 from lens_evals.oracle.prompt import inject
+from lens_evals.oracle.qa_items import FAMILIES, OracleItem
 
 logger = logging.getLogger("lens_evals")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
