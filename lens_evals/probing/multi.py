@@ -239,8 +239,39 @@ def train_probe_set(model: str, layer: int, out: str | Path, dataset: str | Path
     return probes
 
 
-__all__ = ["PROBE_KINDS", "ProbeSet", "Readout", "ensure_probe_set", "evaluate_offline", "fit_probe_set", "grouped_folds", "load_probe_set",
-           "scenario_key", "train_probe_set"]
+def export_single_probe(probe_set: str | Path, kind: str, out_dir: str | Path) -> Path:
+    """One readout of a probe set (``ip-lr`` or ``ip-dom``) as a single-probe file
+    (``NAME.joblib`` + card) for the tasks that take one probe, e.g. on-policy Roleplaying: a
+    pipeline whose decision function is ``h @ weights + bias``, with the readout's threshold."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from lens_evals.probing.probe import Probe, ProbeCard
+
+    probes = load_probe_set(probe_set)
+    if kind not in probes.readouts:
+        raise ValueError(f"{kind!r} is not a single readout of {probe_set} (it has {', '.join(probes.readouts)})")
+    readout, card = probes.readouts[kind], probes.card
+    hidden = int(readout.weights.shape[0])
+    scaler = StandardScaler()  # identity: the readout's weights act on the raw residual stream
+    scaler.mean_, scaler.scale_, scaler.var_ = np.zeros(hidden), np.ones(hidden), np.ones(hidden)
+    scaler.n_features_in_, scaler.n_samples_seen_ = hidden, 1
+    logistic = LogisticRegression(C=float(card.get("C", APOLLO_C)), fit_intercept=False)
+    logistic.coef_ = readout.weights.astype(np.float64)[None, :]
+    logistic.intercept_, logistic.classes_, logistic.n_features_in_ = np.array([readout.bias]), np.array([0, 1]), hidden
+    probe = Probe(make_pipeline(scaler, logistic), ProbeCard(
+        name=f"{probes.model}__{kind}", model=probes.model, layer=readout.layer, hidden_size=hidden,
+        dtype=str(card.get("dtype", "unknown")), token_selection="all", exclude_last_words=5,
+        training_set=f"instructed-pairs ({kind} of {Path(probe_set).name})", n_train_dialogues=int(card.get("n_instructed_pairs", 0)),
+        n_val_dialogues=0, n_train_tokens=0, regularization_C=float(card.get("C", APOLLO_C)), validation_auroc=float(card.get("validation_auroc", {}).get(kind, 0.0)),
+        threshold=readout.threshold, control_set=f"the probe set's control answers ({card.get('n_control', '?')})",
+        n_control=int(card.get("n_control", 0)), versions=ProbeCard.current_versions(), created=ProbeCard.today()))
+    return probe.save(out_dir)
+
+
+__all__ = ["PROBE_KINDS", "ProbeSet", "Readout", "ensure_probe_set", "evaluate_offline", "export_single_probe", "fit_probe_set",
+           "grouped_folds", "load_probe_set", "scenario_key", "train_probe_set"]
 
 
 def probe_set_path(model: str) -> Path:

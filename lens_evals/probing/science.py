@@ -53,10 +53,10 @@ def layer_rows(pairs: Any, roleplaying: Any, train: np.ndarray, val: np.ndarray)
 
 def run_science(model: str, out: str | Path = "docs/results", dtype: str | None = None, ip_limit: int | None = None,
                 control_limit: int | None = None, control_max_tokens: int = 48, n_folds: int = 5,
-                roleplaying_limit: int | None = None, llm: Any = None) -> dict[str, Any]:
+                roleplaying_limit: int | None = None, llm: Any = None, engine_args: dict[str, Any] | None = None) -> dict[str, Any]:
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    engine = llm if llm is not None else open_offline_engine(model, **({"dtype": dtype} if dtype else {}))
+    engine = llm if llm is not None else open_offline_engine(model, **({"dtype": dtype} if dtype else {}), **(engine_args or {}))
     timings["engine_start_s"] = time.perf_counter() - start
     config = engine.llm_engine.model_config
     layers = list(range(config.hf_config.num_hidden_layers))
@@ -90,7 +90,9 @@ def run_science(model: str, out: str | Path = "docs/results", dtype: str | None 
     results = result_rows(evaluate_offline(probes, roleplaying.at(chosen), roleplaying_dialogues))
     probes.card = {"dtype": dtype_name, "fit_intercept": False, "C": 0.1, "n_instructed_pairs": len(pairs_dialogues),
                    "n_control": len(control), "control_max_tokens": control_max_tokens, "n_folds": n_folds,
-                   "chosen_by": "ip-lr validation AUROC on held-out Instructed-Pairs facts"}
+                   "chosen_by": "ip-lr validation AUROC on held-out Instructed-Pairs facts",
+                   "validation_auroc": {kind: next(r for r in rows if r["layer"] == chosen)[f"{kind}_validation_auroc"]
+                                        for kind in ("ip-lr", "ip-dom")}}
     probes.save(probe_set_path(model))
     result = {
         "model": Path(model).name, "dtype": dtype_name, "n_layers": len(layers), "hidden_size": config.hf_config.hidden_size,
