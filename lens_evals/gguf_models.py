@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 8 << 20
 GGUF_DIR_ENV, DTYPE_ENV = settings.GGUF_DIR.name, settings.DEQUANT_DTYPE.name
-DEQUANT_DTYPES = ("float32", "bfloat16")
+DEQUANT_DTYPES = ("float32", "float16", "bfloat16")
 METADATA_SUFFIXES = ("/__init__.py", "/METADATA", "/WHEEL", "/top_level.txt", "/RECORD")
 
 
@@ -256,7 +256,7 @@ def preparer(name: str):
 
 def dequantise_gguf(gguf: Path, out_dir: Path, dtype: str = "float32") -> None:
     """A GGUF file dequantised by transformers into an ordinary HF directory (with tokenizer), in
-    ``dtype`` (float32 or bfloat16)."""
+    ``dtype`` (float32, float16 or bfloat16)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -59,7 +59,10 @@ evals() {
   dir=$("$PY" -m lens_evals.cli models path "$MODEL") || return 1
   port=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
   setsid "$PY" -m vllm.entrypoints.openai.api_server --model "$dir" --served-model-name "$MODEL" --host 127.0.0.1 \
-    --port "$port" --dtype "$DTYPE" --max-model-len 4096 --seed 0 "${gpu_args[@]}" > "$out/server.log" 2>&1 &
+    --port "$port" --dtype "$DTYPE" --max-model-len 4096 --seed 0 "${gpu_args[@]}" \
+    --override-generation-config '{"max_new_tokens": 64}' > "$out/server.log" 2>&1 &
+  # max_new_tokens: every reply at most 64 tokens (the on-policy grader asks with no limit and a
+  # small model may not stop); the evals ask for 1 (scoring) to 48 (on-policy answers)
   server=$!
   export VLLM_LENS_BASE_URL=http://127.0.0.1:$port/v1
   if ! "$PY" -c "

@@ -177,8 +177,8 @@ def test_a_joined_file_given_offline_is_checked_against_the_part_pins(tmp_path, 
 
 
 def test_the_dequantisation_dtype_is_checked(monkeypatch):
-    monkeypatch.setenv(gguf_models.DTYPE_ENV, "float16")
-    with pytest.raises(ValueError, match="float32, bfloat16"):
+    monkeypatch.setenv(gguf_models.DTYPE_ENV, "int8")
+    with pytest.raises(ValueError, match="float32, float16, bfloat16"):
         gguf_models.dequant_dtype()
     monkeypatch.setenv(gguf_models.DTYPE_ENV, "bfloat16")
     assert gguf_models.dequant_dtype() == "bfloat16"
