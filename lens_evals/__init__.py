@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name == "HookContext":
-        from lens_evals.engine.hooks import HookContext
+        from lens_evals.engine.worker_hooks import HookContext
 
         return HookContext
     raise AttributeError(f"module 'lens_evals' has no attribute {name!r}")

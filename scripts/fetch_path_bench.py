@@ -1,8 +1,8 @@
 """The end of a capture run at GPU scale, on a bare machine: step rows copied from the GPU into
-the pinned arena (``store.to_host``), then one fetch of every request as the worker does it
+the pinned arena (``host_store.to_host``), then one fetch of every request as the worker does it
 (release, then write: inline bytes, hand-off files on 1 or N writer threads, or the shared pool)
 and the frontend's claim. Needs only torch and numpy (the GPU image has no pydantic, so the package's
-``__init__`` is skipped: only ``store``, ``results`` and ``handoff`` are loaded).
+``__init__`` is skipped: only ``host_store``, ``protocol``, ``results`` and ``handoff`` are loaded).
 
     python3 scripts/fetch_path_bench.py [--requests 256] [--steps 129] [--hidden 4096]
 """
@@ -26,8 +26,9 @@ for package in ("lens_evals", "lens_evals.engine"):  # namespace stubs: no packa
 import torch  # noqa: E402
 
 from lens_evals.engine import handoff, handoff_pool  # noqa: E402
+from lens_evals.engine.host_store import Piece, PieceStore, row_blocks, to_host  # noqa: E402
+from lens_evals.engine.protocol import PackedRows  # noqa: E402
 from lens_evals.engine.results import THREADS_ENV, TakenResult, write_results  # noqa: E402
-from lens_evals.engine.store import Piece, PieceStore, result_tensors, row_blocks, to_host  # noqa: E402
 
 
 def fill(requests: int, steps: int, hidden: int, device: str) -> PieceStore:
@@ -52,7 +53,7 @@ def fetch(store: PieceStore, requests: int, sink: handoff.Sink, threads: int) ->
     written = time.perf_counter()
     handoff.claim_all([results])
     claimed = time.perf_counter()
-    tensors = [result_tensors(result) for result in results.values()]  # what the frontend keeps
+    tensors = [PackedRows.decode(result["residual_stream"]) for result in results.values()]  # what the frontend keeps
     assert len(tensors) == requests
     return released - started, written - released, claimed - written
 

@@ -97,7 +97,7 @@ def test_graph_mode_is_refused_where_unverified(tiny_path) -> None:
     llm = LLM(str(build(arch)), **engine_options(graph=True))
     try:
         assert llm.generate(["the cat reads"], greedy(3))[0].outputs[0].token_ids
-        from lens_evals.engine.frontend import LensRequestError
+        from lens_evals.engine.frontend_attach import LensRequestError
 
         with pytest.raises(LensRequestError, match="graph mode"):
             llm.generate(["the cat reads"], greedy(3, output_residual_stream=[0]))

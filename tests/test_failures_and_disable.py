@@ -13,7 +13,7 @@ import pytest
 
 from lens_evals import SteeringVector
 from lens_evals.engine import taps
-from lens_evals.engine.frontend import LensRequestError
+from lens_evals.engine.frontend_attach import LensRequestError
 from tests.conftest import capture, engine_options, greedy, make_llm
 
 PROMPTS = ["the cat reads a book.", "a model finds the truth.", "my friend"]

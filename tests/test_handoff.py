@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from lens_evals.engine import handoff, handoff_pool
+from lens_evals.engine.frontend_rows import result_tensors
 from lens_evals.engine.handoff import HandoffTarget, claim, claim_all, sink_for
-from lens_evals.engine.store import Piece, PieceStore, assemble, result_tensors, row_blocks
+from lens_evals.engine.host_store import Piece, PieceStore, assemble, row_blocks
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lens_evals.engine.frontend import LensRequestError
+from lens_evals.engine.frontend_attach import LensRequestError
 from lens_evals.hook_library import append_rows
 from lens_evals.hooks import Hook
 from tests.conftest import TINY_PROMPTS, capture, greedy, make_llm

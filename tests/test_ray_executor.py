@@ -25,7 +25,7 @@ import torch
 
 from lens_evals import LinearProbe, SteeringVector
 from lens_evals.client import activations_from_response, lens_xargs
-from lens_evals.engine.frontend import LensRequestError
+from lens_evals.engine.frontend_attach import LensRequestError
 from lens_evals.hooks import Hook
 from tests.conftest import capture, greedy, lens_server, make_llm, on_gpu
 from tests.tolerance import assert_scores_close, assert_stream_close, assert_values_close

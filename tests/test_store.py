@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from lens_evals.engine.frontend_rows import result_tensors
 from lens_evals.engine.handoff import inline
-from lens_evals.engine.store import PackedRows, Piece, PieceStore, assemble, result_tensors, row_blocks
+from lens_evals.engine.host_store import Piece, PieceStore, assemble, row_blocks
+from lens_evals.engine.protocol import PackedRows
 
 
 def _steps(num_steps: int, num_requests: int, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -149,7 +151,7 @@ def test_packed_rows_refuse_unknown_dtypes_and_wrong_lengths() -> None:
 
 
 def test_arena_regions_never_overlap_while_live_and_chunks_are_reused() -> None:
-    from lens_evals.engine.store import PinnedArena
+    from lens_evals.engine.host_store import PinnedArena
 
     arena = PinnedArena(chunk_bytes=4096, pin=False)  # bookkeeping only: no pinning on a CPU machine
     live: list[tuple[torch.Tensor, object]] = []

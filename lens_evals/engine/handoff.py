@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from lens_evals import settings
 from lens_evals.engine.handoff_pool import SEGMENT_PREFIX, PoolViews, SharedPool, map_and_unlink
+from lens_evals.engine.protocol import HandoffTargetWire
 
 logger = logging.getLogger("lens_evals")
 HANDOFF_ENV = settings.HANDOFF.name
@@ -109,7 +110,7 @@ class HandoffTarget:
         atexit.register(_remove, self.marker)
 
     @classmethod
-    def for_this_process(cls, source: int = 0) -> dict[str, Any] | None:
+    def for_this_process(cls, source: int = 0) -> HandoffTargetWire | None:
         """What a fetch call to the workers of engine ``source`` sends them (None: hand-off off
         or no usable directory)."""
         if not _enabled():
@@ -227,7 +228,7 @@ def _cleanup_unclaimed() -> None:
 atexit.register(_cleanup_unclaimed)
 
 
-def sink_for(target: dict[str, Any] | None) -> Sink:
+def sink_for(target: HandoffTargetWire | dict[str, Any] | None) -> Sink:
     """Where a worker puts the reply's row blocks for a frontend described by ``target``. Called
     once per fetch on the worker's main thread; the sink itself may run on several threads."""
     if not target or not _enabled() or target.get("pid") == os.getpid():

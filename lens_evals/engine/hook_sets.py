@@ -24,8 +24,8 @@ from typing import Any
 
 from lens_evals import settings, wire
 from lens_evals.engine import compat
-from lens_evals.engine.hooks import encode_hooks, forget_local, union_of
-from lens_evals.engine.worker import CLEAR_SET_METHOD, REGISTER_SET_METHOD
+from lens_evals.engine.frontend_hooks import encode_hooks, forget_local, union_of
+from lens_evals.engine.protocol import CLEAR_SET_METHOD, REGISTER_SET_METHOD, HookWire
 from lens_evals.hooks import Hook, check_registered_args
 from lens_evals.spec import HOOK_SET_KEY, LensRequest
 
@@ -44,7 +44,7 @@ class HookSetLimit(ValueError):
 
 @dataclass
 class _Record:
-    hooks: list[dict[str, Any]]  # the worker's form
+    hooks: list[HookWire]  # the worker's form
     local_ids: list[str]
     hook_chars: int = 0  # the JSON size of ``hooks``, counted against LENS_EVALS_MAX_HOOK_SET_MIB
     results: list[dict[str, Any]] = field(default_factory=list)

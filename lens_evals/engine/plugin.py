@@ -32,8 +32,9 @@ def register() -> None:
     if (off := disabled_by()) is not None:
         logger.info("lens_evals: disabled by %s", off)
         return
-    from lens_evals.engine import compat, frontend, graph_taps, server, vllm_lens_api
-    from lens_evals.engine.worker import STATE_ATTR, WORKER_METHODS, LensWorkerState
+    from lens_evals.engine import compat, frontend_admit, frontend_attach, graph_taps, server, vllm_lens_api
+    from lens_evals.engine.worker_rpc import WORKER_METHODS
+    from lens_evals.engine.worker_state import STATE_ATTR, LensWorkerState
 
     def on_load(runner: Any) -> None:
         setattr(runner, STATE_ATTR, LensWorkerState(runner))
@@ -51,9 +52,9 @@ def register() -> None:
     compat.force_eager_unless(
         "layer hooks run only outside CUDA graphs and torch.compile", graph_taps.env_layer_spec, graph_taps.CONFIG_KEY
     )
-    compat.patch_input_processor(frontend.on_request)
-    compat.patch_offline_results(frontend.attach_offline)
-    compat.patch_async_results(frontend.attach_async, frontend.discard_async)
+    compat.patch_input_processor(frontend_admit.on_request)
+    compat.patch_offline_results(frontend_attach.attach_offline)
+    compat.patch_async_results(frontend_attach.attach_async, frontend_attach.discard_async)
     compat.patch_model_runner(on_load, on_step_start, around_forward)
     compat.patch_http_app(server.add_middleware, server.MIDDLEWARE_PATH)
     compat.add_worker_methods(WORKER_METHODS)

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from lens_evals.engine.hooks import WorkerHook, decode_hooks
+from lens_evals.engine.protocol import LensSpecWire
 from lens_evals.engine.transfer import to_device
+from lens_evals.engine.worker_hooks import WorkerHook, decode_hooks
 from lens_evals.spec import INTERNAL_KEY, LinearProbe, SteeringVector
 
 
@@ -60,7 +61,7 @@ def decode_worker_request(
     """The frontend put a normalised, validated spec under INTERNAL_KEY; None for plain requests."""
     if not extra_args or INTERNAL_KEY not in extra_args:
         return None
-    spec = extra_args[INTERNAL_KEY]
+    spec: LensSpecWire = extra_args[INTERNAL_KEY]
     steering = [_decode_steering(SteeringVector.from_wire(item), device, dtype) for item in spec.get("steer", [])]
     probes = [_decode_probe(i, LinearProbe.from_wire(item), device) for i, item in enumerate(spec.get("probes", []))]
     hook_set = spec.get("hook_set")

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from lens_evals import wire
-from lens_evals.engine.frontend import HTTP_SINK, HttpResult
+from lens_evals.engine.frontend_attach import HTTP_SINK, HttpResult
 from lens_evals.engine.hook_routes import HOOK_SETS_PATH, UNAUTHORIZED, authorized, reply, serve_hook_sets
 from lens_evals.engine.vllm_lens_api import HOOKS_PATH, serve_vllm_lens_hooks
 

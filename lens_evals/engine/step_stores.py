@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import torch
 
+from lens_evals.engine.host_store import Piece, PieceStore, to_host
 from lens_evals.engine.plan import StepPlan
-from lens_evals.engine.store import Piece, PieceStore, to_host
 
 
 class StepStores:

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from lens_evals.engine import compat, timing
-from lens_evals.engine.hooks import HookCall, HookContext, run_calls
 from lens_evals.engine.plan import StepPlan
+from lens_evals.engine.worker_hooks import HookCall, HookContext, run_calls
 
 logger = logging.getLogger("lens_evals")
 

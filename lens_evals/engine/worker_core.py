@@ -1,30 +1,86 @@
 """The worker's data path without a model: the request ledger, the step planner with its plan
-cache, the step stores with their memory bound, and the fetch. ``LensWorkerState`` (the model
+cache, the step stores with their memory bound, and the fetch (``Fetch``). ``LensWorkerState`` (the model
 runner's side) drives it around each forward pass; ``lens_evals.bench.host_path`` and the tests
 drive it directly."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from lens_evals import settings
+from lens_evals import settings, wire
 from lens_evals.engine import compat, handoff, timing
-from lens_evals.engine.hooks import HookCall, HookContext
+from lens_evals.engine.host_store import row_blocks
 from lens_evals.engine.ledger import RequestLedger
 from lens_evals.engine.plan import StepPlan
 from lens_evals.engine.planners import StepPlanner
-from lens_evals.engine.results import Fetch, TakenResult
+from lens_evals.engine.protocol import FetchResult
+from lens_evals.engine.results import TakenResult
 from lens_evals.engine.step_stores import StepStores
 from lens_evals.engine.taps import StepContext
+from lens_evals.engine.worker_hooks import HookCall, HookContext
 
 logger = logging.getLogger("lens_evals")
 
 
 def _no_hook_context(call: HookCall, layer: int) -> HookContext:
     raise RuntimeError("hooks need a model runner (LensWorkerState)")
+
+
+class Fetch:
+    """Releasing fetched requests on the worker: the ledger forgets them, the stores give up
+    their pieces, and each one's result comes back without its rows (``TakenResult``)."""
+
+    def __init__(self, ledger: RequestLedger, stores: StepStores, capture_here: bool, local_layers: set[int],
+                 max_saved_chars: int) -> None:
+        self.ledger = ledger
+        self.stores = stores
+        self.capture_here = capture_here
+        self.local_layers = local_layers
+        self.max_saved_chars = max_saved_chars
+
+    def take(self, key: str) -> TakenResult:
+        """Release one request: its result without the rows, and where the rows are (the
+        writing may happen on another thread: nothing here is touched by it)."""
+        captured, scored = self.stores.release(key)
+        req, error = self.ledger.take(key)
+        if error is not None:
+            return TakenResult({"error": error})
+        result: FetchResult = {}
+        if req is not None and self.capture_here:
+            try:
+                if req.hooks:
+                    result["saved"] = self._encode_saved(req.saved, "saved")
+                if req.hook_set:
+                    result["set_saved"] = self._encode_saved(req.set_saved, "hook set saved")
+            except ValueError as exc:
+                return TakenResult({"error": str(exc)})
+        parts = []
+        for pieces, name, ids_name, ids in (
+            (captured, "residual_stream", "layers", [layer for layer in (req.capture_layers if req else []) if layer in self.local_layers]),
+            (scored, "probe_scores", "probe_index", [probe.index for probe in (req.probes if req else []) if probe.layer in self.local_layers]),
+        ):
+            if not pieces:
+                continue
+            rows = row_blocks(pieces)
+            if rows.gaps:
+                return TakenResult({"error": f"{name} has gaps at positions {rows.gaps} (prefix cache or scheduling defect)"})
+            parts.append((name, ids_name, ids, rows))
+        return TakenResult(result, parts)
+
+    def _encode_saved(self, saved: dict[str, Any], what: str) -> dict[str, Any]:
+        encoded = wire.encode_tree(saved, "saved")
+        size = len(json.dumps(encoded))
+        if size > self.max_saved_chars:
+            raise ValueError(
+                f"{what} is {size / 2**20:.1f} MiB encoded, over the per-request limit of "
+                f"{self.max_saved_chars / 2**20:.1f} MiB (LENS_EVALS_MAX_SAVED_MIB)"
+            )
+        return encoded
 
 
 class WorkerCore:
@@ -82,10 +138,10 @@ class WorkerCore:
         self.ledger.forget(key)
 
     def take_result(self, key: str) -> TakenResult:
-        """Release one request (see ``results.Fetch.take``)."""
+        """Release one request (see ``Fetch.take``)."""
         return self.fetch.take(key)
 
-    def pop_result(self, key: str, sink: handoff.Sink = handoff.inline) -> dict | None:
+    def pop_result(self, key: str, sink: handoff.Sink = handoff.inline) -> FetchResult | None:
         """Release one request and return its capture, probe scores and hook results (rows
         placed by absolute position, written by ``sink``; ``saved`` JSON-safe, arrays encoded)."""
         return self.fetch.take(key).write(sink)

@@ -26,7 +26,7 @@ def main(mode: str, path: str) -> None:
     import torch
     from vllm import LLM, SamplingParams
 
-    from lens_evals.engine.frontend import LensRequestError
+    from lens_evals.engine.frontend_attach import LensRequestError
 
     options = {"gpu_memory_utilization": 0.2} if torch.cuda.is_available() else {}
     llm = LLM(path, dtype="float32", max_model_len=1024, seed=0, **ENGINES[mode], **options)

@@ -44,7 +44,7 @@ def offline(model: str) -> tuple[list, str]:
     """The outputs, and what a lambda hook gives ("ok" in-process, the error text otherwise)."""
     from vllm import LLM, SamplingParams
 
-    from lens_evals.engine.frontend import LensRequestError
+    from lens_evals.engine.frontend_attach import LensRequestError
     from lens_evals.hooks import Hook
 
     llm = LLM(model, dtype="float32", max_model_len=512, seed=0, **gpu_options())

@@ -1,5 +1,8 @@
-"""Worker side: decodes lens requests, plans each step, keeps captured rows per request until
-the frontend fetches them (through collective_rpc, as safetensors bytes) or they are dropped."""
+"""The model runner's lens state (one per runner, set at model load): finds the decoder layers
+and installs the taps (eager) or the static buffers (graph mode), admits each new request
+(decoded once), and around every forward pass plans the step, hands the taps its context and
+stores what they captured (the model-free part is ``WorkerCore``). The worker's methods for
+``collective_rpc`` are in ``worker_rpc``."""
 
 from __future__ import annotations
 
@@ -9,21 +12,16 @@ from typing import Any
 
 import torch
 
-from lens_evals.engine import compat, handoff, timing
+from lens_evals.engine import compat, timing
 from lens_evals.engine.graph_taps import GraphTaps, configured_layers, graph_refusal
-from lens_evals.engine.hooks import HookCall, HookContext, ParameterCache, WorkerHook, decode_hooks
 from lens_evals.engine.requests import decode_worker_request
-from lens_evals.engine.results import write_results
 from lens_evals.engine.taps import ActiveStep, StepContext, install_hook_tap, install_taps, read_step
 from lens_evals.engine.worker_core import WorkerCore
+from lens_evals.engine.worker_hooks import HookCall, HookContext, ParameterCache, WorkerHook
 from lens_evals.spec import INTERNAL_KEY
 
 logger = logging.getLogger("lens_evals")
 STATE_ATTR = "_lens_evals_state"
-FETCH_METHOD = "lens_evals_fetch"
-MEMORY_METHOD = "lens_evals_memory"
-REGISTER_SET_METHOD = "lens_evals_register_hook_set"
-CLEAR_SET_METHOD = "lens_evals_clear_hook_set"
 
 
 class LensWorkerState:
@@ -154,48 +152,3 @@ def get_state(runner: Any) -> LensWorkerState:
     if state is None:
         raise RuntimeError("lens_evals is not active in this worker (was the model loaded with the plugin?)")
     return state
-
-
-# ----------------------------------------------------------------- functions run through collective_rpc
-def fetch_results(worker: Any, keys: list[str], target: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """Runs on each worker; returns only plain bytes and strings (tensors do not cross processes).
-    ``target``: the frontend's hand-off directory (large row blocks go there, see ``handoff``)."""
-    state = getattr(compat.runner_from_worker(worker), STATE_ATTR, None)
-    if state is None:  # e.g. a model runner the plugin does not hook: fail the requests, not the engine
-        return {key: {"error": "lens_evals is not active in this worker's model runner"} for key in keys}
-    sink = handoff.sink_for(target)
-    with timing.phase("fetch: release"):
-        taken = {key: state.core.take_result(key) for key in keys}
-    with timing.phase("fetch: write rows"):
-        written = write_results(taken, sink)
-    results = {key: result for key, result in written.items() if result is not None}
-    timing.log_and_reset("worker")
-    return results
-
-
-def worker_memory(worker: Any) -> dict[str, int]:
-    state = get_state(compat.runner_from_worker(worker))
-    core = state.core
-    return {"held_bytes": core.held_bytes, "requests": len(core.stores.keys()), "tracked": len(core.ledger.requests)}
-
-
-def register_hook_set(worker: Any, set_id: str, hooks: list[dict[str, Any]]) -> str | None:
-    """Resolve a persistent hook set on this worker; the error text if it cannot be."""
-    state = get_state(compat.runner_from_worker(worker))
-    try:
-        state.hook_sets[set_id] = decode_hooks(hooks, state.core.device)
-    except (ValueError, KeyError, TypeError, ImportError, AttributeError) as exc:
-        return f"could not load hook set on the worker: {type(exc).__name__}: {exc}"
-    return None
-
-
-def clear_hook_set(worker: Any, set_id: str) -> bool:
-    return get_state(compat.runner_from_worker(worker)).hook_sets.pop(set_id, None) is not None
-
-
-WORKER_METHODS = {
-    FETCH_METHOD: fetch_results,
-    MEMORY_METHOD: worker_memory,
-    REGISTER_SET_METHOD: register_hook_set,
-    CLEAR_SET_METHOD: clear_hook_set,
-}

@@ -1,16 +1,10 @@
-"""Generic hooks on the worker: resolving a hook reference, the context a hook sees, running
-one request's hooks on its rows and putting a returned tensor back into the stream.
-
-Hook references (made only by the frontend, inside the reserved ``_lens_evals`` key):
-``registered:NAME`` (looked up in this process's registry), ``import:MODULE:QUALNAME`` (a
-module-level callable the user passed offline) and ``local:ID`` (any other callable the user
-passed offline; found only when the worker shares the user's process).
-"""
+"""The worker's half of generic hooks: a request's hooks decoded (references resolved, args
+on the device), the context a hook sees, running one request's hooks on its rows and putting a
+returned tensor back into the stream."""
 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,61 +15,13 @@ from torch import nn
 
 from lens_evals import wire
 from lens_evals.engine import compat
+from lens_evals.engine.hook_refs import resolve
+from lens_evals.engine.protocol import HookWire
 from lens_evals.engine.transfer import to_device
-from lens_evals.hooks import Hook, import_target, registered_hook
 
 logger = logging.getLogger("lens_evals")
-# Callables of in-process offline requests that cannot be imported by name (lambdas, closures).
-_LOCAL_CALLABLES: dict[str, Callable[..., Any]] = {}
 
 
-# --------------------------------------------------------------------------- frontend side
-def hook_reference(hook: Hook) -> tuple[str, str | None]:
-    """(reference for the worker, local id to forget when the request ends or None)."""
-    if hook.registered:
-        return f"registered:{hook.fn}", None
-    fn = hook.fn
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if module and qualname and "<" not in qualname:
-        try:
-            if import_target(f"{module}:{qualname}") is fn:
-                return f"import:{module}:{qualname}", None
-        except (ImportError, AttributeError, ValueError):
-            logger.debug("lens_evals: hook %s is not importable by name; in-process only", qualname)
-    local_id = uuid.uuid4().hex
-    _LOCAL_CALLABLES[local_id] = fn
-    return f"local:{local_id}", local_id
-
-
-def union_of(per_hook: dict[str, Any]) -> dict[str, Any]:
-    """Every hook's saved keys in one dict (``activations["saved"]``); where two hooks wrote the
-    same key the later hook's value is kept (``hook_results`` keeps both)."""
-    union: dict[str, Any] = {}
-    for index in sorted(per_hook, key=int):
-        union.update(per_hook[index])
-    return union
-
-
-def forget_local(local_ids: list[str]) -> None:
-    for local_id in local_ids:
-        _LOCAL_CALLABLES.pop(local_id, None)
-
-
-def encode_hooks(hooks: list[Hook]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The worker's JSON form of validated hooks, and the local ids they hold."""
-    encoded, local_ids = [], []
-    for hook in hooks:
-        ref, local_id = hook_reference(hook)
-        if local_id is not None:
-            local_ids.append(local_id)
-        encoded.append({
-            "ref": ref, "name": hook.name, "layers": hook.layer_indices, "pre": hook.pre,
-            "module": hook.module, "args": wire.encode_tree(hook.args, "args"),
-        })
-    return encoded, local_ids
-
-
-# --------------------------------------------------------------------------- worker side
 @dataclass
 class WorkerHook:
     name: str
@@ -86,25 +32,7 @@ class WorkerHook:
     args: dict[str, Any]
 
 
-def resolve(ref: str) -> Callable[..., Any]:
-    kind, _, target = ref.partition(":")
-    if kind == "registered":
-        return registered_hook(target)
-    if kind == "import":
-        return import_target(target)
-    if kind == "local":
-        fn = _LOCAL_CALLABLES.get(target)
-        if fn is None:
-            raise ValueError(
-                "the hook is a Python callable that cannot be imported by name (a lambda, closure or "
-                "method) and the worker runs in another process: define it as a module-level function, "
-                "or run the engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0)"
-            )
-        return fn
-    raise ValueError(f"unknown hook reference {ref!r}")
-
-
-def decode_hooks(items: list[Mapping[str, Any]], device: torch.device) -> list[WorkerHook]:
+def decode_hooks(items: list[HookWire] | list[Mapping[str, Any]], device: torch.device) -> list[WorkerHook]:
     def on_device(array: np.ndarray) -> torch.Tensor:
         return to_device(array, device)
 

@@ -1,4 +1,5 @@
-"""Host memory for captured rows and probe scores, step by step, until a request is fetched.
+"""Host memory on the worker for captured rows and probe scores, step by step, until a request
+is fetched (the frontend reads what arrives with ``frontend_rows``).
 
 A step copies everything it captured to the host in ONE asynchronous copy (a ``StepBuffer``);
 each request of the step keeps only a small ``Piece`` that says where its rows are in that
@@ -13,7 +14,6 @@ short ones does not keep the whole batch's rows alive.
 
 from __future__ import annotations
 
-import mmap
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from lens_evals.engine.handoff import Sink, inline
+from lens_evals.engine.protocol import PackedRows, PackedRowsWire
 
 COMPACT_BELOW = 0.25
 
@@ -246,49 +247,20 @@ class PieceStore:
         self._free(buffer)
 
 
-class PackedRows:
-    """Rows as dtype name and shape plus their bytes (``data``: a bytearray inline, or after
-    ``handoff.claim`` a mapped file or pool region): what crosses from a worker to the frontend
-    (nothing is pickled but bytes, strings and lists). Writable, so the frontend's tensor shares
-    the buffer without a copy."""
-
-    DTYPES = {"float32": (np.float32, torch.float32), "float16": (np.float16, torch.float16),
-              "bfloat16": (np.int16, torch.bfloat16)}
-
-    @staticmethod
-    def header(dtype: torch.dtype, shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"dtype": str(dtype).removeprefix("torch."), "shape": list(shape)}
-
-    @classmethod
-    def decode(cls, packed: dict[str, Any]) -> torch.Tensor:
-        if packed.get("dtype") not in cls.DTYPES:
-            raise ValueError(f"unexpected row dtype {packed.get('dtype')!r}")
-        numpy_dtype, torch_dtype = cls.DTYPES[packed["dtype"]]
-        shape = [int(n) for n in packed["shape"]]
-        data = packed.get("data")
-        if not isinstance(data, (bytearray, bytes, mmap.mmap, np.ndarray)) or len(data) != int(np.prod(shape)) * np.dtype(numpy_dtype).itemsize:
-            raise ValueError("row data does not match its shape")
-        # bytes (from msgpack) are read-only: one copy makes the tensor writable; a bytearray or
-        # a claimed hand-off mapping or pool region (``handoff.claim``) is used as it is
-        array = np.frombuffer(bytearray(data) if isinstance(data, bytes) else data, dtype=numpy_dtype).reshape(shape)
-        tensor = torch.from_numpy(array)
-        return tensor.view(torch_dtype) if torch_dtype == torch.bfloat16 else tensor
-
-
 @dataclass
 class RowBlocks:
     """One request's rows by absolute position, ``(n_ids, n_positions, ...)``, ready to write:
     ``blocks`` are contiguous arrays whose bytes, in order, are the packed rows (``nbytes``);
     ``gaps`` the first positions no piece covered (then nothing should be written)."""
 
-    header: dict[str, Any]
+    header: PackedRowsWire
     nbytes: int
     blocks: list[np.ndarray]
     gaps: list[int]
     shape: tuple[int, ...]
 
-    def write(self, sink: Sink) -> dict[str, Any]:
-        return self.header | sink(self)
+    def write(self, sink: Sink) -> PackedRowsWire:
+        return self.header | sink(self)  # type: ignore[return-value]  # the sink adds where the bytes are
 
     def copy_into(self, buffer: Any) -> None:
         """The packed rows into ``buffer`` (``nbytes`` writable bytes): one copy call per id."""
@@ -331,19 +303,8 @@ def row_blocks(pieces: list[Piece]) -> RowBlocks:
     return RowBlocks(PackedRows.header(pieces[0].buffer.data.dtype, shape), nbytes, blocks, gaps, shape)
 
 
-def assemble(pieces: list[Piece], sink: Sink = inline) -> tuple[dict[str, Any] | None, list[int]]:
+def assemble(pieces: list[Piece], sink: Sink = inline) -> tuple[PackedRowsWire | None, list[int]]:
     """One request's rows packed (see ``PackedRows``), written once by ``sink`` (inline bytes or
     a hand-off file), and the gaps (then nothing is written: None)."""
     rows = row_blocks(pieces)
     return (None if rows.gaps else rows.write(sink)), rows.gaps
-
-
-def result_tensors(result: dict[str, Any]) -> dict[str, Any]:
-    """A worker's fetch result as tensors: ``residual_stream`` / ``probe_scores`` and their ids
-    (``layers`` / ``probe_index``, lists), for the parts present."""
-    out: dict[str, Any] = {}
-    for name, ids_name in (("residual_stream", "layers"), ("probe_scores", "probe_index")):
-        if name in result:
-            out[name] = PackedRows.decode(result[name])
-            out[ids_name] = [int(i) for i in result[ids_name]]
-    return out

@@ -1,0 +1,136 @@
+"""The frontend's end of a request: fetch its results from every worker by key (after
+``LLM._run_engine`` for all outputs of the call in one fetch, or ``AsyncLLM.generate`` per
+request), check and trim them to prompt + generated - 1 positions and attach them as
+``output.activations`` / ``output.hook_results`` (a hook set's results go to its store)."""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lens_evals.engine import compat, timing
+from lens_evals.engine.frontend_admit import PendingRequest, pending_of
+from lens_evals.engine.frontend_hooks import forget_local, union_of
+from lens_evals.engine.frontend_rows import decode_saved, merge_rank_results
+from lens_evals.engine.handoff import HandoffTarget, claim_all
+from lens_evals.engine.hook_sets import store_of
+from lens_evals.engine.protocol import FETCH_METHOD, FetchReply
+
+
+@dataclass(frozen=True)
+class HttpResult:
+    """What the HTTP middleware adds to a response for one request: ``activations`` (or
+    ``error``), ``hook_results`` (hook index -> saved) and the encoding the request asked for."""
+
+    request_id: str
+    activations: dict[str, Any] | None
+    hook_results: dict[str, Any] | None
+    encoding: str
+    error: str | None = None
+
+
+# Set by the HTTP middleware for the duration of one HTTP request; results land here too.
+HTTP_SINK: contextvars.ContextVar[list[HttpResult] | None] = contextvars.ContextVar(
+    "lens_evals_http_sink", default=None
+)
+
+
+class LensRequestError(RuntimeError):
+    """A lens request failed inside the engine (after validation). ``outputs`` holds every
+    output of the call, so other requests' results are not lost."""
+
+    def __init__(self, message: str, outputs: list[Any] | None = None) -> None:
+        super().__init__(message)
+        self.outputs = outputs
+
+
+def _apply(processor: Any, request_id: str, output: Any, pending: PendingRequest, rank_results: list[FetchReply],
+           generated: int | None = None) -> str | None:
+    """Attach the capture, probe scores and hook results to ``output`` (a hook set's results go
+    to its store); return an error message if the request failed. ``generated``: the request's
+    generated tokens when ``output`` holds only the last delta (streaming)."""
+    forget_local(list(pending.local_ids))
+    merged, error = merge_rank_results(rank_results, pending.key)
+    output.activations = None
+    output.hook_results = None
+    if error is not None:
+        return error
+    if generated is None:
+        generated = len(output.outputs[0].token_ids) if output.outputs else 0
+    expected = len(output.prompt_token_ids or []) + generated - 1
+    activations: dict[str, Any] = {}
+    if pending.capture_layers:
+        missing = [layer for layer in pending.capture_layers if layer not in merged.layers]
+        if missing:
+            return f"no capture came back for layers {missing}"
+        whole = [block for layers, block in merged.streams if layers == list(pending.capture_layers)]
+        stream = whole[0] if whole else torch.stack([merged.layers[layer] for layer in pending.capture_layers])
+        if stream.shape[1] < expected:
+            return f"capture is short: {stream.shape[1]} positions, expected {expected}"
+        activations["residual_stream"] = stream[:, :expected]
+    if pending.probe_names:
+        missing_probes = [name for i, name in enumerate(pending.probe_names) if i not in merged.probes]
+        if missing_probes:
+            return f"no scores came back for probes {missing_probes}"
+        short = [name for i, name in enumerate(pending.probe_names) if merged.probes[i].shape[0] < expected]
+        if short:
+            return f"probe scores are short for {short}: expected {expected} positions"
+        activations["probe_scores"] = {name: merged.probes[i][:expected] for i, name in enumerate(pending.probe_names)}
+    if pending.has_hooks:
+        output.hook_results = decode_saved(merged.saved)
+        activations["saved"] = union_of(output.hook_results)
+    if pending.hook_set is not None:
+        error = store_of(processor).add_result(pending.hook_set, request_id, merged.set_saved or {})
+        if error is not None:
+            return error
+    output.activations = activations
+    return None
+
+
+def attach_offline(llm: Any, outputs: list[Any]) -> None:
+    processor = compat.offline_input_processor(llm)
+    registry = pending_of(processor)
+    pending = {o.request_id: registry.pop(o.request_id) for o in outputs if o.request_id in registry}
+    if not pending:
+        return
+    with timing.phase("fetch: worker round trip"):
+        target = HandoffTarget.for_this_process(id(processor))
+        rank_results = compat.offline_collective_rpc(llm, FETCH_METHOD, ([p.key for p in pending.values()], target))
+        claim_all(rank_results, id(processor))
+    errors = []
+    with timing.phase("fetch: attach to outputs"):
+        for output in outputs:
+            if output.request_id in pending:
+                error = _apply(processor, output.request_id, output, pending[output.request_id], rank_results)
+                if error is not None:
+                    errors.append(f"request {output.request_id}: {error}")
+    timing.log_and_reset("frontend")
+    if errors:
+        raise LensRequestError("; ".join(errors), outputs)
+
+
+async def attach_async(engine: Any, output: Any, generated: int) -> None:
+    processor = compat.async_input_processor(engine)
+    pending = pending_of(processor).pop(output.request_id, None)
+    if pending is None:
+        return
+    target = HandoffTarget.for_this_process(id(processor))
+    rank_results = await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key], target))
+    claim_all(rank_results, id(processor))
+    error = _apply(processor, output.request_id, output, pending, rank_results, generated)
+    sink = HTTP_SINK.get()
+    if sink is not None:
+        sink.append(HttpResult(output.request_id, output.activations, output.hook_results, pending.encoding, error))
+    if error is not None:
+        raise LensRequestError(f"request {output.request_id}: {error}")
+
+
+async def discard_async(engine: Any, request_id: str) -> None:
+    """A request ended without a final output (abort, disconnect): release its worker rows."""
+    pending = pending_of(compat.async_input_processor(engine)).pop(request_id, None)
+    if pending is not None:
+        forget_local(list(pending.local_ids))
+        await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key], None))  # rows inline, dropped
