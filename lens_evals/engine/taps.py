@@ -83,6 +83,30 @@ def install_hook_tap(active: ActiveStep, layer: nn.Module, site: tuple[int, str 
         module.register_forward_hook(post_tap)
 
 
+class HookSites:
+    """The generic-hook taps installed so far, one per site (layer index, module path inside the
+    layer or None, pre): a site is tapped the first time a step's plan asks for it; a module path
+    the layer does not have fails the requests that asked for it."""
+
+    def __init__(self, active: ActiveStep, layers: dict[int, nn.Module], contract: compat.StreamContract | None) -> None:
+        self.active, self.layers, self.contract = active, layers, contract
+        self.installed: set[tuple[int, str | None, bool]] = set()
+
+    def install_for(self, step: StepContext) -> None:
+        plan = step.plan
+        for site in list(plan.hook_calls):
+            if site in self.installed:
+                continue
+            try:
+                install_hook_tap(self.active, self.layers[site[0]], site, self.contract)  # type: ignore[arg-type]  # None only with a refusal: no lens step runs
+                self.installed.add(site)
+            except AttributeError:
+                calls = plan.hook_calls.pop(site)
+                message = f"layer {site[0]} has no submodule {site[1]!r} to hook"
+                for call in calls:
+                    step.fail_key(call.key, message)
+
+
 def _run_hooks(step: StepContext, calls: list[HookCall], hidden: torch.Tensor, residual: torch.Tensor | None, layer_index: int) -> None:
     """Rows of a fused-residual layer are hidden + residual; a replacement is written as
     hidden := new, residual := 0, so the next layer sees exactly ``new``."""

@@ -15,7 +15,7 @@ import torch
 from lens_evals.engine import compat, timing
 from lens_evals.engine.graph_taps import GraphTaps, configured_layers, graph_refusal
 from lens_evals.engine.requests import decode_worker_request
-from lens_evals.engine.taps import ActiveStep, StepContext, install_hook_tap, install_taps, read_step
+from lens_evals.engine.taps import ActiveStep, HookSites, StepContext, install_taps, read_step
 from lens_evals.engine.worker_core import WorkerCore
 from lens_evals.engine.worker_hooks import HookCall, HookContext, ParameterCache, WorkerHook
 from lens_evals.spec import INTERNAL_KEY
@@ -55,7 +55,7 @@ class LensWorkerState:
                 contract,
             )
         self.core = WorkerCore(compat.runner_device(runner), runner.model_config.dtype, set(self.layer_modules), tp_rank == 0)
-        self.hook_sites: set[tuple[int, str | None, bool]] = set()
+        self.hook_sites = HookSites(self.active, self.layer_modules, contract)
         self.hook_sets: dict[str, list[WorkerHook]] = {}
         self.parameters = ParameterCache(self.model, compat.checkpoint_dir(runner))
         self._step_scheduled: dict[str, int] | None = None
@@ -82,7 +82,7 @@ class LensWorkerState:
             return self._graph_forward(run, step, sum(layout.num_rows))
         if step is None:
             return run()
-        self._install_hook_sites(step)
+        self.hook_sites.install_for(step)
         self.active.step = step
         try:
             with timing.phase("forward with taps (queued)"):
@@ -122,21 +122,6 @@ class LensWorkerState:
             ledger.refuse(req_id, key, f"could not decode lens request on the worker: {exc}")
             return
         ledger.track(req_id, req)
-
-    def _install_hook_sites(self, step: StepContext) -> None:
-        """Taps for hook sites seen for the first time; a bad module path fails its requests."""
-        plan = step.plan
-        for site in list(plan.hook_calls):
-            if site in self.hook_sites:
-                continue
-            try:
-                install_hook_tap(self.active, self.layer_modules[site[0]], site, self.support.contract)
-                self.hook_sites.add(site)
-            except AttributeError:
-                calls = plan.hook_calls.pop(site)
-                message = f"layer {site[0]} has no submodule {site[1]!r} to hook"
-                for call in calls:
-                    step.fail_key(call.key, message)
 
     def hook_context(self, call: HookCall, layer: int) -> HookContext:
         hook = call.hook
