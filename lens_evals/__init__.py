@@ -1,33 +1,61 @@
 """lens-evals: residual-stream capture, steering, probes and hooks inside vLLM.
 
-The client side (``SteeringVector``, ``LinearProbe``, ``Hook``, the wire format) imports without
-vllm or torch; ``HookContext`` (what a hook sees on the worker) needs torch and is imported on
-first use. vllm-lens's helpers (``serialize_tensor``...) live in :mod:`lens_evals.client`.
+What users import is here, loaded on first use: ``import lens_evals`` itself imports nothing
+(no vllm, no torch, no numpy). The client side (``SteeringVector``, ``LinearProbe``, ``Hook``,
+``lens_xargs``, ``LensClient``...) needs neither vllm nor torch; ``HookContext`` (what a hook
+sees on the worker), ``LensRequestError`` and ``register_hook_set`` / ``HookSet`` (offline
+persistent hook sets) come from the engine and need torch.
 """
 
-from typing import Any
+from __future__ import annotations
 
-from lens_evals.hooks import Hook
-from lens_evals.request_args import parse_lens_args
-from lens_evals.spec import (
-    CAPTURE_KEY,
-    PROBE_KEY,
-    STEERING_KEY,
-    LensRequest,
-    LinearProbe,
-    SteeringVector,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lens_evals.client import LensClient, activations_from_response, lens_xargs
+    from lens_evals.engine.frontend_attach import LensRequestError
+    from lens_evals.engine.hook_sets import HookSet, register_hook_set
+    from lens_evals.engine.worker_hooks import HookContext
+    from lens_evals.hooks import Hook
+    from lens_evals.request_args import parse_lens_args
+    from lens_evals.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY, LensRequest, LinearProbe, SteeringVector
+
+# name -> the module that defines it
+_EXPORTS = {
+    "CAPTURE_KEY": "lens_evals.spec",
+    "PROBE_KEY": "lens_evals.spec",
+    "STEERING_KEY": "lens_evals.spec",
+    "LensRequest": "lens_evals.spec",
+    "LinearProbe": "lens_evals.spec",
+    "SteeringVector": "lens_evals.spec",
+    "parse_lens_args": "lens_evals.request_args",
+    "Hook": "lens_evals.hooks",
+    "LensClient": "lens_evals.client",
+    "activations_from_response": "lens_evals.client",
+    "lens_xargs": "lens_evals.client",
+    "HookContext": "lens_evals.engine.worker_hooks",
+    "LensRequestError": "lens_evals.engine.frontend_attach",
+    "HookSet": "lens_evals.engine.hook_sets",
+    "register_hook_set": "lens_evals.engine.hook_sets",
+}
 
 __all__ = [
-    "CAPTURE_KEY", "PROBE_KEY", "STEERING_KEY", "Hook", "HookContext", "LensRequest", "LinearProbe",
-    "SteeringVector", "parse_lens_args",
+    "CAPTURE_KEY", "PROBE_KEY", "STEERING_KEY", "Hook", "HookContext", "HookSet", "LensClient", "LensRequest",
+    "LensRequestError", "LinearProbe", "SteeringVector", "activations_from_response", "lens_xargs", "parse_lens_args",
+    "register_hook_set",
 ]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    if name == "HookContext":
-        from lens_evals.engine.worker_hooks import HookContext
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lens_evals' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next access does not come here
+    return value
 
-        return HookContext
-    raise AttributeError(f"module 'lens_evals' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -316,15 +316,3 @@ class LensRequest(BaseModel):
                 f"needs {capture_bytes / 2**30:.2f} GiB, over the per-request limit of "
                 f"{max_capture_bytes / 2**30:.2f} GiB (LENS_EVALS_MAX_CAPTURE_GIB)"
             )
-
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.capture_all:
-            out[CAPTURE_KEY] = True
-        elif self.capture_layers:
-            out[CAPTURE_KEY] = self.capture_layers
-        if self.steering:
-            out[STEERING_KEY] = [v.to_wire() for v in self.steering]
-        if self.probes:
-            out[PROBE_KEY] = [p.to_wire() for p in self.probes]
-        return out

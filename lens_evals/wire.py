@@ -147,10 +147,6 @@ def _one(payload: Any, allowed_dtypes: frozenset[str]) -> Raw:
     return next(iter(raws.values()))
 
 
-def decode_arrays(payload: Any, allowed_dtypes: frozenset[str] = FLOAT_DTYPES) -> dict[str, np.ndarray]:
-    return {name: raw.to_numpy() for name, raw in decode_raws(payload, allowed_dtypes).items()}
-
-
 def decode_array(payload: Any, allowed_dtypes: frozenset[str] = FLOAT_DTYPES) -> np.ndarray:
     """One array (numpy; bfloat16 widened to float32)."""
     return _one(payload, allowed_dtypes).to_numpy()

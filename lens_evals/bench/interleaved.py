@@ -36,7 +36,6 @@ PREFILL_FEATURES = ("plain", "capture-1", "capture-8", "steer-1", "probe")  # gr
 
 def features_of(system: System, cfg: BenchConfig) -> tuple[str, ...]:
     return PREFILL_FEATURES if cfg.workload == "prefill" and not system.graph_mode else FEATURES
-PROFILE_ENV = settings.BENCH_PROFILE.name
 
 
 def rotated(features: tuple[str, ...], round_index: int) -> list[str]:
