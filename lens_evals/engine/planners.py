@@ -285,9 +285,9 @@ class StepPlanner:
         one reuses its tensors (only the start positions change)."""
         signature = (layout.req_ids, layout.num_rows)
         if self._last is not None and self._last[0] == signature:
-            plan = self._last[1]
-            plan.start_positions = layout.start_positions
-            return plan
+            reused = self._last[1]
+            reused.start_positions = layout.start_positions
+            return reused
         plan = build_plan(layout, requests, self.device, self.dtype, self.capture_here, self.local_layers, input_ids, failed)
         self._last = (signature, plan) if plan is not None and plan.reusable else None
         return plan

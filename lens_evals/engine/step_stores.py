@@ -52,7 +52,8 @@ class StepStores:
             flat = torch.cat([scored[layer] for layer in plan.probes])  # float32 scores of every (row, probe) pair
             data, ready, chunk = to_host(flat, self.scores.arena)
             buffer = self.scores.new_buffer(data, ready, flat.shape[0], chunk)
-            for slot in plan.score_slots:
-                if keeps(slot.key):
-                    self.scores.add(slot.key, Piece(buffer, 0, slot.num_rows, starts[slot.batch_index], slot.flat_offsets))
+            for score_slot in plan.score_slots:
+                if keeps(score_slot.key):
+                    piece = Piece(buffer, 0, score_slot.num_rows, starts[score_slot.batch_index], score_slot.flat_offsets)
+                    self.scores.add(score_slot.key, piece)
             self.scores.drop_unused(buffer)
