@@ -49,7 +49,7 @@ def _probes(args: argparse.Namespace) -> int:
 
 
 def _roleplaying(args: argparse.Namespace) -> int:
-    from lens_evals.evals.main_job import run_roleplaying
+    from lens_evals.evals.roleplaying.main_job import run_roleplaying
 
     return run_roleplaying(args.model, limit=args.limit, log_dir=args.log_dir, probe=args.probe, dataset=args.dataset)
 

@@ -31,8 +31,8 @@ from tqdm import tqdm
 
 from lens_evals import wire
 from lens_evals.client import decode_activations
-from lens_evals.evals.server_process import LensServer
 from lens_evals.models import model_path
+from lens_evals.provider.server import LensServer
 
 WORDS = "the cat reads a book model finds truth river sees city team builds many layers student likes answer".split()
 

@@ -1,4 +1,6 @@
 """Coup probe (Roger 2023): flag an agent's oversight-undermining actions with a linear probe.
+The task is ``lens_evals/coup_probe`` (lens_evals/evals/coup/); this file runs it with the
+default probe of this repository's probes/ folder.
 
     inspect eval tasks/coup_probe.py --model vllm-lens/smollm2-135m-instruct            # held-out coup intents
     inspect eval tasks/coup_probe.py --model vllm-lens/MODEL -T probe=probes/NAME.joblib
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from inspect_ai import Task, task
 
-from lens_evals.evals.coup import coup_task
+from lens_evals.evals.coup import coup_probe as packaged_task
 
 PROBE_DIR = Path(os.environ.get("LENS_EVALS_PROBE_DIR", Path(__file__).resolve().parents[1] / "probes"))
 
@@ -25,11 +27,8 @@ def coup_probe(
     split: str = "held_out",
     trajectories: str | None = None,
     tokenizer: str | None = None,
+    probe_dir: str | None = None,
 ) -> Task:
-    """``probe`` defaults to the default model's coup probe (trained if missing)."""
-    if probe is None:
-        from lens_evals.probing.train import ensure_default_probe
-
-        os.environ.setdefault("LENS_EVALS_PROBE_DIR", str(PROBE_DIR))
-        probe = str(ensure_default_probe(training_set="coup"))
-    return coup_task(probe, split=split, trajectories=trajectories, tokenizer=tokenizer)  # type: ignore[arg-type]
+    """``lens_evals/coup_probe``; the default probe from ``probe_dir`` (default: LENS_EVALS_PROBE_DIR, else probes/)."""
+    return packaged_task(probe=probe, split=split, trajectories=trajectories, tokenizer=tokenizer,
+                         probe_dir=probe_dir or str(PROBE_DIR))

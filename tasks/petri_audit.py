@@ -1,5 +1,7 @@
 """Petri alignment audit whose auditor can look inside the target (a vllm-lens model) with a
-probe, an activation oracle, or both.
+probe, an activation oracle, or both. The task is ``lens_evals/petri_audit``
+(lens_evals/evals/petri_audit/); this file runs it with the default probe of this repository's
+probes/ folder.
 
 Run in the Python 3.12 venv (scripts/setup_petri.sh) against a lens server started from the main
 venv with the oracle adapter and the target's tool-call parser (docs/integrations.md has the full
@@ -22,26 +24,9 @@ from pathlib import Path
 
 from inspect_ai import Task, task
 
-from lens_evals.integrations.petri import OracleInspector, ProbeInspector, TurnInspector, target_activations
+from lens_evals.evals.petri_audit import petri_audit as packaged_task
 
 PROBE_DIR = Path(os.environ.get("LENS_EVALS_PROBE_DIR", Path(__file__).resolve().parents[1] / "probes"))
-INSPECTORS = ("probe", "oracle")
-
-
-def build_inspectors(inspectors: str, probe: str | None, oracle: str | None, oracle_lora: str) -> list[TurnInspector]:
-    names = [name.strip() for name in inspectors.split(",") if name.strip()]
-    unknown = sorted(set(names) - set(INSPECTORS))
-    if not names or unknown:
-        raise ValueError(f"inspectors must be a comma list of {list(INSPECTORS)}, got {inspectors!r}")
-    if "oracle" in names and not oracle:
-        raise ValueError("the oracle inspector needs -T oracle=ORACLE_DIR (`.venv/bin/lens-evals oracle path NAME`)")
-    built: list[TurnInspector] = []
-    for name in names:
-        if name == "probe":
-            built.append(ProbeInspector(Path(probe) if probe else PROBE_DIR / "smollm2-135m-instruct__coup.joblib"))
-        else:
-            built.append(OracleInspector.from_card(str(oracle), lora=oracle_lora))
-    return built
 
 
 @task
@@ -54,11 +39,9 @@ def petri_audit(
     max_turns: int = 15,
     compaction: bool = False,
     target_tools: str = "synthetic",
+    probe_dir: str | None = None,
 ) -> Task:
-    """Petri's ``audit`` with the ``target_activations`` auditor tool. ``compaction`` is off by
-    default: it counts tokens with tiktoken, whose encoding is downloaded at run time."""
-    from inspect_petri import audit
-
-    tool = target_activations(inspector=build_inspectors(inspectors, probe, oracle, oracle_lora))
-    return audit(seed_instructions=seed_instructions, max_turns=max_turns, compaction=compaction,
-                 target_tools=target_tools, extra_tools=[tool])  # type: ignore[arg-type]
+    """``lens_evals/petri_audit``; the default probe from ``probe_dir`` (default: LENS_EVALS_PROBE_DIR, else probes/)."""
+    return packaged_task(inspectors=inspectors, probe=probe, oracle=oracle, oracle_lora=oracle_lora,
+                         seed_instructions=seed_instructions, max_turns=max_turns, compaction=compaction,
+                         target_tools=target_tools, probe_dir=probe_dir or str(PROBE_DIR))

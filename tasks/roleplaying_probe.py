@@ -1,4 +1,6 @@
 """Roleplaying deception probe: score every sample with a linear probe on the residual stream.
+The task is ``lens_evals/roleplaying_probe`` (lens_evals/evals/roleplaying/); this file runs it
+with the default probes of this repository's probes/ folder.
 
     inspect eval tasks/roleplaying_probe.py --model vllm-lens/smollm2-135m-instruct
     inspect eval tasks/roleplaying_probe.py --model vllm-lens/MODEL -T probe=probes/NAME.joblib
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from inspect_ai import Task, task
 
-from lens_evals.evals.roleplaying import roleplaying_task
+from lens_evals.evals.roleplaying import roleplaying_probe as packaged_task
 
 PROBE_DIR = Path(os.environ.get("LENS_EVALS_PROBE_DIR", Path(__file__).resolve().parents[1] / "probes"))
 
@@ -32,22 +34,8 @@ def roleplaying_probe(
     on_worker: bool = True,
     probes: str | None = None,
     probe_set: str | None = None,
+    probe_dir: str | None = None,
 ) -> Task:
-    """``probe`` defaults to the default model's Instructed-Pairs probe (trained if missing).
-    ``probes=ip-lr,ip-dom,rp-lr`` (any of them) reads those probes of ``probe_set`` (default: the
-    default model's, trained if missing) in one engine pass, off-policy; metrics per probe."""
-    if probes is not None or probe_set is not None:
-        from lens_evals.evals.multi_probe import roleplaying_probes_task
-        from lens_evals.probing.multi import ensure_probe_set
-        from lens_evals.probing.train import DEFAULT_MODEL
-
-        os.environ.setdefault("LENS_EVALS_PROBE_DIR", str(PROBE_DIR))
-        return roleplaying_probes_task(probe_set or ensure_probe_set(DEFAULT_MODEL), probes=probes, dataset=dataset,
-                                       tokenizer=tokenizer)
-    if probe is None:
-        from lens_evals.probing.train import ensure_default_probe
-
-        os.environ.setdefault("LENS_EVALS_PROBE_DIR", str(PROBE_DIR))
-        probe = str(ensure_default_probe())
-    return roleplaying_task(probe, mode=mode, dataset=dataset, grader=grader, tokenizer=tokenizer,  # type: ignore[arg-type]
-                            max_tokens=max_tokens, on_worker=on_worker)
+    """``lens_evals/roleplaying_probe``; default probes from ``probe_dir`` (default: LENS_EVALS_PROBE_DIR, else probes/)."""
+    return packaged_task(probe=probe, mode=mode, dataset=dataset, grader=grader, tokenizer=tokenizer, max_tokens=max_tokens,
+                         on_worker=on_worker, probes=probes, probe_set=probe_set, probe_dir=probe_dir or str(PROBE_DIR))

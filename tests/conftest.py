@@ -117,7 +117,7 @@ def capture(output: Any) -> Any:
 @contextmanager
 def lens_server(path: Path, env: dict[str, str] | None = None, server_args: dict[str, Any] | None = None) -> Iterator[Any]:
     """A LensServer for ``path`` served as "test", with the tests' engine options (plus ``server_args``)."""
-    from lens_evals.evals.server_process import LensServer
+    from lens_evals.provider.server import LensServer
 
     settle_gpu_memory()
     server = LensServer(str(path), served_name="test", server_args=engine_options(**(server_args or {})), env=env).start()

@@ -21,7 +21,7 @@ import torch
 
 from lens_evals import LinearProbe, SteeringVector, wire
 from lens_evals.client import activations_from_response, lens_xargs
-from lens_evals.evals.server_process import LensServer
+from lens_evals.provider.server import LensServer
 from tests.conftest import capture, greedy, lens_server, make_llm
 from tests.tolerance import assert_stream_close
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 import torch
 
-from lens_evals.evals.lora_args import lora_server_args
-from lens_evals.evals.server_process import LensServer
+from lens_evals.provider.lora_args import lora_server_args
+from lens_evals.provider.server import LensServer
 from tests.conftest import make_llm
 from tests.lora_helpers import random_adapter
 

@@ -9,8 +9,7 @@ import pytest
 from inspect_ai import eval as inspect_eval
 from inspect_ai.model import get_model
 
-from lens_evals.evals.multi_probe import roleplaying_probes_task
-from lens_evals.evals.server_process import LensServer
+from lens_evals.evals.roleplaying.multi_probe import roleplaying_probes_task
 from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue
 from lens_evals.probing.extract import extract_features
@@ -25,6 +24,7 @@ from lens_evals.probing.multi import (
     scenario_key,
     threshold_interval,
 )
+from lens_evals.provider.server import LensServer
 from tests.conftest import make_llm
 
 HIDDEN = 128

@@ -109,9 +109,9 @@ TINY_ORACLE = OracleTrainConfig(base_model="tiny-llama", target_layer=2, injecti
 def test_task_end_to_end_with_a_trained_tiny_oracle(tiny_path, tokenizer, tmp_path) -> None:
     """Train a tiny oracle (2 steps), run the held-out task through the provider (base and LoRA
     requests on one server), and check the solver's answers equal the offline engine's."""
-    from lens_evals.evals.oracle_tasks import oracle_heldout_task
     from vllm.lora.request import LoRARequest
 
+    from lens_evals.evals.activation_oracle.activation_oracle import oracle_heldout_task
     from lens_evals.oracle.build import build_oracle
     from lens_evals.oracle.inference import capture_conversations
     from lens_evals.oracle.qa_items import all_items, sample_mix

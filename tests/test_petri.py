@@ -22,8 +22,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from lens_evals.evals.lora_args import lora_server_args
-from lens_evals.evals.server_process import LensServer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -31,6 +29,8 @@ from sklearn.preprocessing import StandardScaler
 from lens_evals.oracle.adapters import RECIPES, SMALL_ORACLE, oracle_path, read_card
 from lens_evals.oracle.inference import OracleSettings
 from lens_evals.probing.probe import Probe, ProbeCard
+from lens_evals.provider.lora_args import lora_server_args
+from lens_evals.provider.server import LensServer
 from tests.conftest import make_llm
 from tests.petri_reference import TOOL_TEMPLATE, capture_ids, offline_oracle, turn_by_characters
 

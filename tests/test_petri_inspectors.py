@@ -28,8 +28,6 @@ from inspect_ai.model import (
 )
 from inspect_ai.model._openai import messages_to_openai, openai_chat_tools
 from inspect_ai.tool import ToolCall, ToolError, ToolInfo, ToolParam, ToolParams
-from lens_evals.evals.lora_args import lora_server_args
-from lens_evals.evals.server_process import LensServer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -37,6 +35,8 @@ from sklearn.preprocessing import StandardScaler
 from lens_evals.integrations.petri import OracleInspector, ProbeInspector, inspect_turn
 from lens_evals.oracle.inference import OracleSettings
 from lens_evals.probing.probe import Probe, ProbeCard
+from lens_evals.provider.lora_args import lora_server_args
+from lens_evals.provider.server import LensServer
 from tests.conftest import make_llm
 from tests.lora_helpers import random_adapter
 from tests.petri_reference import TOOL_TEMPLATE, capture_ids, offline_oracle, turn_by_characters

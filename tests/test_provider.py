@@ -17,8 +17,12 @@ from inspect_ai.model import GenerateConfig, get_model
 from inspect_ai.scorer import match
 
 from lens_evals import SteeringVector
-from lens_evals.evals.server_process import LensServer, free_port
-from lens_evals.evals.solvers import capture_activations, steer
+from lens_evals.client import lens_xargs
+from lens_evals.evals.shared.lens_solvers import capture_activations, steer
+from lens_evals.hooks import Hook
+from lens_evals.provider.server import LensServer, free_port
+from lens_evals.provider.xargs import to_vllm_xargs
+from lens_evals.spec import HOOKS_KEY
 from tests.conftest import capture, gpu_share, greedy, make_llm
 from tests.tolerance import assert_stream_close
 
@@ -51,17 +55,23 @@ def test_provider_activations_and_steering_equal_offline(tiny_server, tiny_path)
     vector = SteeringVector(activations=np.stack([VEC]), layer_indices=[1], scale=5.0)
     steered = generate(model, apply_steering_vectors=[vector])
     plain = generate(model)
+    hook = Hook("record_norm", [2])  # an object in extra_args: encoded by lens_xargs, as every client does
+    assert to_vllm_xargs({HOOKS_KEY: hook}) == to_vllm_xargs({HOOKS_KEY: [hook.to_wire()]}) == lens_xargs(hooks=[hook])
+    hooked = generate(model, apply_hooks=[hook])
     with make_llm(tiny_path) as llm:
         messages = [{"role": "user", "content": PROMPT}]
         offline_capture = llm.chat(messages, greedy(6, output_residual_stream=[0, 3]))[0]
         offline_steered = llm.chat(messages, greedy(6, apply_steering_vectors=[vector]))[0]
         offline_plain = llm.chat(messages, greedy(6))[0]
+        offline_hooked = llm.chat(messages, greedy(6, apply_hooks=[hook]))[0]
     stream = captured.metadata["activations"]["residual_stream"]
     assert isinstance(stream, torch.Tensor)
     assert_stream_close(stream, capture(offline_capture), "provider capture vs offline")
     assert steered.completion == offline_steered.outputs[0].text
     assert plain.completion == offline_plain.outputs[0].text
     assert steered.completion != plain.completion
+    norms, offline_norms = hooked.metadata["hook_results"]["0"]["norm.2"], offline_hooked.activations["saved"]["norm.2"]
+    assert_stream_close(norms.float()[:, None], torch.as_tensor(offline_norms).float()[:, None], "provider hook vs offline")
     assert captured.usage is not None and captured.usage.input_tokens == len(offline_capture.prompt_token_ids)
 
 
@@ -176,7 +186,7 @@ def test_a_memoised_model_follows_the_base_url_variable_and_fails_fast_without_a
     once (Inspect would otherwise retry a refused connection for ever)."""
     import time
 
-    from lens_evals.evals.provider import BASE_URL_ENV
+    from lens_evals.provider.api import BASE_URL_ENV
 
     monkeypatch.setenv(BASE_URL_ENV, f"{tiny_server.url}/v1")
     model = get_model("vllm-lens/tiny-llama", memoize=False)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lens_evals.evals.multi_probe import roleplaying_probes_task
 from lens_evals.evals.roleplaying import roleplaying_samples
+from lens_evals.evals.roleplaying.multi_probe import roleplaying_probes_task
 from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import scored_char_span
 from lens_evals.probing.multi import ProbeSet, Readout

@@ -43,7 +43,7 @@ def auth(key: str = KEYS[0]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def server(tiny_path):
-    from lens_evals.evals.server_process import LensServer
+    from lens_evals.provider.server import LensServer
 
     args = engine_options(api_key=KEYS)
     env = {"LENS_EVALS_MAX_HOOK_SETS": "3", "LENS_EVALS_MAX_HOOK_SET_MIB": str(64 / 2**10)}

@@ -33,7 +33,7 @@ BF16_BOUND = 2e-2  # bf16 numerics of the same request in another batch composit
 
 @pytest.fixture(scope="module")
 def server(tiny_path):
-    from lens_evals.evals.server_process import LensServer
+    from lens_evals.provider.server import LensServer
 
     args: dict[str, Any] = {"dtype": "bfloat16", "max_model_len": 1024, "seed": 0, "api_key": [KEY]}
     if on_gpu():

@@ -8,7 +8,7 @@ explanation says the margin to the threshold; ``Score.metadata`` holds the numer
 (1 positive, 0 negative), ``threshold``, ``margin`` and ``n_tokens``. Metrics over the samples
 with a label, named for a reader: AUROC, recall at 1% FPR, the flagged count, the mean score of
 each class. Labels come from the sample (off-policy) or from a grader model (on-policy; see
-:mod:`lens_evals.evals.roleplaying`).
+:mod:`lens_evals.evals.roleplaying.roleplaying`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from inspect_ai.scorer import Metric, SampleScore, Score, Scorer, Target, metric, scorer
 from inspect_ai.solver import TaskState
 
-from lens_evals.evals.probe_solver import PROBE_METADATA_KEY
+from lens_evals.evals.shared.probe_solver import PROBE_METADATA_KEY
 from lens_evals.probing import metrics as detection
 
 LabelFn = Callable[[TaskState], Awaitable[tuple[int | None, str]]]

@@ -4,7 +4,7 @@ The conversation is written as plain system / user / assistant text turns (tool 
 ``name({json args})``, as the probes' training dialogues are) and sent once with one generated
 token, the probe computed on the worker (probe-on-worker: only per-token scores come back); the
 final turn's scores are averaged. Its token positions come from the server's own ``/tokenize``
-(:mod:`lens_evals.evals.target_turn`), so no local tokenizer, torch or vllm is needed: this runs in
+(:mod:`lens_evals.evals.shared.target_turn`), so no local tokenizer, torch or vllm is needed: this runs in
 a client-only install (ControlArena monitors). The tokens read are those of training's
 ``Dialogue`` rules with ``score_from=0`` and no excluded words. (Petri's inspectors read the
 conversation as the target read it instead, tool calls and tools included.)
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from inspect_ai.model import ChatMessage, ChatMessageAssistant, ChatMessageSystem, ChatMessageTool, ChatMessageUser, Model
 
-from lens_evals.evals.target_turn import probe_turn, turn_tokens
+from lens_evals.evals.shared.target_turn import probe_turn, turn_tokens
 from lens_evals.probing.probe import Probe
 
 

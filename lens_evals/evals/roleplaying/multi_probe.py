@@ -21,13 +21,14 @@ from inspect_ai.log import transcript
 from inspect_ai.scorer import Metric, SampleScore, Score, Scorer, Target, metric, scorer
 from inspect_ai.solver import Generate, Solver, TaskState, solver
 
-from lens_evals.evals.probe_reading import INFO_SOURCE
-from lens_evals.evals.probe_solver import _chat, _tokenizer, given_turn_reading
-from lens_evals.evals.roleplaying import roleplaying_samples
+from lens_evals.evals.roleplaying.scenarios import roleplaying_samples
+from lens_evals.evals.shared.probe_reading import INFO_SOURCE
+from lens_evals.evals.shared.probe_solver import _chat, _tokenizer, given_turn_reading
 from lens_evals.probing import metrics as detection
 from lens_evals.probing.datasets import load_roleplaying
 from lens_evals.probing.dialogues import Dialogue, tokenize_dialogue
 from lens_evals.probing.multi import ProbeSet, load_probe_set, scenario_key
+from lens_evals.provider.outputs import output_activations
 from lens_evals.spec import PROBE_KEY
 
 PROBES_METADATA_KEY = "probes"
@@ -106,9 +107,7 @@ def multi_probe_scores(probes: ProbeSet, kinds: Sequence[str], tokenizer: str | 
             "extra_args": {PROBE_KEY: [r.linear_probe() for r in chosen.values()]},
             "continue_final_message": True, "add_generation_prompt": False})
         state.messages = kept
-        activations = (state.output.metadata or {}).pop("activations", None) if state.output else None
-        if not activations or "probe_scores" not in activations:
-            raise RuntimeError("the model returned no probe scores: score with a vllm-lens/<model> model")
+        activations = output_activations(state.output, "probe_scores")
         readings = {}
         for kind, readout in chosen.items():
             all_scores = activations["probe_scores"][readout.name].double().numpy()

@@ -1,4 +1,6 @@
-"""Activation-oracle tasks (``tasks/activation_oracle.py`` exposes them to ``inspect eval``).
+"""Activation-oracle evals (Karvonen et al., arXiv 2512.15674): ``inspect eval
+lens_evals/activation_oracle_heldout`` and ``lens_evals/activation_oracle_secret_word``
+(``tasks/activation_oracle.py`` holds the same tasks as a file).
 
 * :func:`oracle_heldout_task`: the oracle's accuracy on held-out items (never trained on) of each
   family, against the same prompt with nothing injected (zero vector), so the gain from the
@@ -14,14 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from inspect_ai import Task
+from inspect_ai import Task, task
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.model import ChatMessageSystem, ChatMessageUser, GenerateConfig
 from inspect_ai.solver import Solver
 
-from lens_evals.evals.oracle_scorers import oracle_answer_match, zero_vector_match
-from lens_evals.evals.oracle_solver import QUESTION_METADATA_KEY, activation_oracle
-from lens_evals.oracle.adapters import read_card
+from lens_evals.evals.activation_oracle.oracle_scorers import oracle_answer_match, zero_vector_match
+from lens_evals.evals.activation_oracle.oracle_solver import QUESTION_METADATA_KEY, activation_oracle
 from lens_evals.oracle.qa_items import FAMILIES, QUESTIONS, all_items, sample_mix, taboo_prompts
 
 TABOO_WORDS = ("ship", "wave", "song", "snow", "rock", "moon", "jump", "green", "flame", "flag",
@@ -40,9 +41,17 @@ def card_solver(card: dict[str, Any], lora: str, num_tokens: int | None | str = 
     )
 
 
-def oracle_heldout_task(oracle: str, lora: str = "oracle", per_family: int = 40, families: str = ",".join(FAMILIES)) -> Task:
+def _card(oracle: str | None) -> dict[str, Any]:
+    """The oracle's card (its name or directory; default: the default oracle). The oracle store
+    needs torch, so it is imported only here: the task registry loads in a client-only install."""
+    from lens_evals.oracle.adapters import DEFAULT_ORACLE, read_card
+
+    return read_card(oracle or DEFAULT_ORACLE)
+
+
+def oracle_heldout_task(oracle: str | None, lora: str = "oracle", per_family: int = 40, families: str = ",".join(FAMILIES)) -> Task:
     """``oracle``: the card to read (name or directory); ``lora``: the adapter name the server serves."""
-    card = read_card(oracle)
+    card = _card(oracle)
     chosen = [family for family in families.split(",") if family]
     items = sample_mix(all_items(), "heldout", per_family, seed=card["config"]["seed"] + 1, families=chosen)
     samples = [
@@ -54,11 +63,11 @@ def oracle_heldout_task(oracle: str, lora: str = "oracle", per_family: int = 40,
                 scorer=[oracle_answer_match(), zero_vector_match()], config=GenerateConfig(temperature=0.0))
 
 
-def secret_word_task(oracle: str, lora: str = "oracle", prompts: str = "taboo_standard_test", per_word: int = 2,
+def secret_word_task(oracle: str | None, lora: str = "oracle", prompts: str = "taboo_standard_test", per_word: int = 2,
                      num_tokens: int | None | str = None, question: str = QUESTIONS["word"]) -> Task:
     """``num_tokens=None`` reads every position (the secret word's own tokens in the system prompt
     included); ``num_tokens=K`` only the last K (the user prompt's end: the word is not there)."""
-    card = read_card(oracle)
+    card = _card(oracle)
     user_prompts = taboo_prompts(prompts)
     samples = [
         Sample(
@@ -72,3 +81,17 @@ def secret_word_task(oracle: str, lora: str = "oracle", prompts: str = "taboo_st
     ]
     return Task(dataset=MemoryDataset(samples, name=f"oracle-secret-{prompts}"), solver=card_solver(card, lora, num_tokens),
                 scorer=[oracle_answer_match(), zero_vector_match()], config=GenerateConfig(temperature=0.0))
+
+
+@task
+def activation_oracle_heldout(oracle: str | None = None, lora: str = "oracle", per_family: int = 40,
+                              families: str = ",".join(FAMILIES)) -> Task:
+    """Held-out accuracy per family vs the zero-vector baseline."""
+    return oracle_heldout_task(oracle, lora=lora, per_family=per_family, families=families)
+
+
+@task
+def activation_oracle_secret_word(oracle: str | None = None, lora: str = "oracle", prompts: str = "taboo_standard_test",
+                                  per_word: int = 2, num_tokens: int | None = None, question: str = QUESTIONS["word"]) -> Task:
+    """Which of the 20 Taboo words does the target hold in its system prompt?"""
+    return secret_word_task(oracle, lora=lora, prompts=prompts, per_word=per_word, num_tokens=num_tokens, question=question)

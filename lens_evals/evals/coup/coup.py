@@ -1,4 +1,5 @@
-"""The coup-probe evaluation (built here; ``tasks/coup_probe.py`` wraps it).
+"""The coup-probe evaluation: ``inspect eval lens_evals/coup_probe`` (``tasks/coup_probe.py`` is the
+same task as a file).
 
 A coup probe (Roger 2023) is trained off-policy on agent actions that undermine oversight against
 benign engineering actions, and is meant to flag an untrusted model's harmful actions. Samples are
@@ -15,13 +16,14 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from inspect_ai import Task
+from inspect_ai import Task, task
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.model import ChatMessage, ChatMessageAssistant, ChatMessageSystem, ChatMessageUser
 
-from lens_evals.evals.probe_reading import task_metadata
-from lens_evals.evals.probe_solver import probe_scores
-from lens_evals.evals.scorers import probe_metrics, probe_scorer
+from lens_evals.evals.shared.default_probes import default_probe
+from lens_evals.evals.shared.probe_reading import task_metadata
+from lens_evals.evals.shared.probe_scorer import probe_metrics, probe_scorer
+from lens_evals.evals.shared.probe_solver import probe_scores
 from lens_evals.probing.datasets import coup_intents, coup_split
 from lens_evals.probing.dialogues import Dialogue
 from lens_evals.probing.probe import load_probe
@@ -78,3 +80,17 @@ def coup_task(probe: str | Path, split: Split = "held_out", trajectories: str | 
         metrics=probe_metrics(COUP_CLASSES),
         metadata=task_metadata(loaded.card, source, COUP_CLASSES),
     )
+
+
+@task
+def coup_probe(
+    probe: str | None = None,
+    split: str = "held_out",
+    trajectories: str | None = None,
+    tokenizer: str | None = None,
+    probe_dir: str | None = None,
+) -> Task:
+    """``probe`` defaults to the default model's coup probe in ``probe_dir`` (default:
+    ``LENS_EVALS_PROBE_DIR``, else ``./probes``; ``lens-evals probes train --dataset coup`` writes it)."""
+    return coup_task(probe or default_probe(probe_dir, training_set="coup"), split=split,  # type: ignore[arg-type]
+                     trajectories=trajectories, tokenizer=tokenizer)

@@ -8,7 +8,7 @@ the stream is captured while it generates, and the probe reads the generated tok
 
 By default the engine computes the per-token scores itself (probe-on-worker: only scores leave
 the worker). The response's tokens with their scores are logged once, as an info event
-(:mod:`lens_evals.evals.probe_reading`); the sample's score (the mean over the scored tokens) and
+(:mod:`lens_evals.evals.shared.probe_reading`); the sample's score (the mean over the scored tokens) and
 what the scorer needs go to ``state.metadata["probe"][PROBE_NAME]`` (several ``probe_scores``
 solvers may read one sample, each with its own probe). The captured tensor and the server's
 token ids (checked against the local tokenizer's) are dropped after scoring (logs stay small).
@@ -25,10 +25,10 @@ from inspect_ai.log import transcript
 from inspect_ai.model import ChatMessageAssistant
 from inspect_ai.solver import Generate, Solver, TaskState, solver
 
-from lens_evals.evals.probe_reading import INFO_SOURCE, ProbeReading, decoded_texts, final_message_rows, token_texts
-from lens_evals.evals.provider import TOKEN_IDS_KEY
+from lens_evals.evals.shared.probe_reading import INFO_SOURCE, ProbeReading, decoded_texts, final_message_rows, token_texts
 from lens_evals.probing.dialogues import Dialogue, render, tokenize_dialogue
 from lens_evals.probing.probe import Probe, load_probe
+from lens_evals.provider.outputs import output_activations, output_token_ids
 from lens_evals.spec import CAPTURE_KEY, PROBE_KEY
 
 PROBE_METADATA_KEY = "probe"
@@ -49,13 +49,9 @@ def _chat(state: TaskState) -> list[dict[str, str]]:
 
 def _all_token_scores(state: TaskState, probe: Probe, on_worker: bool) -> np.ndarray:
     """Per-token scores for every captured position (prompt + generated - 1)."""
-    activations = (state.output.metadata or {}).pop("activations", None) if state.output else None
-    wanted = "probe_scores" if on_worker else "residual_stream"
-    if not activations or wanted not in activations:
-        raise RuntimeError("the model returned no activations: score with a vllm-lens/<model> model")
     if on_worker:
-        return activations["probe_scores"][probe.card.name].double().numpy()
-    return probe.token_scores(activations["residual_stream"][0].float().numpy())
+        return output_activations(state.output, "probe_scores")["probe_scores"][probe.card.name].double().numpy()
+    return probe.token_scores(output_activations(state.output, "residual_stream")["residual_stream"][0].float().numpy())
 
 
 @solver
@@ -86,14 +82,14 @@ def probe_scores(
             kept = list(state.messages)
             state = await generate(state, max_tokens=1, temperature=0.0,
                                    extra_body={**lens, "continue_final_message": True, "add_generation_prompt": False})
-            scores, token_ids = _all_token_scores(state, loaded, on_worker), _server_token_ids(state)
+            scores, token_ids = _all_token_scores(state, loaded, on_worker), output_token_ids(state.output)
             state.messages = kept
             reading = given_turn_reading(tok, messages, int(state.metadata.get("score_from", 0)), scores, loaded.card.name,
                                          loaded.layer, float(loaded.card.threshold), served_ids=token_ids["prompt"])
         else:  # on-policy: the model answers; score its generated tokens (all but the last, never run)
             extra = {**lens, "continue_final_message": True, "add_generation_prompt": False} if continuing else lens
             state = await generate(state, max_tokens=max_tokens, temperature=0.0, extra_body=extra)
-            scores, token_ids = _all_token_scores(state, loaded, on_worker), _server_token_ids(state)
+            scores, token_ids = _all_token_scores(state, loaded, on_worker), output_token_ids(state.output)
             reading = _read_answer(tok, messages, continuing, scores, token_ids, loaded)
             if continuing and state.output.completion:
                 _merge_continuation(state)
@@ -102,16 +98,6 @@ def probe_scores(
         return state
 
     return solve
-
-
-def _server_token_ids(state: TaskState) -> dict[str, list[int]]:
-    """The server's token ids, taken out of the output (Inspect would log them with it, three times)."""
-    metadata = (state.output.metadata or {}) if state.output else {}
-    metadata.pop("prompt_token_ids", None)  # the same ids under vllm-lens's key, where the provider adds it
-    token_ids = metadata.pop(TOKEN_IDS_KEY, None)
-    if not token_ids:
-        raise RuntimeError("the server returned no token ids (return_token_ids): score with a vllm-lens/<model> model")
-    return token_ids
 
 
 def _same_tokens(local: list[int], served: list[int]) -> None:

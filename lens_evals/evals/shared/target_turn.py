@@ -30,6 +30,7 @@ from inspect_ai.model import ChatMessage, ChatMessageAssistant, GenerateConfig, 
 from inspect_ai.tool import ToolInfo
 
 from lens_evals.probing.probe import Probe
+from lens_evals.provider.outputs import output_activations
 from lens_evals.spec import CAPTURE_KEY, PROBE_KEY
 
 CLOSING_PROBE_TEXT = "x"  # a one-word turn, to measure the tokens that close an assistant turn
@@ -60,7 +61,7 @@ class TurnTokens:
 
 
 def _lens_api(model: Model) -> Any:
-    from lens_evals.evals.provider import PROVIDER_NAME
+    from lens_evals.provider.api import PROVIDER_NAME
 
     if not str(model).startswith(f"{PROVIDER_NAME}/") or not hasattr(model.api, "tokenize"):
         raise ValueError(f"reading the target's activations needs a {PROVIDER_NAME}/<model> model, got {model}")
@@ -78,11 +79,11 @@ async def _tokenize(api: Any, messages: list[Any], tools: list[Any] | None, *, g
                             "continue_final_message": continue_final}
     if tools:
         body["tools"] = tools
-    return [int(t) for t in (await api._server_json("post", "/tokenize", body))["tokens"]]
+    return [int(t) for t in (await api.server_json("post", "/tokenize", body))["tokens"]]
 
 
 async def _detokenize(api: Any, token_ids: Sequence[int]) -> str:
-    return str((await api._server_json("post", "/detokenize", {"model": api.model_name, "tokens": list(token_ids)}))["prompt"])
+    return str((await api.server_json("post", "/detokenize", {"model": api.model_name, "tokens": list(token_ids)}))["prompt"])
 
 
 def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -152,7 +153,7 @@ def check_layer(layer: int) -> None:
 
 
 async def _lens_request(model: Model, messages: Sequence[ChatMessage], tools: Sequence[ToolInfo],
-                        extra_args: dict[str, Any]) -> dict[str, Any]:
+                        extra_args: dict[str, Any], wanted: str) -> dict[str, Any]:
     """One request over the closed conversation (one generated token); the decoded activations.
     A request the server refuses (a layer out of range) becomes a TurnReadError with its reason."""
     config = GenerateConfig(max_tokens=1, temperature=0.0,
@@ -165,10 +166,7 @@ async def _lens_request(model: Model, messages: Sequence[ChatMessage], tools: Se
         raise
     if output.error:
         raise TurnReadError(f"the target's server refused the request: {output.error}")
-    activations = (output.metadata or {}).pop("activations", None)  # arrays stay out of the log
-    if not activations:
-        raise RuntimeError("the model returned no activations: is it a vllm-lens/<model> model?")
-    return dict(activations)
+    return output_activations(output, wanted)  # taken out of the output: arrays stay out of the log
 
 
 def _server_message(exc: Exception) -> str:
@@ -194,7 +192,7 @@ async def capture_turn(model: Model, messages: Sequence[ChatMessage], tools: Seq
                        turn: TurnTokens) -> np.ndarray:
     """The residual stream after ``layer`` at the turn's (or span's) tokens: (tokens, hidden)."""
     check_layer(layer)
-    activations = await _lens_request(model, messages, tools, {CAPTURE_KEY: [layer]})
+    activations = await _lens_request(model, messages, tools, {CAPTURE_KEY: [layer]}, "residual_stream")
     stream = np.asarray(activations["residual_stream"][0], dtype=np.float32)  # (n_prompt, hidden)
     _check_rows(stream.shape[0], turn)
     return np.ascontiguousarray(stream[turn.positions])
@@ -203,7 +201,7 @@ async def capture_turn(model: Model, messages: Sequence[ChatMessage], tools: Seq
 async def probe_turn(model: Model, messages: Sequence[ChatMessage], tools: Sequence[ToolInfo], probe: Probe,
                      turn: TurnTokens) -> np.ndarray:
     """The probe's per-token scores (computed on the worker) at the turn's (or span's) tokens."""
-    activations = await _lens_request(model, messages, tools, {PROBE_KEY: [probe.linear_probe()]})
+    activations = await _lens_request(model, messages, tools, {PROBE_KEY: [probe.linear_probe()]}, "probe_scores")
     scores = np.asarray(activations["probe_scores"][probe.card.name], dtype=np.float64)
     _check_rows(scores.shape[0], turn)
     return scores[turn.positions]

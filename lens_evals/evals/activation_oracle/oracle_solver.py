@@ -24,6 +24,7 @@ from inspect_ai.solver import Generate, Solver, TaskState, solver
 
 from lens_evals.oracle.inference import OracleSettings, injection_vector
 from lens_evals.oracle.prompt import check_single_token, oracle_messages, placeholder_positions, select_positions
+from lens_evals.provider.outputs import output_activations
 from lens_evals.spec import CAPTURE_KEY, STEERING_KEY
 
 ORACLE_STORE_KEY = "lens_evals:oracle"
@@ -40,10 +41,8 @@ def _lens_api(model: Any) -> Any:
 async def _capture(model: Any, state: TaskState, layer: int) -> np.ndarray:
     config = GenerateConfig(max_tokens=1, temperature=0.0, extra_body={"extra_args": {CAPTURE_KEY: [layer]}})
     output = await model.generate(state.messages, config=config)
-    activations = (output.metadata or {}).get("activations")
-    if not activations or "residual_stream" not in activations:
-        raise RuntimeError("the target request returned no activations")
-    return activations["residual_stream"][0].float().numpy()  # (n_prompt, hidden): one token generated
+    stream = output_activations(output, "residual_stream", keep=True)["residual_stream"]
+    return stream[0].float().numpy()  # (n_prompt, hidden): one token generated
 
 
 async def _ask(model: Any, prompt: str, lora: str, vector: Any, max_tokens: int, expected_tokens: int) -> ModelOutput:

@@ -17,7 +17,7 @@ def run_roleplaying(model: str = DEFAULT_MODEL, limit: int | None = None, log_di
                     probe: str | None = None, dataset: str | None = None) -> int:
     from inspect_ai import eval as inspect_eval
 
-    from lens_evals.evals.roleplaying import roleplaying_task
+    from lens_evals.evals.roleplaying.roleplaying import roleplaying_task
     from lens_evals.models import model_path
 
     print(f"[1/3] model {model}: {model_path(model)}")

@@ -11,6 +11,7 @@ import numpy as np
 from inspect_ai.model import ChatMessageAssistant
 from inspect_ai.solver import Generate, Solver, TaskState, solver
 
+from lens_evals.provider.outputs import ACTIVATIONS_KEY, output_activations
 from lens_evals.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector
 
 ACTIVATIONS_STORE_KEY = "lens_evals:activations"
@@ -47,10 +48,7 @@ def capture_activations(layers: Sequence[int], **generate_args: Any) -> Solver:
     async def solve(state: TaskState, generate: Generate) -> TaskState:
         extra_args = {CAPTURE_KEY: layer_list}
         state = await generate(state, extra_body={"extra_args": extra_args}, **generate_args)
-        activations = (state.output.metadata or {}).get("activations") if state.output else None
-        if not activations or "residual_stream" not in activations:
-            raise RuntimeError("the model returned no activations: is this a vllm-lens/<model> model?")
-        stream = activations["residual_stream"]
+        stream = output_activations(state.output, "residual_stream", keep=True)["residual_stream"]
         state.store.set(ACTIVATIONS_STORE_KEY, stream)
         state.store.set(CAPTURE_LAYERS_STORE_KEY, layer_list)
         message = _last_assistant(state)
@@ -98,8 +96,8 @@ def steer(
                                   "positions": list(positions) if positions is not None else None,
                                   "vector_norm": round(float(np.linalg.norm(acts, axis=-1).mean()), 3)},
             }
-        activations = (state.output.metadata or {}).get("activations") if state.output else None
-        if capture_layers and activations:
+        activations = (state.output.metadata or {}).get(ACTIVATIONS_KEY) if state.output else None
+        if capture_layers and activations:  # a steered run whose capture came back empty stores nothing
             state.store.set(ACTIVATIONS_STORE_KEY, activations["residual_stream"])
             state.store.set(CAPTURE_LAYERS_STORE_KEY, sorted(int(layer) for layer in capture_layers))
         return state

@@ -8,7 +8,7 @@ Lens requests go through ``GenerateConfig(extra_body={"extra_args": {...}})``; t
 in ``extra_body`` selects a LoRA adapter served by that name. Activations are taken out of the
 HTTP response before Inspect records the model call, so ``.eval`` logs carry no tensors; the
 request and generate config Inspect records hold each steering vector's / probe's arrays as a
-digest (:mod:`lens_evals.evals.logged_call`). With ``"return_token_ids": True`` in ``extra_body`` the
+digest (:mod:`lens_evals.provider.logged_call`). With ``"return_token_ids": True`` in ``extra_body`` the
 server's token ids land in ``ModelOutput.metadata["token_ids"]`` (``prompt``, ``completion``),
 also kept out of the logged response."""
 
@@ -23,18 +23,22 @@ from typing import Any
 import httpx
 from inspect_ai.hooks import Hooks, RunEnd, hooks
 from inspect_ai.model import GenerateConfig, ModelOutput, modelapi
-from inspect_ai.model._providers.openai_compatible import OpenAICompatibleAPI
+from inspect_ai.model._providers.openai_compatible import OpenAICompatibleAPI  # not exported; Inspect's vllm provider subclasses it too
 
-from lens_evals import wire
-from lens_evals.evals.logged_call import logged_extra_args, real_extra_args, split_xargs, wire_request
-from lens_evals.evals.lora_args import lora_server_args
-from lens_evals.evals.server_process import LensServer, acquire_server, release_server, stop_shared_servers
-from lens_evals.hooks import Hook
-from lens_evals.spec import CAPTURE_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
+from lens_evals.provider.logged_call import logged_extra_args, real_extra_args, split_xargs, wire_request
+from lens_evals.provider.lora_args import lora_server_args
+from lens_evals.provider.outputs import (
+    ACTIVATIONS_KEY,
+    HOOK_RESULTS_KEY,
+    PROMPT_TOKEN_IDS_KEY,
+    TOKEN_IDS_KEY,
+    decode_activations,
+)
+from lens_evals.provider.server import LensServer, acquire_server, release_server, stop_shared_servers
+from lens_evals.provider.xargs import to_vllm_xargs
 
 logger = logging.getLogger("lens_evals")
 PROVIDER_NAME = "vllm-lens"
-TOKEN_IDS_KEY = "token_ids"  # ModelOutput.metadata: {"prompt": [...], "completion": [...]} with return_token_ids
 BASE_URL_ENV = "VLLM_LENS_BASE_URL"  # Inspect's SERVICE_BASE_URL convention: reach a running server
 _RAW_ACTIVATIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("lens_raw_activations", default=None)
 # The real (array-carrying) vllm_xargs items of the request being built, keyed by their logged form.
@@ -58,30 +62,6 @@ def check_no_conflicting_provider() -> None:
             f"both lens-evals and the package {dist_name} {version} are installed; both register the Inspect "
             f"provider '{PROVIDER_NAME}'. Uninstall one of them (pip uninstall {dist_name})."
         )
-
-
-def to_vllm_xargs(extra_args: dict[str, Any]) -> dict[str, Any]:
-    """extra_args (Python objects) -> vllm_xargs (strings, numbers, lists of them)."""
-    xargs = dict(extra_args)
-    for key, model in ((STEERING_KEY, SteeringVector), (PROBE_KEY, LinearProbe), (HOOKS_KEY, Hook)):  # hooks: registered names
-        if key in xargs:
-            items = xargs[key]
-            if isinstance(items, (model, dict, str)):
-                items = [items]
-            xargs[key] = [item if isinstance(item, str) else model.from_wire(item).to_json() for item in items]
-    if xargs.get(CAPTURE_KEY) is True:  # every layer; a JSON bool could reach vLLM's vllm_xargs as the number 1
-        xargs[CAPTURE_KEY] = "true"
-    elif CAPTURE_KEY in xargs and not isinstance(xargs[CAPTURE_KEY], str):  # a JSON string ("[15]") passes as it is
-        xargs[CAPTURE_KEY] = [int(layer) for layer in xargs[CAPTURE_KEY]]
-    return xargs
-
-
-def decode_activations(raw: dict[str, Any]) -> dict[str, Any]:
-    """Torch tensors; numpy arrays in a client-only install without torch. Arrays anywhere
-    ("probe_scores" is {name: array}, "saved" a tree) are decoded."""
-    if isinstance(raw, list):
-        raw = raw[0]
-    return wire.decode_tree_native(raw or {})  # in the model's dtype (numpy, bf16 widened, without torch)
 
 
 @modelapi(name=PROVIDER_NAME)
@@ -142,18 +122,15 @@ class VLLMLensAPI(OpenAICompatibleAPI):
             params.pop("extra_body", None)
         return params
 
+    # The one override of a private method of Inspect's provider. Inspect logs the request before it
+    # sends it and the response as it arrives, both inside OpenAICompatibleAPI.generate(); its public
+    # hooks see the request that is logged (completion_params) or a response already copied into the
+    # log (on_response, chat_choices_from_completion). _generate_completion is the only point between
+    # the log and the wire: the arrays go out here (the logged request holds their digests), and the
+    # activations, hook results and token ids come off the response before Inspect logs it.
     async def _generate_completion(self, request: dict[str, Any], config: GenerateConfig) -> Any:
-        # Inspect has logged ``request`` already; the arrays go out only on the wire.
         completion = await super()._generate_completion(wire_request(request, _WIRE_PAYLOADS.get() or {}), config)
-        extra = getattr(completion, "model_extra", None)
-        if extra and "activations" in extra:
-            _RAW_ACTIVATIONS.set(extra.pop("activations"))  # not into the logged model call
-        if extra and "hook_results" in extra:
-            _RAW_HOOK_RESULTS.set(extra.pop("hook_results"))
-        if extra and extra.get("prompt_token_ids") is not None:  # asked for with return_token_ids
-            choices = [getattr(choice, "model_extra", None) or {} for choice in completion.choices]
-            _TOKEN_IDS.set({"prompt": list(extra.pop("prompt_token_ids")),
-                            "completion": list(choices[0].pop("token_ids", None) or []) if choices else []})
+        _take_lens_fields(completion)
         return completion
 
     async def generate(self, input: Any, tools: Any, tool_choice: Any, config: GenerateConfig) -> Any:
@@ -170,12 +147,12 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         raw, token_ids = _RAW_ACTIVATIONS.get(), _TOKEN_IDS.get()
         output = result[0] if isinstance(result, tuple) else result
         if raw is not None and isinstance(output, ModelOutput):
-            output.metadata = {**(output.metadata or {}), "activations": decode_activations(raw)}
+            output.metadata = {**(output.metadata or {}), ACTIVATIONS_KEY: decode_activations(raw)}
         if token_ids is not None and isinstance(output, ModelOutput):
-            output.metadata = {**(output.metadata or {}), TOKEN_IDS_KEY: token_ids, "prompt_token_ids": token_ids["prompt"]}
+            output.metadata = {**(output.metadata or {}), TOKEN_IDS_KEY: token_ids, PROMPT_TOKEN_IDS_KEY: token_ids["prompt"]}
         hook_results = _RAW_HOOK_RESULTS.get()
-        if hook_results is not None and isinstance(output, ModelOutput):  # {hook index: saved}, vllm-lens's key
-            output.metadata = {**(output.metadata or {}), "hook_results": decode_activations(hook_results)}
+        if hook_results is not None and isinstance(output, ModelOutput):
+            output.metadata = {**(output.metadata or {}), HOOK_RESULTS_KEY: decode_activations(hook_results)}
         return result
 
     async def tokenize(self, text: str | None = None, messages: list[dict[str, str]] | None = None,
@@ -190,14 +167,15 @@ class VLLMLensAPI(OpenAICompatibleAPI):
                         continue_final_message=continue_final_message)
         else:
             body.update(prompt=text, add_special_tokens=False)
-        return [int(t) for t in (await self._server_json("post", "/tokenize", body))["tokens"]]
+        return [int(t) for t in (await self.server_json("post", "/tokenize", body))["tokens"]]
 
     async def served_models(self) -> list[str]:
         """Names this server answers to: the model and its LoRA adapters."""
         self._ensure_server()
-        return [str(entry["id"]) for entry in (await self._server_json("get", "/v1/models"))["data"]]
+        return [str(entry["id"]) for entry in (await self.server_json("get", "/v1/models"))["data"]]
 
-    async def _server_json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    async def server_json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """The JSON answer of one of the server's own routes (``/tokenize``, ``/detokenize``, ``/v1/models``)."""
         root = str(self.base_url).rstrip("/").removesuffix("/v1")
         async with httpx.AsyncClient(timeout=60) as client:
             response = await client.request(method, f"{root}{path}", json=body)
@@ -254,6 +232,19 @@ class VLLMLensAPI(OpenAICompatibleAPI):
             await super().aclose()
         finally:
             self.close()
+
+
+def _take_lens_fields(completion: Any) -> None:
+    """Activations, hook results and token ids out of the response, into this request's context."""
+    extra = getattr(completion, "model_extra", None)
+    if extra and ACTIVATIONS_KEY in extra:
+        _RAW_ACTIVATIONS.set(extra.pop(ACTIVATIONS_KEY))
+    if extra and HOOK_RESULTS_KEY in extra:
+        _RAW_HOOK_RESULTS.set(extra.pop(HOOK_RESULTS_KEY))
+    if extra and extra.get(PROMPT_TOKEN_IDS_KEY) is not None:  # asked for with return_token_ids
+        choices = [getattr(choice, "model_extra", None) or {} for choice in completion.choices]
+        _TOKEN_IDS.set({"prompt": list(extra.pop(PROMPT_TOKEN_IDS_KEY)),
+                        "completion": list(choices[0].pop("token_ids", None) or []) if choices else []})
 
 
 def _own_server_spec(model_name: str, model_args: dict[str, Any], timeout: float) -> tuple[str, str, dict[str, Any], float]:

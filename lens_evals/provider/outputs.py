@@ -1,0 +1,55 @@
+"""What a lens request leaves in Inspect's ``ModelOutput.metadata``, and the one way to read it.
+
+The provider puts the decoded activations under ``"activations"`` (``residual_stream``: a torch
+tensor, a numpy array in a client-only install; ``probe_scores``: {probe name: per-token scores};
+``saved``: hook results), the server's token ids under ``"token_ids"`` (``prompt``, ``completion``;
+also ``"prompt_token_ids"``, vllm-lens's key) and the request's own hook results under
+``"hook_results"``. Solvers take arrays and ids out of the output once read, so the ``.eval`` log
+stays small."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lens_evals import wire
+
+ACTIVATIONS_KEY = "activations"
+TOKEN_IDS_KEY = "token_ids"  # {"prompt": [...], "completion": [...]} with return_token_ids
+PROMPT_TOKEN_IDS_KEY = "prompt_token_ids"  # the prompt's ids again, under vllm-lens's key
+HOOK_RESULTS_KEY = "hook_results"  # {hook index: saved}, vllm-lens's key
+NOT_A_LENS_MODEL = "use a vllm-lens/<model> model"
+
+
+def decode_activations(raw: Any) -> dict[str, Any]:
+    """Torch tensors; numpy arrays in a client-only install without torch. Arrays anywhere
+    ("probe_scores" is {name: array}, "saved" a tree) are decoded."""
+    if isinstance(raw, list):
+        raw = raw[0]
+    return wire.decode_tree_native(raw or {})  # in the model's dtype (numpy, bf16 widened, without torch)
+
+
+def _metadata(output: Any) -> dict[str, Any]:
+    metadata = getattr(output, "metadata", None) if output is not None else None
+    return metadata if metadata is not None else {}
+
+
+def output_activations(output: Any, wanted: str, *, keep: bool = False) -> dict[str, Any]:
+    """The activations of ``output`` (a ``ModelOutput``), which must hold ``wanted``
+    (``"residual_stream"``, ``"probe_scores"``, ``"saved"``), or a RuntimeError that says so.
+    They are taken out of the output (Inspect would log them with it) unless ``keep``."""
+    metadata = _metadata(output)
+    activations = metadata.get(ACTIVATIONS_KEY) if keep else metadata.pop(ACTIVATIONS_KEY, None)
+    if not activations or wanted not in activations:
+        found = f"only {sorted(activations)}" if activations else "none"
+        raise RuntimeError(f"the model returned no {wanted.replace('_', ' ')} (activations: {found}): {NOT_A_LENS_MODEL}")
+    return dict(activations)
+
+
+def output_token_ids(output: Any) -> dict[str, list[int]]:
+    """The server's token ids (asked for with ``return_token_ids``), taken out of the output."""
+    metadata = _metadata(output)
+    metadata.pop(PROMPT_TOKEN_IDS_KEY, None)
+    token_ids = metadata.pop(TOKEN_IDS_KEY, None)
+    if not token_ids:
+        raise RuntimeError(f"the server returned no token ids (return_token_ids): {NOT_A_LENS_MODEL}")
+    return dict(token_ids)
