@@ -69,7 +69,8 @@ $sums
 SUMS
 ); then echo "join.sh: the chunks above are damaged; carry them again (m<NN> holds part.<NN>)" >&2; exit 1; fi
 cat "\$chunks"/$model.gguf.part.* > "\$chunks/$model.gguf"  # the chunks stay: a refused one can be carried again
-export PYTHONPATH=/tmp/site:\$src\${PYTHONPATH:+:\$PYTHONPATH} LENS_EVALS_MODEL_DIR=\${LENS_EVALS_MODEL_DIR:-/tmp/gm}
+# \$src first: an older lens_evals installed into /tmp/site must not shadow the carried code
+export PYTHONPATH=\$src:/tmp/site\${PYTHONPATH:+:\$PYTHONPATH} LENS_EVALS_MODEL_DIR=\${LENS_EVALS_MODEL_DIR:-/tmp/gm}
 export LENS_EVALS_GGUF_DIR=\$chunks LENS_EVALS_DEQUANT_DTYPE=\${DTYPE:-bfloat16}
 cd "\$src"
 start=\$(date +%s)
