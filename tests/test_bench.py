@@ -151,3 +151,21 @@ def test_prefill_lengths_and_layer_sets() -> None:
     assert 150 < sum(lengths) / len(lengths) < 190  # the issue's set: 169,905 tokens in 1,000 prompts
     assert many_layers(32, 16) == [0, 4, 9, 13, 16, 22, 27, 31]
     assert many_layers(30, 15) == sorted(set(many_layers(30, 15))) and len(many_layers(30, 15)) == 8 and 15 in many_layers(30, 15)
+
+
+def test_phase_log_is_read_fetch_by_fetch(tmp_path) -> None:
+    """``lens_evals.bench.phases`` joins each fetch's worker and frontend timing lines."""
+    from lens_evals.bench.phases import fetches
+
+    log = tmp_path / "mixed.log"
+    log.write_text(
+        "INFO other line\n"
+        "lens_evals timing (worker): fetch: release 0.3 ms / 1, plan 1.5 ms / 6, taps (queued) 22.6 ms / 6\n"
+        "lens_evals timing (frontend): fetch: attach to outputs 5.6 ms / 1\n"
+        "lens_evals timing (worker): store 89.8 ms / 6\n"
+        "lens_evals timing (frontend): fetch: worker round trip 16.6 ms / 1\n"
+    )
+    assert fetches(log) == [
+        {"fetch: release": 0.3, "plan": 1.5, "taps (queued)": 22.6, "fetch: attach to outputs": 5.6},
+        {"store": 89.8, "fetch: worker round trip": 16.6},
+    ]

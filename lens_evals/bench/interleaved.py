@@ -77,6 +77,8 @@ def _profiled(run: Callable[[], Any], path: Path) -> None:
     stats = pstats.Stats(profile, stream=text).strip_dirs()
     stats.sort_stats("tottime").print_stats(40)
     stats.sort_stats("cumulative").print_stats(40)
+    text.write("\n=== ours only (lens_evals/engine), by cumulative time ===\n")
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats("lens_evals/engine", 60)
     path.write_text(text.getvalue())
 
 

@@ -12,6 +12,9 @@ from lens_evals.bench.config import BenchConfig
 from lens_evals.bench.systems import ALL_SYSTEMS, resolve
 
 CPU_MODEL = "smollm2-135m-instruct"
+# On 2 CPU cores SmolLM2's prefill is ~99.8 % model time (22,583 tokens: 99-162 s a run, ours
+# 0.3 s); the tiny Llama keeps the run to minutes and makes the plugin's own cost visible.
+PREFILL_CPU_MODEL = "tiny-llama"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layer", type=int, default=None, help="hooked layer (default: the middle one)")
     parser.add_argument("--systems", default=None, help=f"comma-separated subset of: {', '.join(ALL_SYSTEMS)}")
     parser.add_argument("--out", type=Path, default=Path("logs/bench"), help="output directory")
-    parser.add_argument("--model", default=None, help=f"CPU: a `lens-evals models` name or a directory (default {CPU_MODEL})")
+    parser.add_argument("--model", default=None, help=f"CPU: a `lens-evals models` name or a directory (default {CPU_MODEL}; prefill {PREFILL_CPU_MODEL})")
     parser.add_argument("--gpu", action="store_true", help="random Llama-8B-shaped model in bf16 on the GPU")
     parser.add_argument("--gpu-model-dir", type=Path, default=Path("/tmp/lens-evals-bench-llama8b"), help="where --gpu builds its model")
     parser.add_argument("--gpu-layers", type=int, default=32, help="decoder layers of the --gpu model (32: Llama-8B)")
@@ -52,7 +55,7 @@ def _model(args: argparse.Namespace) -> tuple[Path, str]:
         return path, f"random Llama-8B-shaped ({args.gpu_layers} layers)"
     from lens_evals.models import resolve_model
 
-    name = args.model or CPU_MODEL
+    name = args.model or (PREFILL_CPU_MODEL if args.workload == "prefill" else CPU_MODEL)
     return Path(resolve_model(name)), name
 
 
