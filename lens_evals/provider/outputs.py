@@ -25,7 +25,8 @@ def decode_activations(raw: Any) -> dict[str, Any]:
     ("probe_scores" is {name: array}, "saved" a tree) are decoded."""
     if isinstance(raw, list):
         raw = raw[0]
-    return wire.decode_tree_native(raw or {})  # in the model's dtype (numpy, bf16 widened, without torch)
+    decoded: dict[str, Any] = wire.decode_tree_native(raw or {})  # in the model's dtype (numpy, bf16 widened, without torch)
+    return decoded
 
 
 def _metadata(output: Any) -> dict[str, Any]:

@@ -150,7 +150,7 @@ def release_server(server: LensServer) -> None:
 
 
 def stop_shared_servers() -> None:
-    """Stop every shared server (Inspect's run-end hook calls this; see provider.py)."""
+    """Stop every shared server (Inspect's run-end hook calls this; see api.py)."""
     with _SHARED_LOCK:
         servers = [server for server, _ in _SHARED.values()]
         _SHARED.clear()

@@ -13,22 +13,23 @@ from lens_evals.client import lens_xargs
 from lens_evals.hooks import Hook
 from lens_evals.spec import CAPTURE_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
 
-# extra_args key -> (lens_xargs parameter, the wire model its items are)
-_OBJECT_ARGS: dict[str, tuple[str, Any]] = {
-    STEERING_KEY: ("steering", SteeringVector), PROBE_KEY: ("probes", LinearProbe), HOOKS_KEY: ("hooks", Hook)}
+# extra_args key -> the wire model its items are
+_OBJECT_ARGS: dict[str, Any] = {STEERING_KEY: SteeringVector, PROBE_KEY: LinearProbe, HOOKS_KEY: Hook}
 
 
 def _encoded(key: str, item: Any) -> Any:
     if isinstance(item, str):
         return item
-    param, model = _OBJECT_ARGS[key]
-    return lens_xargs(**{param: [model.from_wire(item)]})[key][0]
+    obj = _OBJECT_ARGS[key].from_wire(item)
+    encoded = lens_xargs(steering=[obj]) if key == STEERING_KEY else (
+        lens_xargs(probes=[obj]) if key == PROBE_KEY else lens_xargs(hooks=[obj]))
+    return encoded[key][0]
 
 
 def to_vllm_xargs(extra_args: dict[str, Any]) -> dict[str, Any]:
     """``extra_args`` as ``vllm_xargs``; keys other than the lens objects and the capture pass unchanged."""
     xargs = dict(extra_args)
-    for key, (_, model) in _OBJECT_ARGS.items():
+    for key, model in _OBJECT_ARGS.items():
         if key in xargs:
             items = xargs[key]
             if isinstance(items, (model, dict, str)):
@@ -38,5 +39,5 @@ def to_vllm_xargs(extra_args: dict[str, Any]) -> dict[str, Any]:
     if capture is True:  # every layer; a JSON bool could reach vLLM's vllm_xargs as the number 1
         xargs[CAPTURE_KEY] = lens_xargs(capture_layers=True)[CAPTURE_KEY]
     elif CAPTURE_KEY in xargs and not isinstance(capture, str):  # a JSON string ("[15]") passes as it is
-        xargs[CAPTURE_KEY] = lens_xargs(capture_layers=[int(layer) for layer in capture]).get(CAPTURE_KEY, [])
+        xargs[CAPTURE_KEY] = lens_xargs(capture_layers=[int(layer) for layer in xargs[CAPTURE_KEY]]).get(CAPTURE_KEY, [])
     return xargs

@@ -23,12 +23,12 @@ from inspect_ai.solver import Generate, Solver, TaskState, solver
 
 from lens_evals.evals.roleplaying.scenarios import roleplaying_samples
 from lens_evals.evals.shared.probe_reading import INFO_SOURCE
-from lens_evals.evals.shared.probe_solver import _chat, _tokenizer, given_turn_reading
+from lens_evals.evals.shared.probe_solver import given_turn_reading, send_given_turn, served_tokenizer, state_chat
 from lens_evals.probing import metrics as detection
 from lens_evals.probing.datasets import load_roleplaying
-from lens_evals.probing.dialogues import Dialogue, tokenize_dialogue
+from lens_evals.probing.dialogues import Dialogue
 from lens_evals.probing.multi import ProbeSet, load_probe_set, scenario_key
-from lens_evals.provider.outputs import output_activations
+from lens_evals.provider.outputs import output_activations, output_token_ids
 from lens_evals.spec import PROBE_KEY
 
 PROBES_METADATA_KEY = "probes"
@@ -95,31 +95,25 @@ def multi_probe_scores(probes: ProbeSet, kinds: Sequence[str], tokenizer: str | 
     """Score the final assistant turn with every probe in ``kinds`` in one request."""
 
     async def solve(state: TaskState, generate: Generate) -> TaskState:
-        tok = _tokenizer(tokenizer or str(state.model).split("/", 1)[-1])
-        messages = _chat(state)
+        tok = served_tokenizer(state, tokenizer)
+        messages = state_chat(state)
         if not messages or messages[-1]["role"] != "assistant":
             raise ValueError("multi-probe scoring needs a conversation that ends with the assistant turn to score")
         dialogue = Dialogue(messages=messages, label=None, score_from=int(state.metadata.get("score_from", 0)))
-        tokenized = tokenize_dialogue(tok, dialogue)
         chosen = {kind: probes.readout_for(kind, scenario_key(dialogue)) for kind in kinds}
-        kept = list(state.messages)
-        state = await generate(state, max_tokens=1, temperature=0.0, extra_body={
-            "extra_args": {PROBE_KEY: [r.linear_probe() for r in chosen.values()]},
-            "continue_final_message": True, "add_generation_prompt": False})
-        state.messages = kept
-        activations = output_activations(state.output, "probe_scores")
+        state = await send_given_turn(state, generate, {
+            "extra_args": {PROBE_KEY: [r.linear_probe() for r in chosen.values()]}, "return_token_ids": True})
+        scores = output_activations(state.output, "probe_scores")["probe_scores"]
+        served_ids = output_token_ids(state.output)["prompt"]
         readings = {}
         for kind, readout in chosen.items():
-            all_scores = activations["probe_scores"][readout.name].double().numpy()
-            if all_scores.shape[0] != len(tokenized.token_ids):
-                raise RuntimeError(f"server tokenised {all_scores.shape[0]} tokens, local tokenizer "
-                                   f"{len(tokenized.token_ids)}: pass tokenizer= the served model's directory")
-            score = float(all_scores[tokenized.scored_positions].mean())
-            transcript().info(given_turn_reading(tok, messages, dialogue.score_from, all_scores, kind, readout.layer,
-                                                 readout.threshold).event_data(), source=INFO_SOURCE)  # tokens + scores
+            reading = given_turn_reading(tok, messages, dialogue.score_from, scores[readout.name].double().numpy(), kind,
+                                         readout.layer, readout.threshold, served_ids=served_ids)
+            transcript().info(reading.event_data(), source=INFO_SOURCE)  # tokens + scores
+            score = reading.score if reading.score is not None else float("nan")
             readings[kind] = {"readout": readout.name, "layer": readout.layer, "score": score,
                               "threshold": readout.threshold, "flagged": score > readout.threshold,
-                              "n_tokens": int(len(tokenized.scored_positions))}
+                              "n_tokens": reading.n_scored}
         state.metadata[PROBES_METADATA_KEY] = readings
         return state
 

@@ -35,7 +35,7 @@ PROBE_METADATA_KEY = "probe"
 
 
 @lru_cache(maxsize=8)
-def _tokenizer(model_name_or_path: str) -> Any:
+def _local_tokenizer(model_name_or_path: str) -> Any:
     from transformers import AutoTokenizer
 
     from lens_evals.models import resolve_model
@@ -43,8 +43,24 @@ def _tokenizer(model_name_or_path: str) -> Any:
     return AutoTokenizer.from_pretrained(resolve_model(model_name_or_path))
 
 
-def _chat(state: TaskState) -> list[dict[str, str]]:
+def served_tokenizer(state: TaskState, tokenizer: str | None) -> Any:
+    """The local tokenizer of the served model: ``tokenizer`` (a directory or embedded model name), else the evaluated model's name."""
+    return _local_tokenizer(tokenizer or str(state.model).split("/", 1)[-1])
+
+
+def state_chat(state: TaskState) -> list[dict[str, str]]:
     return [{"role": m.role, "content": m.text} for m in state.messages]
+
+
+async def send_given_turn(state: TaskState, generate: Generate, extra_body: dict[str, Any]) -> TaskState:
+    """The conversation as it is, its final assistant turn left open (``continue_final_message``),
+    with one generated token and ``extra_body``'s lens request; the conversation is kept unchanged.
+    Every off-policy reading of a given turn (one probe or several) sends it this way."""
+    kept = list(state.messages)
+    state = await generate(state, max_tokens=1, temperature=0.0,
+                           extra_body={**extra_body, "continue_final_message": True, "add_generation_prompt": False})
+    state.messages = kept
+    return state
 
 
 def _all_token_scores(state: TaskState, probe: Probe, on_worker: bool) -> np.ndarray:
@@ -73,17 +89,14 @@ def probe_scores(
             "return_token_ids": True}
 
     async def solve(state: TaskState, generate: Generate) -> TaskState:
-        tok = _tokenizer(tokenizer or str(state.model).split("/", 1)[-1])
-        messages = _chat(state)
+        tok = served_tokenizer(state, tokenizer)
+        messages = state_chat(state)
         continuing = bool(messages) and messages[-1]["role"] == "assistant"
         if mode == "off_policy":  # score the given assistant turn
             if not continuing:
                 raise ValueError("off-policy probe scoring needs a conversation that ends with an assistant turn")
-            kept = list(state.messages)
-            state = await generate(state, max_tokens=1, temperature=0.0,
-                                   extra_body={**lens, "continue_final_message": True, "add_generation_prompt": False})
+            state = await send_given_turn(state, generate, lens)
             scores, token_ids = _all_token_scores(state, loaded, on_worker), output_token_ids(state.output)
-            state.messages = kept
             reading = given_turn_reading(tok, messages, int(state.metadata.get("score_from", 0)), scores, loaded.card.name,
                                          loaded.layer, float(loaded.card.threshold), served_ids=token_ids["prompt"])
         else:  # on-policy: the model answers; score its generated tokens (all but the last, never run)
