@@ -183,6 +183,8 @@ class SteeringPlanner:
             span = span_of([r for r, *_ in parts])
         else:
             rows = np.concatenate([np.arange(r[0], r[0] + r[1], dtype=np.int64) if isinstance(r, tuple) else r for r, *_ in parts])
+        if span is not None and (shared := _shared_vector(parts)) is not None:
+            return self._broadcast(shared, parts[0][2], parts[0][3], span, rows)
         counts = [len(block) for _, block, _, _ in parts]
         norm = np.repeat(np.array([p[3] for p in parts], dtype=bool), counts)
         scale = np.repeat(np.array([p[2] for p in parts], dtype=np.float32), counts)
@@ -199,6 +201,44 @@ class SteeringPlanner:
             span=span,
             row_stop=int(rows.max()) + 1 if len(rows) else 0,
         )
+
+
+    def _broadcast(self, vector: torch.Tensor, scale: float, norm_match: bool, span: tuple[int, int], rows: np.ndarray) -> LayerSteer:
+        """Every steered row of the layer gets the same vector, scale and norm matching (e.g. one
+        steering vector sent with every request of a batch): one (1, hidden) row, broadcast over
+        the span by the add, instead of a (rows, hidden) block built on the host every step."""
+        scale_t = torch.full((1, 1), scale, dtype=self.dtype, device=self.device)
+        return LayerSteer(
+            rows=to_device(rows, self.device),
+            vectors=vector,
+            scale=scale_t,
+            norm_match=torch.full((1, 1), norm_match, dtype=torch.bool, device=self.device),
+            any_norm_match=norm_match,
+            delta=None if norm_match else vector * scale_t,
+            span=span,
+            row_stop=span[1],
+        )
+
+
+def _is_expanded_row(block: torch.Tensor) -> bool:
+    """A (n, hidden) block that is one row repeated (``expand``: stride 0 along the rows)."""
+    return block.dim() == 2 and (block.shape[0] == 1 or block.stride(0) == 0)
+
+
+def _shared_vector(parts: list[tuple[Any, torch.Tensor, float, bool]]) -> torch.Tensor | None:
+    """The (1, hidden) vector when every part repeats the same row with the same scale and norm
+    matching; else None."""
+    first, scale, norm = parts[0][1], parts[0][2], parts[0][3]
+    if not all(_is_expanded_row(block) for _, block, _, _ in parts):
+        return None
+    row = first[:1]
+    for _, block, part_scale, part_norm in parts[1:]:
+        if part_scale != scale or part_norm != norm:
+            return None
+        other = block[:1]
+        if other.data_ptr() != row.data_ptr() and not torch.equal(other, row):
+            return None
+    return row.contiguous()
 
 
 class HookPlanner:

@@ -33,15 +33,21 @@ class StepStores:
         return self.captures.release(key), self.scores.release(key)
 
     def store(self, plan: StepPlan, captured: dict[int, torch.Tensor], scored: dict[int, torch.Tensor],
-              keeps: Callable[[str], bool]) -> None:
+              keeps: Callable[[str], bool], block: torch.Tensor | None = None) -> None:
         """One device-to-host copy for the step's captures and one for its probe scores; each
-        request ``keeps`` wants gets a Piece (where its rows are), nothing is cut per request here."""
+        request ``keeps`` wants gets a Piece (where its rows are), nothing is cut per request here.
+        ``block``: the step's (L, R, H) captures when the taps gathered several layers into it."""
         self.captures.compact()
         self.scores.compact()
         starts = plan.start_positions
         if plan.capture_slots and len(captured) == len(plan.capture_layers):
             layers = [captured[layer] for layer in plan.capture_layers]
-            stacked = layers[0].unsqueeze(0) if len(layers) == 1 else torch.stack(layers)  # (L, R, H), a new tensor
+            if len(layers) == 1:
+                stacked = layers[0].unsqueeze(0)
+            elif block is not None and block.shape[0] == len(layers):
+                stacked = block  # each layer was gathered into its slot: nothing more to copy
+            else:
+                stacked = torch.stack(layers)  # (L, R, H), a new tensor
             data, ready, chunk = to_host(stacked, self.captures.arena)
             buffer = self.captures.new_buffer(data, ready, stacked.shape[1], chunk)
             for slot in plan.capture_slots:

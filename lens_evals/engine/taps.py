@@ -32,6 +32,9 @@ class StepContext:
     fail_key: Callable[[str, str], None]
     has_failed: Callable[[str], bool]
     captures: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> the step's gathered rows
+    # several capture layers: each layer's rows gathered straight into its slot of one
+    # (n_layers, n_rows, hidden) block, which the store copies to the host as it is (no stack)
+    capture_block: torch.Tensor | None = None
     scores: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> the step's probe scores
 
     def fail_keys(self, keys: list[str], message: str) -> None:
@@ -155,7 +158,7 @@ def read_step(step: StepContext, layer_index: int, hidden: torch.Tensor, residua
     """Capture and score the step's rows of one layer's stream (hidden + residual)."""
     plan = step.plan
     if layer_index in plan.capture_layers:
-        step.captures[layer_index] = _gather_stream(hidden, residual, plan.capture_span, plan.capture_rows)
+        step.captures[layer_index] = _capture(step, layer_index, hidden, residual)
     probes = plan.probes.get(layer_index)
     if probes is not None:
         step.scores[layer_index] = _probe_scores(hidden, residual, probes)
@@ -186,13 +189,39 @@ def _probe_scores(hidden: torch.Tensor, residual: torch.Tensor | None, probes: A
     return every_pair[probes.pair_rows, probes.pair_probes] + probes.bias[probes.pair_probes]
 
 
-def _gather_stream(hidden: torch.Tensor, residual: torch.Tensor | None, span: tuple[int, int] | None, rows: torch.Tensor | None) -> torch.Tensor:
+def _capture(step: StepContext, layer_index: int, hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """The step's capture rows of one layer: a tensor of their own for one capture layer, else
+    this layer's slot of the step's block (made at the first capture layer of the step)."""
+    plan = step.plan
+    if len(plan.capture_layers) == 1:
+        return _gather_stream(hidden, residual, plan.capture_span, plan.capture_rows)
+    block = step.capture_block
+    if block is None or block.dtype != hidden.dtype or block.device != hidden.device:
+        if plan.capture_span is not None:
+            n_rows = plan.capture_span[1] - plan.capture_span[0]
+        else:
+            assert plan.capture_rows is not None
+            n_rows = plan.capture_rows.shape[0]
+        block = step.capture_block = hidden.new_empty((len(plan.capture_layers), n_rows, hidden.shape[-1]))
+    out = block[plan.capture_layers.index(layer_index)]
+    return _gather_stream(hidden, residual, plan.capture_span, plan.capture_rows, out)
+
+
+def _gather_stream(hidden: torch.Tensor, residual: torch.Tensor | None, span: tuple[int, int] | None, rows: torch.Tensor | None,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
     """The residual stream (hidden + residual on fused-residual layers) of some rows, as a new
-    tensor: a slice when the rows are contiguous, else one index_select (much faster than
-    advanced indexing)."""
+    tensor (or written into ``out``): a slice when the rows are contiguous, else one
+    index_select (much faster than advanced indexing)."""
     if span is not None:
         start, stop = span
-        return hidden[start:stop] + residual[start:stop] if residual is not None else hidden[start:stop].clone()
+        if out is None:
+            return hidden[start:stop] + residual[start:stop] if residual is not None else hidden[start:stop].clone()
+        if residual is not None:
+            return torch.add(hidden[start:stop], residual[start:stop], out=out)
+        return out.copy_(hidden[start:stop])
     assert rows is not None
-    picked = hidden.index_select(0, rows)
-    return picked + residual.index_select(0, rows) if residual is not None else picked
+    if out is None:
+        picked = hidden.index_select(0, rows)
+        return picked + residual.index_select(0, rows) if residual is not None else picked
+    torch.index_select(hidden, 0, rows, out=out)
+    return out.add_(residual.index_select(0, rows)) if residual is not None else out

@@ -113,7 +113,7 @@ class WorkerCore:
         """One device-to-host copy for the step's captures and one for its probe scores; each
         request keeps a Piece (where its rows are), nothing is cut per request here."""
         with timing.phase("store"):
-            self.stores.store(step.plan, step.captures, step.scores, self.ledger.keeps)
+            self.stores.store(step.plan, step.captures, step.scores, self.ledger.keeps, step.capture_block)
             self._enforce_memory_bound()
 
     def _enforce_memory_bound(self) -> None:

@@ -1,0 +1,90 @@
+"""The prefill fast paths of the step (issue #21), without an engine: several capture layers
+gathered straight into one block that the store keeps as it is, and one steering vector shared
+by every request of a step added as a broadcast row. Each result is checked against the stream
+computed here by hand."""
+
+from __future__ import annotations
+
+import torch
+
+from lens_evals.engine.compat import BatchLayout
+from lens_evals.engine.planners import build_plan
+from lens_evals.engine.requests import WorkerRequest, WorkerSteering
+from lens_evals.engine.step_stores import StepStores
+from lens_evals.engine.taps import StepContext, _apply_steering, read_step
+from tests.tolerance import assert_stream_close
+
+CPU = torch.device("cpu")
+HIDDEN = 16
+LAYOUT = BatchLayout(["a", "b", "c"], [5, 3, 7], [0, 0, 0])  # a prefill step: three whole prompts
+
+
+def _plan(requests: dict[str, WorkerRequest]):
+    plan = build_plan(LAYOUT, dict(requests), CPU, torch.float32, True, {0, 1, 2, 3})
+    assert plan is not None
+    return plan
+
+
+def _steered(vector: torch.Tensor, scale: float, norm_match: bool = False) -> WorkerSteering:
+    return WorkerSteering({1: vector.clone()}, None, scale, norm_match)  # each request its own copy
+
+
+def test_capture_layers_are_gathered_into_one_block_kept_by_the_store() -> None:
+    torch.manual_seed(0)
+    requests = {r: WorkerRequest(key=f"k{r}", capture_layers=[0, 2]) for r in ("a", "b", "c")}
+    plan = _plan(requests)
+    step = StepContext(plan, lambda call, layer: None, lambda key, message: None, lambda key: False)  # type: ignore[arg-type, return-value]
+    streams = {}
+    for layer in (0, 2):
+        hidden, residual = torch.randn(15, HIDDEN), torch.randn(15, HIDDEN)
+        streams[layer] = hidden + residual
+        read_step(step, layer, hidden, residual)
+    assert step.capture_block is not None and step.capture_block.shape == (2, 15, HIDDEN)
+    assert torch.equal(step.capture_block, torch.stack([streams[0], streams[2]]))
+    stores = StepStores(max_held_bytes=2**30)
+    stores.store(plan, step.captures, step.scores, lambda key: True, step.capture_block)
+    (piece,) = stores.captures.by_key["kb"]
+    assert piece.buffer.data.data_ptr() == step.capture_block.data_ptr()  # no second copy
+    assert torch.equal(torch.from_numpy(piece.rows()), torch.stack([streams[0][5:8], streams[2][5:8]]))
+
+
+def test_one_vector_for_every_request_is_added_as_one_broadcast_row() -> None:
+    torch.manual_seed(1)
+    vector = torch.randn(1, HIDDEN)
+    requests = {r: WorkerRequest(key=f"k{r}", capture_layers=[], steering=[_steered(vector, 0.5)]) for r in ("a", "b", "c")}
+    steer = _plan(requests).steer[1]
+    assert steer.vectors.shape == (1, HIDDEN) and steer.span == (0, 15)
+    hidden = torch.randn(15, HIDDEN)
+    expected = hidden + 0.5 * vector
+    _apply_steering(hidden, None, steer)
+    assert torch.equal(hidden, expected)
+
+
+def test_shared_norm_matched_vector_scales_each_row_by_its_own_norm() -> None:
+    torch.manual_seed(2)
+    unit = torch.nn.functional.normalize(torch.randn(1, HIDDEN), dim=-1)
+    requests = {r: WorkerRequest(key=f"k{r}", capture_layers=[], steering=[_steered(unit, 0.25, norm_match=True)]) for r in ("a", "b", "c")}
+    steer = _plan(requests).steer[1]
+    assert steer.vectors.shape == (1, HIDDEN) and steer.any_norm_match
+    hidden, residual = torch.randn(15, HIDDEN), torch.randn(15, HIDDEN)
+    norms = (hidden + residual).norm(dim=-1, keepdim=True)
+    expected = hidden + 0.25 * norms * unit
+    _apply_steering(hidden, residual, steer)
+    assert_stream_close(hidden, expected, "shared norm-matched steering")
+
+
+def test_different_vectors_or_scales_keep_one_row_per_token() -> None:
+    torch.manual_seed(3)
+    vector, other = torch.randn(1, HIDDEN), torch.randn(1, HIDDEN)
+    for steering_c in (_steered(other, 0.5), _steered(vector, 2.0)):
+        requests = {"a": WorkerRequest(key="ka", capture_layers=[], steering=[_steered(vector, 0.5)]),
+                    "b": WorkerRequest(key="kb", capture_layers=[], steering=[_steered(vector, 0.5)]),
+                    "c": WorkerRequest(key="kc", capture_layers=[], steering=[steering_c])}
+        steer = _plan(requests).steer[1]
+        assert steer.vectors.shape == (15, HIDDEN)
+        hidden = torch.randn(15, HIDDEN)
+        expected = hidden.clone()
+        expected[:8] += 0.5 * vector
+        expected[8:] += steering_c.scale * steering_c.vectors[1]
+        _apply_steering(hidden, None, steer)
+        assert torch.equal(hidden, expected)
