@@ -4,6 +4,8 @@ result delivery, the HTTP app, collective_rpc and worker methods."""
 from __future__ import annotations
 
 import asyncio
+import atexit
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +91,38 @@ def patch_offline_results(attach: Callable[[Any, list[Any]], None]) -> None:
         return _run_engine
 
     _patch(LLM, "_run_engine", make)
+
+
+_open_engine_cores: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def shut_down_engines_at_exit() -> None:
+    """At exit, shut down every offline ``LLM``'s engine core still open, as ``shutdown()`` would.
+    vLLM's own exit path only kills the engine-core process, which then never unlinks its
+    executor's shared-memory ring (``MultiprocExecutor.rpc_broadcast_mq``): the resource tracker
+    warns of a leaked ``shared_memory`` object and the segment stays in /dev/shm. Our hook is
+    registered after vLLM's ``weakref.finalize`` exit hook, so it runs first."""
+    from vllm.entrypoints.llm import LLM
+
+    def make(original: Callable) -> Callable:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            if not _open_engine_cores:
+                atexit.unregister(_shut_down_open_engines)
+                atexit.register(_shut_down_open_engines)  # after vLLM's exit hooks: runs before them
+            _open_engine_cores.add(self.llm_engine.engine_core)
+
+        return __init__
+
+    _patch(LLM, "__init__", make)
+
+
+def _shut_down_open_engines() -> None:
+    for core in list(_open_engine_cores):
+        try:
+            core.shutdown()
+        except Exception as exc:  # at exit: report and go on with the other engines
+            logger.warning("lens_evals: shutting down an engine at exit failed: %s", exc)
 
 
 def offline_input_processor(llm: Any) -> Any:
