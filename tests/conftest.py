@@ -125,3 +125,29 @@ def lens_server(path: Path, env: dict[str, str] | None = None, server_args: dict
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def servers_share_the_gpu() -> Iterator[None]:
+    """On a GPU, every vLLM server a test starts (itself, or through the Inspect provider) takes
+    :func:`gpu_share` unless the test sets its own fraction, and starts once the device's memory
+    has settled. vLLM's default (0.92 of the device) leaves no room for the test process's own
+    engine (2026-12-03: four provider tests failed so). Nothing changes on CPU."""
+    if not on_gpu():
+        yield
+        return
+    from lens_evals.provider.server import LensServer
+
+    init, start = LensServer.__init__, LensServer.start
+
+    def sharing_init(self: Any, model: str, served_name: str, server_args: Any = None, env: Any = None) -> None:
+        init(self, model, served_name, {**gpu_share(), **(server_args or {})}, env)
+
+    def settled_start(self: Any, *args: Any, **kwargs: Any) -> Any:
+        settle_gpu_memory()
+        return start(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LensServer, "__init__", sharing_init)
+        patch.setattr(LensServer, "start", settled_start)
+        yield

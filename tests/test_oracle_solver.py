@@ -12,8 +12,8 @@ from lens_evals.oracle.inference import OracleSettings, injection_vector, oracle
 from lens_evals.oracle.lora_training import OracleTrainConfig
 from lens_evals.oracle.prompt import placeholder_token_id
 from lens_evals.spec import CAPTURE_KEY, STEERING_KEY
-from tests.conftest import capture, greedy, make_llm
-from tests.lora_helpers import random_adapter
+from tests.conftest import capture, gpu_share, greedy, make_llm
+from tests.lora_helpers import assert_greedy_of, lora_dtype, random_adapter
 from tests.tolerance import assert_stream_close, token_relative_error
 
 SETTINGS = OracleSettings(target_layer=2, injection_layer=1, num_tokens=None, placeholder=" cat", coefficient=1.0)
@@ -32,14 +32,11 @@ def adapter(tiny_path, tmp_path_factory):
     return random_adapter(tiny_path, tmp_path_factory.mktemp("oracle_adapter") / "a", 3, ["q_proj", "v_proj", "down_proj"])
 
 
-def hf_peft_greedy(tiny_path, adapter, ids: list[int], max_tokens: int) -> list[int]:
+def hf_peft(tiny_path, adapter) -> torch.nn.Module:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(tiny_path), dtype=torch.float32), str(adapter))
-    prompt = torch.tensor([ids])
-    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+    return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(tiny_path), dtype=torch.float32), str(adapter)).eval()
 
 
 def test_placeholder_must_be_one_token(tokenizer, smollm2_path) -> None:
@@ -62,7 +59,7 @@ def test_injection_lands_on_exactly_the_placeholders(tiny_path, adapter, tokeniz
     vector = injection_vector(acts, positions, SETTINGS)
     layer = SETTINGS.injection_layer
     lora = LoRARequest("oracle", 1, str(adapter))
-    with make_llm(tiny_path, enable_lora=True, max_loras=2, max_lora_rank=8) as llm:
+    with make_llm(tiny_path, enable_lora=True, max_loras=2, max_lora_rank=8, dtype=lora_dtype()) as llm:
         prompt = {"prompt_token_ids": ids}
         injected, plain = llm.generate([prompt, prompt], [greedy(2, **{CAPTURE_KEY: [layer], STEERING_KEY: [vector]}),
                                                           greedy(2, **{CAPTURE_KEY: [layer]})],
@@ -90,15 +87,16 @@ def test_zero_vector_oracle_equals_plain_lora_generation(tiny_path, adapter, tok
     from vllm import SamplingParams
 
     prompts = [oracle_prompt_ids(tokenizer, SETTINGS, acts.shape[0], QUESTION)[0] for acts in real]
-    with make_llm(tiny_path, enable_lora=True, max_loras=2, max_lora_rank=8) as llm:
+    with make_llm(tiny_path, enable_lora=True, max_loras=2, max_lora_rank=8, dtype=lora_dtype()) as llm:
         with_zeros = oracle_answers(llm, tokenizer, lora, SETTINGS, zeros, [QUESTION] * 2, max_tokens=6)
         baseline = oracle_answers(llm, tokenizer, lora, SETTINGS, real, [QUESTION] * 2, max_tokens=6, inject=False)
         injected = oracle_answers(llm, tokenizer, lora, SETTINGS, real, [QUESTION] * 2, max_tokens=6)
         plain = llm.generate([{"prompt_token_ids": ids} for ids in prompts], SamplingParams(max_tokens=6, temperature=0.0),
                              lora_request=lora, use_tqdm=False)
     assert with_zeros == baseline == [output.outputs[0].text for output in plain]
+    reference = hf_peft(tiny_path, adapter)
     for ids, output in zip(prompts, plain):
-        assert list(output.outputs[0].token_ids) == hf_peft_greedy(tiny_path, adapter, ids, 6)
+        assert_greedy_of(reference, ids, list(output.outputs[0].token_ids), "LoRA answer vs HF + peft")
     assert injected != baseline
 
 
@@ -119,7 +117,7 @@ def test_task_end_to_end_with_a_trained_tiny_oracle(tiny_path, tokenizer, tmp_pa
     oracle_dir, card = build_oracle("tiny-oracle", TINY_ORACLE, tmp_path / "tiny-oracle")
     assert card["train"]["steps"] == 2 and set(card["heldout"]["oracle"]) >= {"truth", "word", "all"}
     task = oracle_heldout_task(str(oracle_dir), per_family=2)
-    logs = inspect_eval(task, model="vllm-lens/tiny-llama", model_args={"lora_modules": f"oracle={oracle_dir}", "dtype": "float32",
+    logs = inspect_eval(task, model="vllm-lens/tiny-llama", model_args={"lora_modules": f"oracle={oracle_dir}", "dtype": lora_dtype(), **gpu_share(),
                         "max_model_len": 512, "seed": 0}, log_dir=str(tmp_path / "logs"), display="none")
     log = logs[0]
     assert log.status == "success", log.error
@@ -131,7 +129,7 @@ def test_task_end_to_end_with_a_trained_tiny_oracle(tiny_path, tokenizer, tmp_pa
     items = sample_mix(all_items(), "heldout", 2, seed=TINY_ORACLE.seed + 1)
     by_context = {s.input if isinstance(s.input, str) else s.input[0].content: r for s, r in zip(samples, records)}
     settings = TINY_ORACLE.settings()
-    with make_llm(tiny_path, enable_lora=True, max_loras=2, max_lora_rank=8) as llm:
+    with make_llm(tiny_path, enable_lora=True, max_loras=2, max_lora_rank=8, dtype=lora_dtype()) as llm:
         acts = capture_conversations(llm, [[{"role": "user", "content": i.context}] for i in items], settings.target_layer, settings.num_tokens)
         lora = LoRARequest("oracle", 1, str(oracle_dir))
         offline = oracle_answers(llm, tokenizer, lora, settings, acts, [i.question for i in items])

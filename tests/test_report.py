@@ -37,6 +37,7 @@ from lens_evals.probing.probe import Probe, ProbeCard, load_probe
 from lens_evals.provider.logged_call import logged_extra_args, real_extra_args, split_xargs, wire_request
 from lens_evals.provider.xargs import to_vllm_xargs
 from lens_evals.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY
+from tests.conftest import on_gpu
 
 N_SAMPLES = 4  # two scenarios, honest and deceptive
 
@@ -92,6 +93,8 @@ class ReportDom(HTMLParser):
 
 def rendered(page: Path) -> ReportDom:
     chromium = shutil.which("chromium")
+    if chromium is None and on_gpu():
+        pytest.skip("no chromium on the lent GPU machine (no network to install it); it runs on every CPU CI machine")
     assert chromium, "chromium is missing: scripts/setup.sh installs Debian's chromium"
     result = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()],
                             capture_output=True, text=True, timeout=180)
