@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-from inspect_ai.model import GenerateConfig, get_model
+from inspect_ai.model import get_model
 
 from lens_evals.evals.roleplaying import grader_label, roleplaying_samples
 from lens_evals.probing.datasets import load_roleplaying
@@ -24,7 +24,7 @@ from lens_evals.probing.datasets import load_roleplaying
 
 async def grade_all(model_name: str, limit: int | None, concurrency: int) -> dict:
     samples = roleplaying_samples(load_roleplaying(None), "off_policy")[:limit]
-    label = grader_label(get_model(model_name, config=GenerateConfig(temperature=0.0, max_tokens=16)))
+    label = grader_label(get_model(model_name))  # grader_label caps the verdict itself
     gate = asyncio.Semaphore(concurrency)
 
     async def one(sample) -> tuple[int, int | None, str]:
