@@ -127,6 +127,7 @@ def plot_results(paths: list[Path], out: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     runs = sorted((json.loads(p.read_text(encoding="utf-8")) for p in paths), key=lambda r: r["n_parameters"])
     fig, (by_layer, by_size) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -147,6 +148,9 @@ def plot_results(paths: list[Path], out: Path) -> None:
     by_size.axhline(0.5, color="grey", linewidth=0.8, linestyle="--")
     by_size.set(xscale="log", xlabel="parameters (billions, log)", ylabel="Roleplaying AUROC at the chosen layer",
                 ylim=(0.3, 1.02), title="AUROC by model size")
+    by_size.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sizes))  # one tick per model, no log clutter
+    by_size.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    by_size.set_xticklabels([f"{size:.3g}" for size in sizes])
     by_size.legend(fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
