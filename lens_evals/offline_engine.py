@@ -26,11 +26,17 @@ def engine_defaults(**overrides: Any) -> dict[str, Any]:
 def offline_engine_args(model: str, **overrides: Any) -> dict[str, Any]:
     """``LLM(**...)`` keyword arguments for an embedded model's name or a model directory: its
     directory, float32 for an embedded model (else the checkpoint's dtype), and
-    :func:`engine_defaults`; ``overrides`` win."""
+    :func:`engine_defaults`; ``overrides`` win. With ``enable_lora`` on a GPU, float32 becomes
+    bfloat16 (:func:`lens_evals.engine.compat.lora.lora_engine_dtype`)."""
     from lens_evals.models import PREPARERS, resolve_model
 
     dtype = EMBEDDED_DTYPE if model in PREPARERS else "auto"
-    return {"model": resolve_model(model), **engine_defaults(**{"dtype": dtype, **overrides})}
+    args = {"model": resolve_model(model), **engine_defaults(**{"dtype": dtype, **overrides})}
+    if args.get("enable_lora"):
+        from lens_evals.engine.compat.lora import lora_engine_dtype
+
+        args["dtype"] = lora_engine_dtype(args["dtype"])  # bf16 on a GPU: vLLM's LoRA kernels there take no fp32
+    return args
 
 
 def open_offline_engine(model: str, *, kv_cache_gib: int = KV_CACHE_GIB, in_process: bool = False, **overrides: Any) -> Any:

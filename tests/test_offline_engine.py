@@ -8,6 +8,7 @@ from pathlib import Path
 
 from lens_evals.models import model_path
 from lens_evals.offline_engine import offline_engine_args
+from tests.conftest import on_gpu
 
 PACKAGE = Path(__file__).resolve().parent.parent / "lens_evals"
 
@@ -18,6 +19,16 @@ def test_defaults_and_overrides(tmp_path: Path) -> None:
     assert offline_engine_args(str(tmp_path)) == {"model": str(tmp_path), "dtype": "auto", "max_model_len": 1024, "seed": 0}
     overridden = offline_engine_args(str(tmp_path), dtype="bfloat16", max_model_len=4096, enable_lora=True)
     assert overridden == {"model": str(tmp_path), "dtype": "bfloat16", "max_model_len": 4096, "seed": 0, "enable_lora": True}
+
+
+def test_lora_engines_are_bf16_on_a_gpu() -> None:
+    """vLLM's GPU LoRA kernels assert fp16/bf16 adapter weights (0.26; 2026-12-04 the oracle's
+    training engine failed so on the H200): a float32 LoRA engine becomes bf16 there; the CPU
+    build keeps float32, and other dtypes and engines without LoRA are left alone."""
+    lora = offline_engine_args("tiny-llama", enable_lora=True)
+    assert lora["dtype"] == ("bfloat16" if on_gpu() else "float32")
+    assert offline_engine_args("tiny-llama")["dtype"] == "float32"
+    assert offline_engine_args("tiny-llama", enable_lora=True, dtype="float16")["dtype"] == "float16"
 
 
 # The benchmark times the constructor alone (vllm imported before), with offline_engine_args's options.

@@ -7,7 +7,12 @@
   Ray hands the driver's sys.path to its workers), so that node runs with LENS_EVALS_DISABLE=1:
   its workers load vLLM without the plugin's worker side, as on a node where it is not installed;
 - the OpenAI-compatible server with `--distributed-executor-backend ray`: HTTP capture equals offline.
-Run by `PART=ray bash scripts/gpu_suite.sh` on the lent GPU machine (docs/testing.md)."""
+Run by `PART=ray bash scripts/gpu_suite.sh` on the lent GPU machine (docs/testing.md).
+
+vLLM 0.26's Ray executor kills its workers at shutdown but keeps the placement group it made, so
+a second Ray engine in the same driver waits for the GPU forever (2026-12-04: the second engine of
+the first test waited past the 240 s timeout, "Waiting for creating a placement group of specs
+[{'GPU': 1.0}]"). Each Ray engine here runs in a Ray instance of its own (:func:`ray_session`)."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -50,16 +56,22 @@ def run(llm: Any) -> list[Any]:
 
 
 def assert_same(got: list[Any], want: list[Any], what: str) -> None:
+    """Tokens equal; captures, probe scores and hook results within the backend's bounds. The
+    largest errors are printed (pytest -s) for the record in docs/parallelism.md."""
+    worst = {"capture": 0.0, "probe": 0.0, "hooks": 0.0}
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g.outputs[0].token_ids == w.outputs[0].token_ids, f"{what}: request {i} tokens differ"
         if i < 2:
-            assert_stream_close(capture(g), capture(w), f"{what}: request {i} capture")
-            assert_scores_close(g.activations["probe_scores"]["p"], w.activations["probe_scores"]["p"],
-                                torch.from_numpy(PROBE.weights), capture(w)[LAYERS.index(PROBE.layer)], f"{what}: request {i} probe")
+            worst["capture"] = max(worst["capture"], assert_stream_close(capture(g), capture(w), f"{what}: request {i} capture"))
+            worst["probe"] = max(worst["probe"], assert_scores_close(
+                g.activations["probe_scores"]["p"], w.activations["probe_scores"]["p"],
+                torch.from_numpy(PROBE.weights), capture(w)[LAYERS.index(PROBE.layer)], f"{what}: request {i} probe"))
         else:
             assert g.activations["saved"].keys() == w.activations["saved"].keys()
             for key, value in w.activations["saved"].items():
-                assert_values_close(g.activations["saved"][key], value, f"{what}: saved {key!r}")
+                worst["hooks"] = max(worst["hooks"], assert_values_close(g.activations["saved"][key], value, f"{what}: saved {key!r}"))
+    print(f"\n{what}: tokens equal on {len(got)} requests; largest capture per-token relative error {worst['capture']:.2e}, "
+          f"probe score error {worst['probe']:.2e}, hook result error {worst['hooks']:.2e}")
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +87,9 @@ def ray_cli(*args: str, env: dict[str, str] | None = None) -> None:
     assert done.returncode == 0, f"ray {' '.join(args)}: {done.stderr[-2000:]}"
 
 
-@pytest.fixture
-def local_ray() -> Iterator[None]:
+@contextmanager
+def ray_session() -> Iterator[None]:
+    """A local Ray instance for one engine (see the module's note on placement groups)."""
     import ray
 
     ray.init(include_dashboard=False, num_gpus=1)
@@ -86,16 +99,22 @@ def local_ray() -> Iterator[None]:
         ray.shutdown()
 
 
-def test_ray_executor_equals_default_and_settings_reach_the_worker(tiny_path, reference, local_ray, monkeypatch) -> None:
-    with make_llm(tiny_path, distributed_executor_backend="ray") as llm:
+def test_ray_executor_equals_default(tiny_path, reference) -> None:
+    with ray_session(), make_llm(tiny_path, distributed_executor_backend="ray") as llm:
         assert_same(run(llm), reference, "Ray, one node")
-    # A setting on the driver must reach the worker: a capture bound of ~1 KiB trips there.
-    monkeypatch.setenv("LENS_EVALS_MAX_HELD_CAPTURE_GIB", str(1 / 2**20))
-    with make_llm(tiny_path, distributed_executor_backend="ray") as llm:
-        with pytest.raises(LensRequestError, match="LENS_EVALS_MAX_HELD_CAPTURE_GIB"):
-            llm.generate(PROMPTS[:1], greedy(6, output_residual_stream=[0, 1, 2, 3]), use_tqdm=False)
-        plain = llm.generate(PROMPTS[:1], greedy(6), use_tqdm=False)[0]
-        assert plain.outputs[0].token_ids == reference[0].outputs[0].token_ids  # the engine goes on
+
+
+def test_settings_on_the_driver_reach_the_ray_worker(tiny_path, reference, monkeypatch) -> None:
+    """Ray starts first, then the setting is set on the driver: only vLLM's executor can carry it
+    to the worker (the raylet's own environment does not have it). A capture bound of ~1 KiB
+    trips there."""
+    with ray_session():
+        monkeypatch.setenv("LENS_EVALS_MAX_HELD_CAPTURE_GIB", str(1 / 2**20))
+        with make_llm(tiny_path, distributed_executor_backend="ray") as llm:
+            with pytest.raises(LensRequestError, match="LENS_EVALS_MAX_HELD_CAPTURE_GIB"):
+                llm.generate(PROMPTS[:1], greedy(6, output_residual_stream=[0, 1, 2, 3]), use_tqdm=False)
+            plain = llm.generate(PROMPTS[:1], greedy(6), use_tqdm=False)[0]
+            assert plain.outputs[0].token_ids == reference[0].outputs[0].token_ids  # the engine goes on
 
 
 @pytest.fixture

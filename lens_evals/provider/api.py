@@ -256,7 +256,12 @@ def _own_server_spec(model_name: str, model_args: dict[str, Any], timeout: float
         # Embedded models are stored in fp32; vLLM's "auto" would downcast them, and probes
         # trained offline on fp32 activations must see the same numbers.
         model_args.setdefault("dtype", "float32")
-    return resolve_model(model_name), model_name, lora_server_args(model_args), timeout
+    server_args = lora_server_args(model_args)
+    if server_args.get("enable_lora") and "dtype" in server_args:
+        from lens_evals.engine.compat.lora import lora_engine_dtype
+
+        server_args["dtype"] = lora_engine_dtype(server_args["dtype"])  # bf16 on a GPU (vLLM's LoRA kernels)
+    return resolve_model(model_name), model_name, server_args, timeout
 
 
 def _model_info_lookup_key() -> str | None:

@@ -74,3 +74,22 @@ def use_grouped_lora_ops() -> None:
         for name, replacement in _GROUPED_LORA_OPS.items():
             if getattr(module, name, None) is not replacement:
                 setattr(module, name, replacement)
+
+
+FLOAT32_NAMES = ("float32", "float", "torch.float32")
+
+
+def lora_engine_dtype(dtype: str) -> str:
+    """The engine dtype in which to serve LoRA adapters: ``dtype``, except float32 on a CUDA or
+    ROCm device, where vLLM's Triton LoRA kernels (0.26: ``lora_expand_op``) assert fp16/bf16
+    adapter weights; there bfloat16, with a warning. vLLM's CPU build runs fp32 LoRA."""
+    if str(dtype) not in FLOAT32_NAMES:
+        return dtype
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda_alike():
+        return dtype
+    logger.warning("lens_evals: LoRA on %s runs in bfloat16, not %s: vLLM's GPU LoRA kernels take fp16/bf16 only",
+                   current_platform.device_name, dtype)
+    return "bfloat16"
+
