@@ -71,7 +71,7 @@ def _bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 def _capture(args: argparse.Namespace) -> int:
-    from lens_evals.capture.cli import run
+    from lens_evals.capture.command import run
 
     return run(args)
 
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_bench)
 
     capture = sub.add_parser("capture", help="activations of a prompt set to disk: sharded, resumable, bounded memory")
-    from lens_evals.capture.cli import add_arguments as add_capture_arguments
+    from lens_evals.capture.command import add_arguments as add_capture_arguments
 
     add_capture_arguments(capture)
     capture.set_defaults(func=_capture)

@@ -19,7 +19,7 @@ import requests
 
 from lens_evals.client import hook_results_from_response, hook_set_body, lens_xargs
 from lens_evals.engine.hook_routes import authorized
-from lens_evals.engine.server import LensResponseMiddleware
+from lens_evals.engine.http_middleware import LensResponseMiddleware
 from lens_evals.hooks import Hook
 from tests.conftest import engine_options
 
@@ -181,3 +181,13 @@ def test_without_a_key_the_routes_are_open_and_keys_are_read_as_vllm_reads_them(
         assert authorized(scope_for(["cli-key"], {"Authorization": "Bearer cli-key"}))
     finally:
         set_vllm_api_key(saved)
+
+
+def test_the_middleware_import_path_names_the_middleware() -> None:
+    """vLLM 0.26 adds the middleware by this import path (``--middleware``); it must name the class."""
+    import importlib
+
+    from lens_evals.engine.http_middleware import MIDDLEWARE_PATH
+
+    module, _, name = MIDDLEWARE_PATH.rpartition(".")
+    assert getattr(importlib.import_module(module), name) is LensResponseMiddleware

@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _model(args: argparse.Namespace) -> tuple[Path, str]:
-    from lens_evals.bench.runner import child_env
+    from lens_evals.bench.launcher import child_env
 
     if args.gpu:
         out = subprocess.run(
@@ -100,7 +100,7 @@ def build_config(args: argparse.Namespace) -> tuple[BenchConfig, str]:
 
 def run_bench(args: argparse.Namespace) -> int:
     from lens_evals.bench import checks, report
-    from lens_evals.bench.runner import run_systems
+    from lens_evals.bench.launcher import run_systems
 
     systems = resolve(args.systems.split(",") if args.systems else None, args.gpu, args.workload)
     cfg, label = build_config(args)

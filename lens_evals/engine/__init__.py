@@ -7,7 +7,7 @@ Modules by side (docs/architecture.md has the picture of the data path):
   fetch results, packed rows).
 - frontend side: ``frontend_admit`` (validate, normalise), ``frontend_attach`` (fetch, attach),
   ``frontend_rows``, ``frontend_hooks``, ``hook_sets``, ``hook_routes``, ``vllm_lens_api``,
-  ``server``.
+  ``http_middleware``.
 - both sides: ``hook_refs``, ``handoff``, ``handoff_pool``, ``timing``.
 - worker side: ``worker_state`` (per model runner) around ``worker_core`` (``ledger``,
   ``planners`` -> ``plan``, ``step_stores`` -> ``host_store``, the fetch), ``taps`` /

@@ -11,7 +11,7 @@ at most ``LENS_EVALS_MAX_HOOK_SET_MIB`` (default 256); a set over either bound i
 (:class:`HookSetLimit`, HTTP 429) until one is cleared.
 
 Offline: :func:`register_hook_set` (returns a :class:`HookSet` with ``extra_args``, ``collect()``
-and ``clear()``). Server: the HTTP endpoints in ``lens_evals.engine.server``.
+and ``clear()``). Server: the HTTP endpoints in ``lens_evals.engine.http_middleware``.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def register() -> None:
     if (off := disabled_by()) is not None:
         logger.info("lens_evals: disabled by %s", off)
         return
-    from lens_evals.engine import compat, frontend_admit, frontend_attach, graph_taps, server, vllm_lens_api
+    from lens_evals.engine import compat, frontend_admit, frontend_attach, graph_taps, http_middleware, vllm_lens_api
     from lens_evals.engine.worker_rpc import WORKER_METHODS
     from lens_evals.engine.worker_state import STATE_ATTR, LensWorkerState
 
@@ -57,7 +57,7 @@ def register() -> None:
     compat.shut_down_engines_at_exit()
     compat.patch_async_results(frontend_attach.attach_async, frontend_attach.discard_async)
     compat.patch_model_runner(on_load, on_step_start, around_forward)
-    compat.patch_http_app(server.add_middleware, server.MIDDLEWARE_PATH)
+    compat.patch_http_app(http_middleware.add_middleware, http_middleware.MIDDLEWARE_PATH)
     compat.add_worker_methods(WORKER_METHODS)
     compat.add_offline_methods(vllm_lens_api.OFFLINE_METHODS)
     compat.use_grouped_lora_ops()

@@ -22,7 +22,7 @@ logger = logging.getLogger("lens_evals")
 Scope = dict[str, Any]
 Message = dict[str, Any]
 _TRAILING_INDEX = re.compile(r"-(\d+)$")
-MIDDLEWARE_PATH = "lens_evals.engine.server.LensResponseMiddleware"
+MIDDLEWARE_PATH = "lens_evals.engine.http_middleware.LensResponseMiddleware"
 
 
 def add_middleware(app: Any) -> None:
