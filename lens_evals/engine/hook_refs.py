@@ -22,9 +22,9 @@ _LOCAL_CALLABLES: dict[str, Callable[..., Any]] = {}
 
 def hook_reference(hook: Hook) -> tuple[str, str | None]:
     """(reference for the worker, local id to forget when the request ends or None)."""
-    if hook.registered:
-        return f"registered:{hook.fn}", None
     fn = hook.fn
+    if isinstance(fn, str):  # hook.registered
+        return f"registered:{fn}", None
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if module and qualname and "<" not in qualname:
         try:

@@ -18,7 +18,7 @@ import contextvars
 import importlib.metadata
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from inspect_ai.hooks import Hooks, RunEnd, hooks
@@ -36,6 +36,9 @@ from lens_evals.provider.outputs import (
 )
 from lens_evals.provider.server import LensServer, acquire_server, release_server, stop_shared_servers
 from lens_evals.provider.xargs import to_vllm_xargs
+
+if TYPE_CHECKING:
+    from inspect_ai.model import RetryDecision  # for the type checker only
 
 logger = logging.getLogger("lens_evals")
 PROVIDER_NAME = "vllm-lens"
@@ -205,7 +208,7 @@ class VLLMLensAPI(OpenAICompatibleAPI):
             self._server_spec = _own_server_spec(self.model_name, *self._own_server_args)
             self.server = None
 
-    def should_retry(self, ex: Exception) -> Any:
+    def should_retry(self, ex: BaseException) -> bool | RetryDecision:
         """No retries once the server is gone (its process exited, or nothing answers at
         base_url): the sample fails at once, with the reason logged, instead of retrying."""
         if isinstance(ex, (httpx.ConnectError, ConnectionError)) or type(ex).__name__ == "APIConnectionError":
