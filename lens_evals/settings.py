@@ -143,7 +143,7 @@ MAX_HOOK_SET_MIB = number("LENS_EVALS_MAX_HOOK_SET_MIB", 256.0, "MiB", "frontend
 MAX_HOOK_RESULTS_MIB = number("LENS_EVALS_MAX_HOOK_RESULTS_MIB", 512.0, "MiB", "frontend",
                               "uncollected hook-set results; a request whose result does not fit fails")
 
-# ----------------------------------------------------------------- the row hand-off
+# ----------------------------------------------------------------- the rows' way to the frontend
 HANDOFF = flag("LENS_EVALS_HANDOFF", True, "frontend",
                "fetched rows travel through shared memory when frontend and worker share a host (0: inline bytes)")
 HANDOFF_DIR = optional_path("LENS_EVALS_HANDOFF_DIR", "/dev/shm if it has room, else the temp directory", "frontend",
@@ -152,6 +152,12 @@ HANDOFF_MIN_BYTES = integer("LENS_EVALS_HANDOFF_MIN_BYTES", 2**20, "bytes", "wor
                             "smaller blocks go inline (a file costs more than copying them)", "1048576 (1 MiB)")
 HANDOFF_POOL_MIB = number("LENS_EVALS_HANDOFF_POOL_MIB", 1024.0, "MiB", "worker",
                           "reused shared segments per frontend; past it blocks go to files of their own (0: no pool)")
+COPY_OVERLAP = flag("LENS_EVALS_COPY_OVERLAP", True, "worker",
+                    "on a GPU, each step's captures and probe scores go to host memory on a side stream, "
+                    "overlapped with the next step (0: on the compute stream, which waits for the copy)")
+PINNED_SPARE_GIB = number("LENS_EVALS_PINNED_SPARE_GIB", 4.0, "GiB", "worker",
+                          "pinned host memory kept for the next run's step copies once rows are fetched: as much as "
+                          "the last run had in use at its peak, at most this (0: pin afresh every run)")
 WRITE_THREADS = integer("LENS_EVALS_WRITE_THREADS", 1, "threads", "worker",
                         "threads writing a fetch's rows (more helps only into fresh files; see benchmarks)")
 
@@ -172,7 +178,7 @@ BENCH_PROFILE = optional_path("LENS_EVALS_BENCH_PROFILE", "unset (no profile)", 
 ALL: tuple[Setting[Any], ...] = (
     DISABLE, VLLM_LENS_DISABLE, TRUST_ARCH, GRAPH_LAYERS, HOOKS, TIMING,
     MAX_CAPTURE_GIB, MAX_HELD_CAPTURE_GIB, MAX_SAVED_MIB, MAX_HOOK_SETS, MAX_HOOK_SET_MIB, MAX_HOOK_RESULTS_MIB,
-    HANDOFF, HANDOFF_DIR, HANDOFF_MIN_BYTES, HANDOFF_POOL_MIB, WRITE_THREADS,
+    HANDOFF, HANDOFF_DIR, HANDOFF_MIN_BYTES, HANDOFF_POOL_MIB, COPY_OVERLAP, PINNED_SPARE_GIB, WRITE_THREADS,
     MODEL_DIR, PROBE_DIR, ORACLE_DIR, GGUF_DIR, DEQUANT_DTYPE, BENCH_PROFILE,
 )
 

@@ -1,8 +1,9 @@
 """The end of a capture run at GPU scale, on a bare machine: step rows copied from the GPU into
-the pinned arena (``host_store.to_host``), then one fetch of every request as the worker does it
+the pinned arena (``host_copy``), then one fetch of every request as the worker does it
 (release, then write: inline bytes, hand-off files on 1 or N writer threads, or the shared pool)
 and the frontend's claim. Needs only torch and numpy (the GPU image has no pydantic, so the package's
-``__init__`` is skipped: only ``host_store``, ``protocol``, ``results`` and ``handoff`` are loaded).
+``__init__`` is skipped: only ``host_copy``, ``host_store``, ``protocol``, ``results``, ``handoff`` and
+``settings`` are loaded).
 
     python3 scripts/fetch_path_bench.py [--requests 256] [--steps 129] [--hidden 4096]
 """
@@ -26,7 +27,8 @@ for package in ("lens_evals", "lens_evals.engine"):  # namespace stubs: no packa
 import torch  # noqa: E402
 
 from lens_evals.engine import handoff, handoff_pool  # noqa: E402
-from lens_evals.engine.host_store import Piece, PieceStore, row_blocks, to_host  # noqa: E402
+from lens_evals.engine.host_copy import host_copier  # noqa: E402
+from lens_evals.engine.host_store import Piece, PieceStore, row_blocks  # noqa: E402
 from lens_evals.engine.protocol import PackedRows  # noqa: E402
 from lens_evals.engine.results import THREADS_ENV, TakenResult, write_results  # noqa: E402
 
@@ -34,8 +36,9 @@ from lens_evals.engine.results import THREADS_ENV, TakenResult, write_results  #
 def fill(requests: int, steps: int, hidden: int, device: str) -> PieceStore:
     store = PieceStore()
     rows = torch.randn(requests, hidden, device=device).to(torch.bfloat16)
+    copier = host_copier(torch.device(device))
     for step in range(steps):
-        data, ready, chunk = to_host(rows.unsqueeze(0).clone(), store.arena)
+        data, ready, chunk = copier.to_host(rows.unsqueeze(0).clone(), store.arena)
         buffer = store.new_buffer(data, ready, requests, chunk)
         for index in range(requests):
             store.add(f"k{index}", Piece(buffer, index, 1, step, None))

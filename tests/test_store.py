@@ -151,9 +151,9 @@ def test_packed_rows_refuse_unknown_dtypes_and_wrong_lengths() -> None:
 
 
 def test_arena_regions_never_overlap_while_live_and_chunks_are_reused() -> None:
-    from lens_evals.engine.host_store import PinnedArena
+    from lens_evals.engine.host_copy import PinnedArena
 
-    arena = PinnedArena(chunk_bytes=4096, pin=False)  # bookkeeping only: no pinning on a CPU machine
+    arena = PinnedArena(chunk_bytes=4096, pin=False, max_spare_bytes=2**20)  # bookkeeping only: no pinning on a CPU machine
     live: list[tuple[torch.Tensor, object]] = []
     for size in (1000, 1500, 1200, 3000, 5000):  # the 5000-byte step gets a chunk of its own size
         region, chunk = arena.take(size)
@@ -169,3 +169,63 @@ def test_arena_regions_never_overlap_while_live_and_chunks_are_reused() -> None:
     assert arena.pinned_bytes == pinned
     starts = sorted((c.data.data_ptr(), r.data_ptr()) for r, c in again)
     assert len({ptr for _, ptr in starts}) == 8  # eight distinct regions
+
+
+def test_arena_keeps_spare_chunks_by_bytes_the_last_runs_peak_at_most_the_cap() -> None:
+    """A run like the last pins nothing afresh; a smaller run after a large one gives the large
+    one's memory back; the cap bounds what is kept whatever the peak."""
+    from lens_evals.engine.host_copy import PinnedArena
+
+    def run(arena: PinnedArena, steps: int) -> int:
+        """``steps`` step buffers of a chunk each, held at once, then all fetched: how many chunks
+        were pinned afresh."""
+        pinned = arena.pinned_bytes
+        held = [arena.take(4096)[1] for _ in range(steps)]
+        fresh = (arena.pinned_bytes - pinned) // 4096
+        for chunk in held:
+            arena.give_back(chunk)
+        return fresh
+
+    arena = PinnedArena(chunk_bytes=4096, pin=False, max_spare_bytes=10 * 4096)
+    assert run(arena, 24) == 24  # the first run pins every chunk
+    assert arena.used_bytes == 0 and arena.last_peak == 24 * 4096
+    assert arena.pinned_bytes == 10 * 4096  # kept: its peak, capped at 10 chunks
+    assert run(arena, 8) == 0  # a smaller run: all from the spares ...
+    assert arena.pinned_bytes == 8 * 4096  # ... and afterwards only its own peak is kept
+    assert run(arena, 8) == 0 and arena.pinned_bytes == 8 * 4096
+    assert run(arena, 9) == 1  # one chunk more than the last run had
+    assert arena.pinned_bytes == 9 * 4096
+
+    uncapped = PinnedArena(chunk_bytes=4096, pin=False, max_spare_bytes=2**30)
+    run(uncapped, 24)
+    assert uncapped.pinned_bytes == 24 * 4096 and run(uncapped, 24) == 0  # the old count bound (16) re-pinned 8
+    none_kept = PinnedArena(chunk_bytes=4096, pin=False, max_spare_bytes=0)
+    run(none_kept, 4)
+    assert none_kept.pinned_bytes == 0 and run(none_kept, 4) == 4
+
+
+def test_arena_spare_bound_is_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lens_evals.engine.host_copy import PinnedArena
+
+    monkeypatch.setenv("LENS_EVALS_PINNED_SPARE_GIB", "0.5")
+    assert PinnedArena(pin=False).max_spare_bytes == 2**29
+    monkeypatch.delenv("LENS_EVALS_PINNED_SPARE_GIB")
+    assert PinnedArena(pin=False).max_spare_bytes == 4 * 2**30
+
+
+def test_the_copy_is_chosen_by_device_and_none_is_made_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lens_evals.engine.host_copy import PinnedArena, PlainCopy, StreamCopy, host_copier
+
+    copier = host_copier(torch.device("cpu"))
+    assert type(copier) is PlainCopy and not copier.overlap and copier.set_overlap(True) is False
+    arena = PinnedArena(pin=False)
+    rows = torch.randn(2, 3, 8)
+    host, ready, chunk = copier.to_host(rows, arena)
+    assert host is rows and ready is None and chunk is None and arena.pinned_bytes == 0  # as it is: no copy, nothing pinned
+    assert copier.copies == 1 and copier.overlapped == 0
+    with pytest.raises(ValueError, match="copier of its device"):
+        copier.to_host(torch.empty(2, device="meta"), arena)
+    monkeypatch.setenv("LENS_EVALS_COPY_OVERLAP", "0")  # a CUDA device: the stream copy, its mode from the setting
+    assert isinstance(host_copier(torch.device("cuda", 0)), StreamCopy) and not host_copier(torch.device("cuda", 0)).overlap
+    monkeypatch.delenv("LENS_EVALS_COPY_OVERLAP")
+    assert host_copier(torch.device("cuda", 0)).overlap

@@ -1,7 +1,8 @@
 """Host memory on the worker for captured rows and probe scores, step by step, until a request
 is fetched (the frontend reads what arrives with ``frontend_rows``).
 
-A step copies everything it captured to the host in ONE asynchronous copy (a ``StepBuffer``);
+A step copies everything it captured to the host in ONE asynchronous copy (a ``StepBuffer``;
+the copy and its pinned memory: ``host_copy``);
 each request of the step keeps only a small ``Piece`` that says where its rows are in that
 buffer. No per-request tensor work happens while the engine steps: the rows are cut out and
 joined when the request is fetched (``assemble``).
@@ -21,69 +22,10 @@ import numpy as np
 import torch
 
 from lens_evals.engine.handoff import Sink, inline
+from lens_evals.engine.host_copy import PinnedArena
 from lens_evals.engine.protocol import PackedRows, PackedRowsWire
 
 COMPACT_BELOW = 0.25
-
-
-class _Chunk:
-    __slots__ = ("data", "used", "live")
-
-    def __init__(self, nbytes: int, pin: bool) -> None:
-        self.data = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-        self.used = 0
-        self.live = 0
-
-
-class PinnedArena:
-    """Pinned host memory for the per-step device-to-host copies, in large chunks: pinning is
-    slow (page locking, and the driver may wait for the device), so a chunk is pinned once and
-    reused once every step buffer carved out of it is freed. All copies go on one CUDA stream in
-    order, so a reused region is written only after earlier copies into it finished."""
-
-    ALIGN = 512
-    MAX_SPARE = 16  # chunks kept for reuse beyond the ones in use
-
-    def __init__(self, chunk_bytes: int = 64 * 2**20, pin: bool = True) -> None:
-        self.chunk_bytes = chunk_bytes
-        self.pin = pin
-        self.current: _Chunk | None = None
-        self.spare: list[_Chunk] = []
-        self.pinned_bytes = 0
-
-    def take(self, nbytes: int) -> tuple[torch.Tensor, _Chunk]:
-        size = -(-nbytes // self.ALIGN) * self.ALIGN
-        chunk = self.current
-        if chunk is None or chunk.used + size > chunk.data.numel():
-            chunk = self._fresh(size)
-        region = chunk.data[chunk.used : chunk.used + nbytes]
-        chunk.used += size
-        chunk.live += 1
-        return region, chunk
-
-    def _fresh(self, size: int) -> _Chunk:
-        old = self.current
-        if old is not None and old.live == 0:
-            old.used = 0
-            self.spare.append(old)
-        fits = [c for c in self.spare if c.data.numel() >= size]
-        if fits:
-            chunk = min(fits, key=lambda c: c.data.numel())
-            self.spare.remove(chunk)
-        else:
-            chunk = _Chunk(max(self.chunk_bytes, size), self.pin)
-            self.pinned_bytes += chunk.data.numel()
-        self.current = chunk
-        return chunk
-
-    def give_back(self, chunk: _Chunk) -> None:
-        chunk.live -= 1
-        if chunk.live == 0:
-            chunk.used = 0
-            if chunk is not self.current and len(self.spare) < self.MAX_SPARE:
-                self.spare.append(chunk)
-            elif chunk is not self.current:
-                self.pinned_bytes -= chunk.data.numel()  # dropped: back to PyTorch's allocator
 
 
 class StepBuffer:
@@ -150,19 +92,6 @@ class Piece:
         return np.stack([data[offset : offset + n] for offset in self.slots])
 
 
-def to_host(tensor: torch.Tensor, arena: PinnedArena) -> tuple[torch.Tensor, Any, Any]:
-    """One asynchronous device-to-host copy into pinned memory from ``arena``: (host tensor,
-    CUDA event, arena chunk). On CPU the tensor itself (it is already a copy), None, None."""
-    if tensor.device.type != "cuda":
-        return tensor, None, None
-    region, chunk = arena.take(tensor.numel() * tensor.element_size())
-    host = region.view(tensor.dtype).view(tensor.shape)
-    host.copy_(tensor, non_blocking=True)
-    ready = torch.cuda.Event()
-    ready.record()
-    return host, ready, chunk
-
-
 class PieceStore:
     """Pieces per request key, with the host bytes their buffers keep alive."""
 
@@ -170,7 +99,7 @@ class PieceStore:
         self.by_key: dict[str, list[Piece]] = {}
         self.held_bytes = 0
         self._sparse: dict[int, StepBuffer] = {}  # buffers to compact at the next step
-        self.arena = PinnedArena(arena_chunk_bytes)  # pins memory only for device tensors (``to_host``)
+        self.arena = PinnedArena(arena_chunk_bytes)  # pins memory only for device tensors (``host_copy``)
 
     def new_buffer(self, data: torch.Tensor, ready: Any, units: int, chunk: Any = None) -> StepBuffer:
         buffer = StepBuffer(data, ready, units, chunk)

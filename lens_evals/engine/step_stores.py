@@ -7,12 +7,14 @@ from collections.abc import Callable
 
 import torch
 
-from lens_evals.engine.host_store import Piece, PieceStore, to_host
+from lens_evals.engine.host_copy import PlainCopy
+from lens_evals.engine.host_store import Piece, PieceStore
 from lens_evals.engine.plan import StepPlan
 
 
 class StepStores:
-    def __init__(self, max_held_bytes: int) -> None:
+    def __init__(self, max_held_bytes: int, copier: PlainCopy | None = None) -> None:
+        self.copier = copier if copier is not None else PlainCopy()  # ``host_copy.host_copier`` for the device
         self.captures = PieceStore()  # captured rows per request key
         self.scores = PieceStore(arena_chunk_bytes=4 * 2**20)  # probe scores per request key
         self.max_held_bytes = max_held_bytes
@@ -48,7 +50,7 @@ class StepStores:
                 stacked = block  # each layer was gathered into its slot: nothing more to copy
             else:
                 stacked = torch.stack(layers)  # (L, R, H), a new tensor
-            data, ready, chunk = to_host(stacked, self.captures.arena)
+            data, ready, chunk = self.copier.to_host(stacked, self.captures.arena)
             buffer = self.captures.new_buffer(data, ready, stacked.shape[1], chunk)
             for slot in plan.capture_slots:
                 if keeps(slot.key):
@@ -56,7 +58,7 @@ class StepStores:
             self.captures.drop_unused(buffer)
         if plan.score_slots and len(scored) == len(plan.probes):
             flat = torch.cat([scored[layer] for layer in plan.probes])  # float32 scores of every (row, probe) pair
-            data, ready, chunk = to_host(flat, self.scores.arena)
+            data, ready, chunk = self.copier.to_host(flat, self.scores.arena)
             buffer = self.scores.new_buffer(data, ready, flat.shape[0], chunk)
             for score_slot in plan.score_slots:
                 if keeps(score_slot.key):

@@ -14,6 +14,7 @@ import torch
 
 from lens_evals import settings, wire
 from lens_evals.engine import compat, handoff, timing
+from lens_evals.engine.host_copy import host_copier
 from lens_evals.engine.host_store import row_blocks
 from lens_evals.engine.ledger import RequestLedger
 from lens_evals.engine.plan import StepPlan
@@ -92,7 +93,7 @@ class WorkerCore:
         self.local_layers = local_layers
         self.ledger = RequestLedger()
         self.planner = StepPlanner(device, dtype, capture_here, local_layers)
-        self.stores = StepStores(settings.MAX_HELD_CAPTURE_GIB.in_bytes())
+        self.stores = StepStores(settings.MAX_HELD_CAPTURE_GIB.in_bytes(), host_copier(device))
         max_saved_chars = settings.MAX_SAVED_MIB.in_bytes()
         self.fetch = Fetch(self.ledger, self.stores, capture_here, local_layers, max_saved_chars)
 
