@@ -134,3 +134,17 @@ def test_capture_size_cap(llm, monkeypatch) -> None:
     monkeypatch.setenv("LENS_EVALS_MAX_CAPTURE_GIB", str(1e-6))
     with pytest.raises(ValueError, match="over the per-request limit"):
         llm.generate([PROMPTS[0]], greedy(4, output_residual_stream=[0, 1, 2, 3]))
+
+
+def test_step_copies_on_cpu_are_counted_and_never_overlapped(llm) -> None:
+    """``lens_evals_copy`` (the bench's paired rounds use it on a GPU): on CPU the step's rows are
+    kept as they are, nothing is pinned, and asking for the overlap changes nothing."""
+    from lens_evals.engine.protocol import COPY_METHOD
+
+    (before,) = llm.collective_rpc(COPY_METHOD, args=(True,))
+    out = llm.generate([PROMPTS[0]], greedy(4, output_residual_stream=[1]))[0]
+    (after,) = llm.collective_rpc(COPY_METHOD, args=(None,))
+    assert capture(out).shape == (1, len(out.prompt_token_ids) + 3, HIDDEN)
+    assert before["overlap"] is False and after["overlap"] is False
+    assert after["copies"] - before["copies"] == 4  # one per forward pass: the prompt, then 3 decode steps
+    assert after["overlapped"] == 0 and after["pinned_bytes"] == 0

@@ -22,6 +22,7 @@ FETCH_METHOD = "lens_evals_fetch"  # (keys, HandoffTargetWire | None) -> FetchRe
 MEMORY_METHOD = "lens_evals_memory"  # () -> MemoryReport
 REGISTER_SET_METHOD = "lens_evals_register_hook_set"  # (set id, list[HookWire]) -> error text or None
 CLEAR_SET_METHOD = "lens_evals_clear_hook_set"  # (set id,) -> whether the set was there
+COPY_METHOD = "lens_evals_copy"  # (overlap: bool | None,) -> CopyReport (the bench's paired rounds, tests)
 
 
 # ----------------------------------------------------------------- request payloads
@@ -95,6 +96,18 @@ class MemoryReport(TypedDict):
     held_bytes: int
     requests: int  # requests with rows held
     tracked: int  # vLLM requests the worker follows
+
+
+class CopyReport(TypedDict):
+    """The worker's device-to-host copies of step rows (``host_copy``), after the call set the
+    mode: ``overlap`` whether they go on a side stream now (False on CPU), ``copies`` made so far,
+    ``overlapped`` of them on the side stream, and the pinned bytes of the captures' arena."""
+
+    overlap: bool
+    copies: int
+    overlapped: int
+    pinned_bytes: int
+    spare_bytes: int
 
 
 class PackedRows:

@@ -9,9 +9,11 @@ from typing import Any
 from lens_evals.engine import compat, handoff, timing
 from lens_evals.engine.protocol import (
     CLEAR_SET_METHOD,
+    COPY_METHOD,
     FETCH_METHOD,
     MEMORY_METHOD,
     REGISTER_SET_METHOD,
+    CopyReport,
     FetchReply,
     HandoffTargetWire,
     HookWire,
@@ -44,6 +46,17 @@ def worker_memory(worker: Any) -> MemoryReport:
     return {"held_bytes": core.held_bytes, "requests": len(core.stores.keys()), "tracked": len(core.ledger.requests)}
 
 
+def copy_mode(worker: Any, overlap: bool | None = None) -> CopyReport:
+    """Overlap the step copies with the next step, or not (None: leave as it is); what they did."""
+    stores = get_state(compat.runner_from_worker(worker)).core.stores
+    copier = stores.copier
+    if overlap is not None:
+        copier.set_overlap(bool(overlap))
+    arena = stores.captures.arena
+    return {"overlap": copier.overlap, "copies": copier.copies, "overlapped": copier.overlapped,
+            "pinned_bytes": arena.pinned_bytes, "spare_bytes": arena.spare_bytes}
+
+
 def register_hook_set(worker: Any, set_id: str, hooks: list[HookWire]) -> str | None:
     """Resolve a persistent hook set on this worker; the error text if it cannot be."""
     state = get_state(compat.runner_from_worker(worker))
@@ -63,4 +76,5 @@ WORKER_METHODS: dict[str, Any] = {
     MEMORY_METHOD: worker_memory,
     REGISTER_SET_METHOD: register_hook_set,
     CLEAR_SET_METHOD: clear_hook_set,
+    COPY_METHOD: copy_mode,
 }
