@@ -44,6 +44,12 @@
 # eager ones ~25 s, HF forward ~45 s); the rest in a second call (same BENCH_DIR, --resume):
 #   WORKLOAD=prefill bash scripts/gpu_bench.sh
 #   WORKLOAD=prefill bash scripts/gpu_bench.sh lens-graphs-mixed,lens-capture-8,lens-graphs-capture-8
+# The step copies' overlap (LENS_EVALS_COPY_OVERLAP, engine/host_copy.py): on the GPU the prefill
+# lens-mixed / lens-graphs-mixed systems add capture-1-sync (and capture-8-sync, eager) rounds, the
+# same captures with that round's copies on the compute stream, so the side stream's gain is a
+# paired ratio on one engine ("Copy overlap" line of bench.md; ~+25 s per mixed system). The same
+# in separate processes (overlap off; the baselines already in BENCH_DIR are reused):
+#   WORKLOAD=prefill bash scripts/gpu_bench.sh lens-capture-1-sync,lens-graphs-capture-1-sync
 set -uo pipefail
 WORKLOAD=${WORKLOAD:-decode}
 if [ "$WORKLOAD" = prefill ]; then

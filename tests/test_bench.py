@@ -169,3 +169,64 @@ def test_phase_log_is_read_fetch_by_fetch(tmp_path) -> None:
         {"fetch: release": 0.3, "plan": 1.5, "taps (queued)": 22.6, "fetch: attach to outputs": 5.6},
         {"store": 89.8, "fetch: worker round trip": 16.6},
     ]
+
+
+def test_gpu_prefill_pairs_each_capture_with_its_round_without_copy_overlap() -> None:
+    """The ``-sync`` rounds (GPU, prefill) ask for the same capture with the copy overlap off for
+    that round alone, and fail loudly when the worker did not turn it off."""
+    from lens_evals.bench.interleaved import copy_overlap, features_of
+    from lens_evals.engine.protocol import COPY_METHOD
+
+    cfg = BenchConfig(model_dir="m", prompts=[[1, 2]], max_tokens=1, layer=1, num_layers=4, hidden_size=8, workload="prefill")
+    eager, graphs = ALL_SYSTEMS["lens-mixed"], ALL_SYSTEMS["lens-graphs-mixed"]
+    assert not any(f.endswith("-sync") for f in features_of(eager, cfg))  # on CPU there is no copy to overlap
+    gpu = replace(cfg, device="cuda")
+    assert features_of(eager, gpu)[-2:] == ("capture-1-sync", "capture-8-sync")
+    assert features_of(graphs, gpu) == (*FEATURES, "capture-1-sync")
+    assert not any(f.endswith("-sync") for f in features_of(eager, replace(gpu, workload="decode")))
+
+    class Engine:
+        def __init__(self, honours: bool) -> None:
+            self.calls: list[tuple[str, tuple]] = []
+            self.honours = honours
+
+        def collective_rpc(self, method: str, args: tuple) -> list[dict]:
+            self.calls.append((method, args))
+            return [{"overlap": bool(args[0]) or not self.honours}]
+
+    engine = Engine(honours=True)
+    with copy_overlap(engine, "capture-1"):
+        assert engine.calls == []
+    with copy_overlap(engine, "capture-8-sync"):
+        assert engine.calls == [(COPY_METHOD, (False,))]
+    assert engine.calls == [(COPY_METHOD, (False,)), (COPY_METHOD, (True,))]  # back on after the round
+    with pytest.raises(RuntimeError, match="did not turn the copy overlap off"):
+        with copy_overlap(Engine(honours=False), "capture-1-sync"):
+            pass
+
+
+def test_report_gives_the_paired_overlap_ratio_and_no_target_for_the_sync_rounds() -> None:
+    from lens_evals.bench.interleaved import summarise
+    from lens_evals.bench.report import interleaved_markdown, prefill_targets
+
+    times = {"plain": [1.0, 1.0, 1.0], "capture-1": [1.2, 1.1, 1.3], "capture-1-sync": [1.5, 1.0, 1.3]}
+    row = {"system": "lens-mixed", "status": "ok", "interleaved": {"times": times, "summary": summarise(times)}}
+    text = "\n".join(interleaved_markdown([row]))
+    assert "| lens-mixed | capture-1-sync |" in text
+    assert "capture-1 with the step copies on a side stream" in text and "median 1.000x, range 0.800-1.100 over 3 rounds" in text
+    goals = [goal["target"] for goal in prefill_targets([row], "cuda")]
+    assert any(goal.startswith("capture-1 <=") for goal in goals) and not any("sync" in goal for goal in goals)
+
+
+def test_sync_systems_run_ours_with_the_copy_overlap_off_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lens_evals.bench.launcher import system_env
+    from lens_evals.bench.systems import default_systems
+
+    cfg = BenchConfig(model_dir="m", prompts=[[1, 2]], max_tokens=1, layer=1, num_layers=4, hidden_size=8, device="cuda")
+    for name in ("lens-capture-1-sync", "lens-graphs-capture-1-sync"):
+        system = ALL_SYSTEMS[name]
+        assert system_env(system, cfg)["LENS_EVALS_COPY_OVERLAP"] == "0"
+        assert lens_extra_args(system, cfg) == lens_extra_args(ALL_SYSTEMS[name.removesuffix("-sync")], cfg)
+        assert name not in default_systems(True) and name not in default_systems(True, "prefill")
+    monkeypatch.delenv("LENS_EVALS_COPY_OVERLAP", raising=False)
+    assert "LENS_EVALS_COPY_OVERLAP" not in system_env(ALL_SYSTEMS["lens-capture-1"], cfg)  # the default: overlapped

@@ -20,7 +20,8 @@ import io
 import pstats
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,33 @@ from lens_evals.bench.systems import System
 
 FEATURES = ("plain", "capture-1", "steer-1", "probe")
 PREFILL_FEATURES = ("plain", "capture-1", "capture-8", "steer-1", "probe")  # graph mode taps one layer: no capture-8
+# The same capture with the step copies on the compute stream (``LENS_EVALS_COPY_OVERLAP=0``, set
+# for the round through the worker method): the side stream's gain, paired on one engine (GPU only)
+SYNC = "-sync"
 
 
 def features_of(system: System, cfg: BenchConfig) -> tuple[str, ...]:
-    return PREFILL_FEATURES if cfg.workload == "prefill" and not system.graph_mode else FEATURES
+    features = PREFILL_FEATURES if cfg.workload == "prefill" and not system.graph_mode else FEATURES
+    if cfg.workload == "prefill" and cfg.device == "cuda":
+        features += tuple(f + SYNC for f in features if f.startswith("capture"))
+    return features
+
+
+@contextmanager
+def copy_overlap(llm: Any, feature: str) -> Iterator[None]:
+    """A ``-sync`` feature's round runs with the step copies on the compute stream."""
+    if not feature.endswith(SYNC):
+        yield
+        return
+    from lens_evals.engine.protocol import COPY_METHOD
+
+    reports = llm.collective_rpc(COPY_METHOD, args=(False,))
+    if any(report["overlap"] for report in reports):
+        raise RuntimeError(f"{feature}: the worker did not turn the copy overlap off: {reports}")
+    try:
+        yield
+    finally:
+        llm.collective_rpc(COPY_METHOD, args=(True,))
 
 
 def rotated(features: tuple[str, ...], round_index: int) -> list[str]:
@@ -96,7 +120,7 @@ def run_mixed(system: System, cfg: BenchConfig) -> Measured:
     from lens_evals.bench.vllm_systems import count_syncs, engine_prompts, lens_extra_args, sampling_params, start_engine
 
     features = features_of(system, cfg)
-    extras = {f: lens_extra_args(System(f, f, "vllm", lens=f), cfg) for f in features}
+    extras = {f: lens_extra_args(System(f, f, "vllm", lens=f.removesuffix(SYNC)), cfg) for f in features}
     llm, start_seconds, warm_seconds = start_engine(system, cfg, list(extras.values()))
     prompts = engine_prompts(cfg.prompts)
     params = {f: sampling_params(cfg, cfg.max_tokens, extra) for f, extra in extras.items()}
@@ -108,9 +132,10 @@ def run_mixed(system: System, cfg: BenchConfig) -> Measured:
     tokens: dict[str, list[list[int]]] = {}
     for round_index in range(max(2, cfg.repeats)):
         for feature in rotated(features, round_index):
-            began = time.perf_counter()
-            outputs = generate(feature)
-            times[feature].append(time.perf_counter() - began)
+            with copy_overlap(llm, feature):
+                began = time.perf_counter()
+                outputs = generate(feature)
+                times[feature].append(time.perf_counter() - began)
             tokens[feature] = [list(o.outputs[0].token_ids) for o in outputs]
             carried = delivered(feature, outputs)
             if carried != len(prompts):  # a cheap round that did no work is no result
@@ -122,16 +147,18 @@ def run_mixed(system: System, cfg: BenchConfig) -> Measured:
         measured.notes.append(f"{feature} last round: tokens equal plain on {same}/{len(prompts)}")
     if cfg.sync_debug:
         for feature in features:
-            measured.notes.append(f"{feature}: " + count_syncs(cfg, lambda feature=feature: generate(feature)))
+            with copy_overlap(llm, feature):
+                measured.notes.append(f"{feature}: " + count_syncs(cfg, lambda feature=feature: generate(feature)))
     profile_dir = settings.BENCH_PROFILE.get()
     if profile_dir:
         Path(profile_dir).mkdir(parents=True, exist_ok=True)
         for feature in features:
-            _profiled(lambda feature=feature: generate(feature), Path(profile_dir) / f"{system.name}-{feature}.txt")
+            with copy_overlap(llm, feature):
+                _profiled(lambda feature=feature: generate(feature), Path(profile_dir) / f"{system.name}-{feature}.txt")
         measured.notes.append(f"profiles in {profile_dir}")
     if cfg.workload == "prefill":
         for feature in features:
-            if feature.startswith("capture"):
+            if feature.startswith("capture") and not feature.endswith(SYNC):
                 layers = capture_layers(feature, cfg.num_layers, cfg.layer)
                 note = copy_note(cfg.prompt_tokens, len(layers), cfg.hidden_size, torch_dtype(cfg.dtype), cfg.device)
                 measured.notes.append(f"{feature}: {note}")

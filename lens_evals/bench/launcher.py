@@ -54,6 +54,8 @@ def system_env(system: System, cfg: BenchConfig) -> dict[str, str]:
         env[settings.DISABLE.name] = "1"
     else:
         env.pop(settings.DISABLE.name, None)
+    if not system.copy_overlap:
+        env[settings.COPY_OVERLAP.name] = "0"
     held_layers = {"capture-all": cfg.num_layers, "capture-8": MANY_LAYERS}.get(system.lens or "", 0)
     if system.lens == "mixed" and cfg.workload == "prefill":
         held_layers = MANY_LAYERS  # its capture-8 rounds

@@ -14,6 +14,7 @@ class System:
     cuda_graphs: bool = False  # pure vLLM with CUDA graphs / torch.compile (GPU only)
     gpu_only: bool = False
     captures_layer: bool = False  # yields the hooked layer's stream to compare with HF
+    copy_overlap: bool = True  # False: LENS_EVALS_COPY_OVERLAP=0, the step copies on the compute stream
 
     @property
     def on_vllm(self) -> bool:
@@ -47,6 +48,11 @@ ALL_SYSTEMS: dict[str, System] = {
                cuda_graphs=True, gpu_only=True, captures_layer=True),
         System("lens-graphs-capture-8", "ours, graph mode: capture 8 layers", "vllm", lens="capture-8",
                cuda_graphs=True, gpu_only=True, captures_layer=True),
+        # The same captures with the step copies on the compute stream (the side stream's gain, GPU)
+        System("lens-capture-1-sync", "ours: capture 1 layer, copies not overlapped", "vllm", lens="capture-1",
+               gpu_only=True, captures_layer=True, copy_overlap=False),
+        System("lens-graphs-capture-1-sync", "ours, graph mode: capture 1 layer, copies not overlapped", "vllm",
+               lens="capture-1", cuda_graphs=True, gpu_only=True, captures_layer=True, copy_overlap=False),
         System("lens-graphs-steer-1", "ours, graph mode: steer 1 layer", "vllm", lens="steer-1", cuda_graphs=True, gpu_only=True),
         System("lens-graphs-probe", "ours, graph mode: probe on worker", "vllm", lens="probe", cuda_graphs=True, gpu_only=True),
         # One engine, plain requests and each feature in alternating rounds (see ``interleaved``)
@@ -68,8 +74,9 @@ MOONSHOT_SYSTEMS = ("lens-graphs-capture-1", "lens-graphs-steer-1", "lens-graphs
 MIN_SPEEDUP_VS_HF = 10.0  # ours capture 1 layer vs HF generate + hook
 
 
-# The prefill workload (issue #21): capture costs against the copy it must make.
-PREFILL_ONLY = ("lens-capture-8", "lens-graphs-capture-8", HF_FORWARD)
+# The prefill workload (issue #21): capture costs against the copy it must make. PREFILL_ONLY:
+# not in the decode workload's default systems (the -sync rows: named when wanted).
+PREFILL_ONLY = ("lens-capture-8", "lens-graphs-capture-8", "lens-capture-1-sync", "lens-graphs-capture-1-sync", HF_FORWARD)
 PREFILL_CPU = ("vllm-eager", "lens-capture-1", "lens-mixed", HF_FORWARD)
 PREFILL_GPU = ("vllm-graphs", "vllm-eager", "lens-capture-1", "lens-capture-8", "lens-graphs-capture-1",
                "lens-graphs-capture-8", "lens-steer-1", "lens-graphs-probe", "lens-mixed", "lens-graphs-mixed", HF_FORWARD)
