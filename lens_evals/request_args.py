@@ -6,6 +6,7 @@ reason; nothing is executed or unpickled."""
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -41,7 +42,7 @@ def parse_lens_args(extra_args: Mapping[str, Any] | None) -> LensRequest:
         capture_all, layers = _parse_capture(capture)
     encoding = extra_args.get(ENCODING_KEY, wire.DEFAULT_RESPONSE_ENCODING)
     steering = _parse_items(extra_args.get(STEERING_KEY), SteeringVector, STEERING_KEY, "steering vectors")
-    probes = _parse_items(extra_args.get(PROBE_KEY), LinearProbe, PROBE_KEY, "probes")
+    probes = _parse_probes(extra_args.get(PROBE_KEY))
     hooks = _parse_items(extra_args.get(HOOKS_KEY), Hook, HOOKS_KEY, "hooks")
     hook_set = extra_args.get(HOOK_SET_KEY)
     if hook_set is not None and not isinstance(hook_set, str):
@@ -87,6 +88,30 @@ def _parse_items(raw: Any, model: Any, key: str, what: str) -> list[Any]:
         except ValueError as exc:
             raise ValueError(f"{key}[{n}]: {exc}") from None
     return items
+
+
+def _parse_probes(raw: Any) -> list[LinearProbe]:
+    """Probes; those sent as JSON strings (over HTTP every request sends the same strings again)
+    parsed once per distinct string (bounded, see ``_probe_json``)."""
+    if isinstance(raw, str):
+        texts = [(raw, raw.lstrip().startswith("["))]
+    elif isinstance(raw, list) and raw and all(isinstance(item, str) and not item.lstrip().startswith("[") for item in raw):
+        texts = [(item, False) for item in raw]
+    else:
+        return _parse_items(raw, LinearProbe, PROBE_KEY, "probes")
+    try:
+        return [probe for text, whole_list in texts for probe in _probe_json(text, whole_list)]
+    except ValueError:
+        return _parse_items(raw, LinearProbe, PROBE_KEY, "probes")  # raises again, naming the bad item
+
+
+@functools.lru_cache(maxsize=128)
+def _probe_json(text: str, whole_list: bool) -> tuple[LinearProbe, ...]:
+    """One probe's JSON string, or (``whole_list``) the JSON string of the whole list. Errors are
+    not cached. The probes are shared by the requests that send the string: they are only read."""
+    if whole_list:
+        return tuple(_parse_items(text, LinearProbe, PROBE_KEY, "probes"))
+    return (LinearProbe.from_wire(text),)
 
 
 def _parse_capture(value: Any) -> tuple[bool, list[int]]:

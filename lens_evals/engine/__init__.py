@@ -8,8 +8,9 @@ Modules by side (docs/architecture.md has the picture of the data path):
 - frontend side: ``frontend_admit`` (validate, normalise), ``frontend_attach`` (fetch, attach),
   ``frontend_rows``, ``frontend_hooks``, ``hook_sets``, ``hook_routes``, ``vllm_lens_api``,
   ``http_middleware``.
-- both sides: ``hook_refs``, ``handoff``, ``handoff_pool``, ``timing``.
+- both sides: ``hook_refs``, ``handoff``, ``handoff_pool``, ``probe_cache`` (probes encoded /
+  decoded once), ``timing``.
 - worker side: ``worker_state`` (per model runner) around ``worker_core`` (``ledger``,
-  ``planners`` -> ``plan``, ``step_stores`` -> ``host_store``, the fetch), ``taps`` /
+  ``planners`` -> ``plan``, ``step_stores`` -> ``host_copy`` / ``host_store``, the fetch), ``taps`` /
   ``graph_taps``, ``requests``, ``worker_hooks``, ``transfer``, ``results``, ``worker_rpc``.
 """

@@ -14,14 +14,14 @@ from lens_evals.engine import compat
 from lens_evals.engine.frontend_hooks import encode_hooks
 from lens_evals.engine.graph_taps import configured_layers, refusal
 from lens_evals.engine.hook_sets import UnknownHookSet, store_of
+from lens_evals.engine.probe_cache import encode_probe
 from lens_evals.engine.protocol import LensSpecWire
 from lens_evals.hooks import check_registered_args
 from lens_evals.request_args import parse_lens_args, refuse_misspelled_keys
 from lens_evals.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS
 
 REGISTRY_ATTR = "_lens_evals_pending"
-TAPPED_ATTR = "_lens_evals_graph_layers"
-REFUSAL_ATTR = "_lens_evals_refusal"
+FACTS_ATTR = "_lens_evals_engine_facts"
 
 
 @dataclass(frozen=True)
@@ -48,20 +48,27 @@ def pending_of(processor: Any) -> dict[str, PendingRequest]:
     return registry
 
 
-def _tapped_layers(processor: Any, num_layers: int) -> list[int] | None:
-    """The engine's graph-mode layers (None: eager mode), read from its config once."""
-    if not hasattr(processor, TAPPED_ATTR):
-        setattr(processor, TAPPED_ATTR, configured_layers(processor.vllm_config, num_layers))
-    return getattr(processor, TAPPED_ATTR)
+@dataclass(frozen=True)
+class EngineFacts:
+    """What admission needs of the engine, read from its config once per input processor: the
+    model's shape, the graph-mode layers (None: eager mode) and why the engine takes no lens
+    requests (its configuration, or an unverified architecture; None: it takes them). The
+    limits (``LENS_EVALS_MAX_CAPTURE_GIB``) are read per request: they may change while it runs."""
+
+    shape: compat.ModelShape
+    tapped: list[int] | None
+    refusal: str | None
 
 
-def _engine_refusal(processor: Any) -> str | None:
-    """Why this engine takes no lens requests (its configuration, or an unverified
-    architecture; None: it takes them), read once."""
-    if not hasattr(processor, REFUSAL_ATTR):
+def engine_facts(processor: Any) -> EngineFacts:
+    facts = getattr(processor, FACTS_ATTR, None)
+    if facts is None:
         config = processor.vllm_config
-        setattr(processor, REFUSAL_ATTR, compat.engine_refusal(config) or compat.frontend_refusal(config.model_config))
-    return getattr(processor, REFUSAL_ATTR)
+        shape = compat.model_shape(config)
+        refused = compat.engine_refusal(config) or compat.frontend_refusal(config.model_config)
+        facts = EngineFacts(shape, configured_layers(config, shape.num_layers), refused)
+        setattr(processor, FACTS_ATTR, facts)
+    return facts
 
 
 def on_request(processor: Any, request_id: str, request: Any) -> None:
@@ -80,16 +87,17 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
     lens = parse_lens_args(extra)
     if not lens.active:
         return
-    if (engine_refusal := _engine_refusal(processor)) is not None:
-        raise ValueError(engine_refusal)
+    facts = engine_facts(processor)
+    if facts.refusal is not None:
+        raise ValueError(facts.refusal)
     if getattr(params, "n", 1) != 1:
         raise ValueError(f"{'/'.join(LENS_KEYS)} need n=1 (send n separate requests)")
-    shape = compat.model_shape(processor.vllm_config)
+    shape = facts.shape
     lens = lens.for_model(shape.num_layers)
     prompt_len = len(request.prompt_token_ids or [])
     max_positions = prompt_len + int(params.max_tokens or 1) - 1
     lens.check_model(shape.num_layers, shape.hidden_size, max(max_positions, 1), max_capture_bytes())
-    tapped = _tapped_layers(processor, shape.num_layers)
+    tapped = facts.tapped
     if tapped is not None and (reason := refusal(lens, tapped)) is not None:
         raise ValueError(reason)
     for hook in lens.hooks:
@@ -101,13 +109,15 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
         except UnknownHookSet as exc:
             raise ValueError(str(exc.args[0])) from None
     hooks, local_ids = encode_hooks(lens.hooks)
+    probes = [encode_probe(probe) for probe in lens.probes]  # once per distinct probe
     key = uuid.uuid4().hex
     normalised = {k: v for k, v in extra.items() if k not in LENS_KEYS}
     spec: LensSpecWire = {
         "key": key,
         "capture": lens.capture_layers,
         "steer": [vec.to_wire() for vec in lens.steering],
-        "probes": [probe.to_wire() for probe in lens.probes],
+        "probes": [wire_form for wire_form, _ in probes],
+        "probe_digests": [digest for _, digest in probes],
         "hooks": hooks,
         "hook_set": lens.hook_set,
     }

@@ -45,6 +45,7 @@ class LensSpecWire(TypedDict):
     capture: list[int]
     steer: list[dict[str, Any]]  # SteeringVector.to_wire()
     probes: list[dict[str, Any]]  # LinearProbe.to_wire()
+    probe_digests: list[str]  # each probe's digest (``probe_cache``): the worker decodes a probe once
     hooks: list[HookWire]
     hook_set: str | None
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lens_evals.engine.probe_cache import LRU, probe_digest
 from lens_evals.engine.protocol import LensSpecWire
 from lens_evals.engine.transfer import to_device
 from lens_evals.engine.worker_hooks import WorkerHook, decode_hooks
@@ -63,7 +63,12 @@ def decode_worker_request(
         return None
     spec: LensSpecWire = extra_args[INTERNAL_KEY]
     steering = [_decode_steering(SteeringVector.from_wire(item), device, dtype) for item in spec.get("steer", [])]
-    probes = [_decode_probe(i, LinearProbe.from_wire(item), device) for i, item in enumerate(spec.get("probes", []))]
+    items = spec.get("probes", [])
+    sent = spec.get("probe_digests")
+    digests: list[str | None] = list(sent) if sent else [None] * len(items)
+    if len(digests) != len(items):
+        raise ValueError(f"{len(items)} probes but {len(digests)} probe digests")
+    probes = [_decode_probe(i, item, digest, device) for i, (item, digest) in enumerate(zip(items, digests))]
     hook_set = spec.get("hook_set")
     if hook_set is not None and hook_set not in hook_sets:
         raise ValueError(f"hook set {hook_set!r} is not registered on the worker (cleared?)")
@@ -78,11 +83,23 @@ def decode_worker_request(
     )
 
 
-def _decode_probe(index: int, probe: LinearProbe, device: torch.device) -> WorkerProbe:
-    weights = np.ascontiguousarray(probe.weights, dtype=np.float32)
-    digest = hashlib.sha256(weights.tobytes() + np.float64(probe.bias).tobytes()).hexdigest()
-    tensor = to_device(weights, device)
-    return WorkerProbe(index=index, layer=probe.layer, digest=digest, weights=tensor, bias=float(probe.bias))
+_device_probes: LRU[tuple[str, str], tuple[torch.Tensor, float]] = LRU()  # (digest, device) -> weights, bias
+
+
+def _decode_probe(index: int, item: dict[str, Any], digest: str | None, device: torch.device) -> WorkerProbe:
+    """A probe of the request, its weights on the device decoded once per digest (the frontend's;
+    computed here when a spec comes without it)."""
+    parsed = LinearProbe.from_wire(item) if digest is None else None
+    if parsed is not None:
+        digest = probe_digest(parsed.weights, parsed.bias)
+    assert digest is not None
+
+    def decode() -> tuple[torch.Tensor, float]:
+        probe = parsed if parsed is not None else LinearProbe.from_wire(item)
+        return to_device(np.ascontiguousarray(probe.weights, dtype=np.float32), device), float(probe.bias)
+
+    weights, bias = _device_probes.get_or_make((digest, str(device)), decode)
+    return WorkerProbe(index=index, layer=int(item["layer"]), digest=digest, weights=weights, bias=bias)
 
 
 def _decode_steering(vec: SteeringVector, device: torch.device, dtype: torch.dtype) -> WorkerSteering:

@@ -1,0 +1,126 @@
+"""The per-request work done once (issue #21, item 4): probes encoded once per distinct probe on
+the frontend and decoded once per digest on the worker, probes sent as JSON strings parsed once,
+the engine's facts read once per input processor. No engine. References: the uncached forms
+(``LinearProbe.to_wire``, a fresh parse, SHA-256 of the weights and bias computed here)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from lens_evals.engine import compat, frontend_admit
+from lens_evals.engine.probe_cache import LRU, encode_probe, probe_digest
+from lens_evals.engine.requests import decode_worker_request
+from lens_evals.request_args import parse_lens_args
+from lens_evals.spec import CAPTURE_KEY, INTERNAL_KEY, PROBE_KEY, LinearProbe
+
+HIDDEN = 64
+
+
+def probe(seed: int, name: str = "p", bias: float = 0.5) -> LinearProbe:
+    return LinearProbe(name=name, layer=2, weights=np.random.default_rng(seed).normal(size=HIDDEN).astype(np.float32), bias=bias)
+
+
+def test_lru_keeps_the_most_recently_used() -> None:
+    cache: LRU[str, int] = LRU(size=2)
+    made: list[str] = []
+
+    def make(key: str) -> int:
+        made.append(key)
+        return len(made)
+
+    for key in ("a", "b", "a", "c", "a", "b"):
+        cache.get_or_make(key, lambda key=key: make(key))
+    assert made == ["a", "b", "c", "b"]  # "a" was used again before "c" came, so "b" went first
+    assert len(cache) == 2
+
+
+def test_a_probe_is_encoded_once_per_content() -> None:
+    first = probe(1)
+    wire, digest = encode_probe(first)
+    assert wire == first.to_wire()
+    expected = hashlib.sha256(first.weights.astype(np.float32).tobytes() + np.float64(0.5).tobytes()).hexdigest()
+    assert digest == probe_digest(first.weights, first.bias) == expected
+    same = probe(1)  # another object, the same probe
+    assert encode_probe(same)[0] is wire
+    assert encode_probe(probe(1, name="q"))[0]["name"] == "q"  # the name is part of what is sent
+    assert encode_probe(probe(1, bias=0.25))[1] != digest
+    first.weights[0] += 1.0  # changed in place: a new probe, not the cached one
+    changed, changed_digest = encode_probe(first)
+    assert changed is not wire and changed_digest != digest and changed == first.to_wire()
+
+
+def test_probe_json_strings_are_parsed_once_and_errors_still_name_the_item() -> None:
+    texts = [probe(2, "a").to_json(), probe(3, "b").to_json()]
+    one = parse_lens_args({PROBE_KEY: list(texts)})
+    again = parse_lens_args({PROBE_KEY: list(texts)})
+    assert [p.name for p in one.probes] == ["a", "b"]
+    assert all(x is y for x, y in zip(one.probes, again.probes))  # the same parsed objects
+    np.testing.assert_array_equal(one.probes[1].weights, probe(3).weights)
+    whole = json.dumps([json.loads(text) for text in texts])  # vllm-lens's form: one string of the list
+    assert [p.name for p in parse_lens_args({PROBE_KEY: whole}).probes] == ["a", "b"]
+    assert parse_lens_args({PROBE_KEY: whole}).probes[0] is parse_lens_args({PROBE_KEY: whole}).probes[0]
+    bad = json.dumps({**json.loads(texts[1]), "layer": -1})
+    with pytest.raises(ValueError, match=r"output_probe_scores\[1\]"):
+        parse_lens_args({PROBE_KEY: [texts[0], bad]})
+    with pytest.raises(ValueError, match=r"output_probe_scores\[0\]: a probe must be an object, got list"):
+        parse_lens_args({PROBE_KEY: ["[1, 2]"]})  # a list string as an item is refused, cached or not
+
+
+def _spec(probes: list[LinearProbe], digests: bool = True) -> dict[str, Any]:
+    encoded = [encode_probe(p) for p in probes]
+    spec: dict[str, Any] = {"key": "k", "capture": [], "steer": [], "probes": [w for w, _ in encoded], "hooks": [], "hook_set": None}
+    if digests:
+        spec["probe_digests"] = [d for _, d in encoded]
+    return {INTERNAL_KEY: spec}
+
+
+def test_the_worker_decodes_a_probe_once_per_digest() -> None:
+    cpu = torch.device("cpu")
+    probes = [probe(4, "a"), probe(5, "b", bias=-1.0)]
+    first = decode_worker_request(_spec(probes), cpu, torch.float32, {})
+    second = decode_worker_request(_spec(list(reversed(probes))), cpu, torch.float32, {})
+    assert first is not None and second is not None
+    assert [p.index for p in second.probes] == [0, 1] and [p.bias for p in second.probes] == [-1.0, 0.5]
+    assert second.probes[0].weights is first.probes[1].weights  # decoded once, shared
+    for decoded, original in zip(first.probes, probes):
+        assert decoded.digest == probe_digest(original.weights, original.bias) and decoded.layer == 2
+        assert torch.equal(decoded.weights, torch.from_numpy(original.weights))
+    without = decode_worker_request(_spec(probes, digests=False), cpu, torch.float32, {})  # a spec without them
+    assert without is not None and [p.digest for p in without.probes] == [p.digest for p in first.probes]
+    broken = _spec(probes)
+    broken[INTERNAL_KEY]["probe_digests"] = broken[INTERNAL_KEY]["probe_digests"][:1]
+    with pytest.raises(ValueError, match="2 probes but 1 probe digests"):
+        decode_worker_request(broken, cpu, torch.float32, {})
+
+
+def test_the_engines_facts_are_read_once_and_the_limit_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    hf_config = SimpleNamespace(architectures=["LlamaForCausalLM"], num_hidden_layers=4, hidden_size=HIDDEN)
+    model_config = SimpleNamespace(hf_config=hf_config, hf_text_config=hf_config, max_model_len=512)
+    processor = SimpleNamespace(vllm_config=SimpleNamespace(model_config=model_config, additional_config={},
+                                                            use_v2_model_runner=False, speculative_config=None))
+    reads = []
+    real = compat.model_shape
+    monkeypatch.setattr(compat, "model_shape", lambda config: reads.append(config) or real(config))
+    from vllm import SamplingParams
+
+    def admit(extra: dict[str, Any]) -> Any:
+        request = SimpleNamespace(sampling_params=copy.copy(SamplingParams(max_tokens=2, extra_args=extra)),
+                                  prompt_token_ids=list(range(10)), cache_salt=None)
+        frontend_admit.on_request(processor, "r", request)
+        return request
+
+    for _ in range(5):
+        spec = admit({CAPTURE_KEY: [1], PROBE_KEY: [probe(6)]}).sampling_params.extra_args[INTERNAL_KEY]
+    assert len(reads) == 1
+    assert spec["probe_digests"] == [probe_digest(probe(6).weights, 0.5)] and spec["probes"] == [probe(6).to_wire()]
+    monkeypatch.setenv("LENS_EVALS_MAX_CAPTURE_GIB", "1e-9")  # the limit is read per request
+    with pytest.raises(ValueError, match="over the per-request limit"):
+        admit({CAPTURE_KEY: [1, 2, 3]})
