@@ -102,6 +102,7 @@ def test_the_next_steps_kernels_do_not_wait_for_the_copy(overlap: bool) -> None:
     copier = host_copier(device, overlap)
     arena = PinnedArena(chunk_bytes=2**20)
     rows = torch.ones(2**28, device=device, dtype=torch.bfloat16)
+    small = torch.ones(1024, device=device)  # allocated now: an allocation later could wait for the device
     warm = copier.to_host(rows, arena)  # pins the region once; the measured copy reuses it
     warm[1].synchronize()
     arena.give_back(warm[2])
@@ -109,7 +110,7 @@ def test_the_next_steps_kernels_do_not_wait_for_the_copy(overlap: bool) -> None:
     host, ready, _ = copier.to_host(rows, arena)
     del rows
     next_step = torch.cuda.Event()
-    torch.ones(1024, device=device).add_(1)  # the next step's first kernel
+    small.add_(1)  # the next step's first kernel
     next_step.record()
     next_step.synchronize()
     copy_still_running = not ready.query()
