@@ -41,8 +41,20 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "CAPTURE_KEY", "PROBE_KEY", "STEERING_KEY", "Hook", "HookContext", "HookSet", "LensClient", "LensRequest",
-    "LensRequestError", "LinearProbe", "SteeringVector", "activations_from_response", "lens_xargs", "parse_lens_args",
+    "CAPTURE_KEY",
+    "PROBE_KEY",
+    "STEERING_KEY",
+    "Hook",
+    "HookContext",
+    "HookSet",
+    "LensClient",
+    "LensRequest",
+    "LensRequestError",
+    "LinearProbe",
+    "SteeringVector",
+    "activations_from_response",
+    "lens_xargs",
+    "parse_lens_args",
     "register_hook_set",
 ]
 __version__ = "0.1.0"

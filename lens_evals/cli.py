@@ -40,8 +40,7 @@ def _probes(args: argparse.Namespace) -> int:
     else:
         from lens_evals.probing.sweep import sweep_layers
 
-        result = sweep_layers(args.model, args.dataset, C=args.C, out=args.out, limit=args.limit,
-                              with_roleplaying=not args.no_roleplaying)
+        result = sweep_layers(args.model, args.dataset, C=args.C, out=args.out, limit=args.limit, with_roleplaying=not args.no_roleplaying)
         for row in result["layers"]:
             print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
         print(f"best layer by validation AUROC: {result['best_layer_by_validation']}; plot: {Path(args.out).with_suffix('.png')}")
@@ -70,6 +69,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     return run_bench(args)
 
+
 def _capture(args: argparse.Namespace) -> int:
     from lens_evals.capture.command import run
 
@@ -96,12 +96,27 @@ def _oracle(args: argparse.Namespace) -> int:
 
         if args.name not in RECIPES:
             raise SystemExit(f"unknown oracle recipe {args.name!r}; known: {', '.join(sorted(RECIPES))}")
-        overrides = {key: value for key, value in (("train_per_family", args.train_per_family),
-                     ("eval_per_family", args.eval_per_family), ("epochs", args.epochs)) if value is not None}
+        overrides = {
+            key: value
+            for key, value in (
+                ("train_per_family", args.train_per_family),
+                ("eval_per_family", args.eval_per_family),
+                ("epochs", args.epochs),
+            )
+            if value is not None
+        }
         config = RECIPES[args.name].model_copy(update=overrides)
         path, card = build_oracle(args.name, config)
-        print(json.dumps({"path": str(path), "heldout": {k: card["heldout"][k] for k in ("n", "oracle", "zero_vector")},
-                          "timings_s": card["timings_s"]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "path": str(path),
+                    "heldout": {k: card["heldout"][k] for k in ("n", "oracle", "zero_vector")},
+                    "timings_s": card["timings_s"],
+                },
+                indent=2,
+            )
+        )
     return 0
 
 
@@ -130,8 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--no-roleplaying", action="store_true", help="skip the Roleplaying transfer curve")
     for command in (train, sweep):
         command.add_argument("--model", default="smollm2-135m-instruct")
-        command.add_argument("--dataset", default="instructed-pairs",
-                             help="instructed-pairs, geometry-of-truth, geometry-of-truth:SET[,SET], or coup")
+        command.add_argument(
+            "--dataset", default="instructed-pairs", help="instructed-pairs, geometry-of-truth, geometry-of-truth:SET[,SET], or coup"
+        )
         command.add_argument("--C", type=float, default=0.1, help="inverse L2 strength of the logistic regression")
         command.add_argument("--limit", type=int, default=None, help="use about this many dialogues")
     from lens_evals.probing.science_cli import add_probe_commands

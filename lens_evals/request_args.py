@@ -49,8 +49,13 @@ def parse_lens_args(extra_args: Mapping[str, Any] | None) -> LensRequest:
         raise ValueError(f"{HOOK_SET_KEY} must be the id (a string) of a registered hook set")
     try:
         return LensRequest(
-            capture_layers=layers, capture_all=capture_all, steering=steering, probes=probes, hooks=hooks,
-            hook_set=hook_set, encoding=encoding,
+            capture_layers=layers,
+            capture_all=capture_all,
+            steering=steering,
+            probes=probes,
+            hooks=hooks,
+            hook_set=hook_set,
+            encoding=encoding,
         )
     except ValidationError as exc:
         raise ValueError("; ".join(str(err["msg"]).removeprefix("Value error, ") for err in exc.errors())) from None
@@ -120,7 +125,7 @@ def _parse_capture(value: Any) -> tuple[bool, list[int]]:
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{CAPTURE_KEY} string is not valid JSON (expected e.g. \"[15]\" or \"true\"): {exc}") from None
+            raise ValueError(f'{CAPTURE_KEY} string is not valid JSON (expected e.g. "[15]" or "true"): {exc}') from None
     if value is True:
         return True, []
     if value is False:

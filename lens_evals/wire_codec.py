@@ -19,9 +19,16 @@ MAX_DIMS = 8
 ZSTD_LEVEL = 1
 # dtype name -> (safetensors code, numpy storage dtype)
 DTYPES: dict[str, tuple[str, str]] = {
-    "float64": ("F64", "float64"), "float32": ("F32", "float32"), "float16": ("F16", "float16"),
-    "bfloat16": ("BF16", "uint16"), "int64": ("I64", "int64"), "int32": ("I32", "int32"),
-    "int16": ("I16", "int16"), "int8": ("I8", "int8"), "uint8": ("U8", "uint8"), "bool": ("BOOL", "bool"),
+    "float64": ("F64", "float64"),
+    "float32": ("F32", "float32"),
+    "float16": ("F16", "float16"),
+    "bfloat16": ("BF16", "uint16"),
+    "int64": ("I64", "int64"),
+    "int32": ("I32", "int32"),
+    "int16": ("I16", "int16"),
+    "int8": ("I8", "int8"),
+    "uint8": ("U8", "uint8"),
+    "bool": ("BOOL", "bool"),
 }
 _BY_CODE = {code: name for name, (code, _) in DTYPES.items()}
 
@@ -98,9 +105,7 @@ def checked_shape(shape: Any) -> tuple[int, ...]:
 
 def check_size(nbytes: int) -> None:
     if nbytes > MAX_DECODED_BYTES:
-        raise WireError(
-            f"tensor would decode to {nbytes} bytes, over the bound of {MAX_DECODED_BYTES} bytes; refused before decoding"
-        )
+        raise WireError(f"tensor would decode to {nbytes} bytes, over the bound of {MAX_DECODED_BYTES} bytes; refused before decoding")
 
 
 def nbytes_of(dtype: str, shape: tuple[int, ...]) -> int:
@@ -132,9 +137,7 @@ def inflate(packed: bytes, expected: int) -> bytes:
     except zstandard.ZstdError as exc:
         raise WireError(f"tensor data is not a zstd frame: {exc}") from None
     if declared not in (-1, expected):
-        raise WireError(
-            f"zstd frame declares {declared} bytes but the tensor needs {expected}; refused before inflating"
-        )
+        raise WireError(f"zstd frame declares {declared} bytes but the tensor needs {expected}; refused before inflating")
     reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(packed), read_across_frames=False)
     out = bytearray()
     try:

@@ -70,8 +70,10 @@ def main() -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     total = args.requests * args.steps * args.hidden * 2
     target = handoff.HandoffTarget.for_this_process()
-    print(f"{args.requests} requests x {args.steps} positions x hidden {args.hidden} (bf16, {total / 2**20:.0f} MiB) "
-          f"on {device}, {os.cpu_count()} cpus, hand-off dir {target['dir'] if target else '-'}")
+    print(
+        f"{args.requests} requests x {args.steps} positions x hidden {args.hidden} (bf16, {total / 2**20:.0f} MiB) "
+        f"on {device}, {os.cpu_count()} cpus, hand-off dir {target['dir'] if target else '-'}"
+    )
     print("(second half: the same again; the pool reuses the regions the rounds before freed)")
     print("| path | release ms | write ms | claim ms |")
     print("| --- | --- | --- | --- |")

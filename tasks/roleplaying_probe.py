@@ -37,5 +37,15 @@ def roleplaying_probe(
     probe_dir: str | None = None,
 ) -> Task:
     """``lens_evals/roleplaying_probe``; default probes from ``probe_dir`` (default: LENS_EVALS_PROBE_DIR, else probes/)."""
-    return packaged_task(probe=probe, mode=mode, dataset=dataset, grader=grader, tokenizer=tokenizer, max_tokens=max_tokens,
-                         on_worker=on_worker, probes=probes, probe_set=probe_set, probe_dir=probe_dir or str(PROBE_DIR))
+    return packaged_task(
+        probe=probe,
+        mode=mode,
+        dataset=dataset,
+        grader=grader,
+        tokenizer=tokenizer,
+        max_tokens=max_tokens,
+        on_worker=on_worker,
+        probes=probes,
+        probe_set=probe_set,
+        probe_dir=probe_dir or str(PROBE_DIR),
+    )

@@ -18,10 +18,7 @@ class HFReference:
 
     @torch.no_grad()
     def residual_stream(
-        self,
-        token_ids: Sequence[int],
-        layers: Sequence[int],
-        additions: dict[int, dict[int, torch.Tensor]] | None = None,
+        self, token_ids: Sequence[int], layers: Sequence[int], additions: dict[int, dict[int, torch.Tensor]] | None = None
     ) -> torch.Tensor:
         """(n_layers, n_tokens, hidden): each decoder layer's output, i.e. the residual stream
         after layer i (``hidden_states[i + 1]`` for all but the last layer, which HF normalises).

@@ -12,8 +12,10 @@ def random_adapter(base: Path, out: Path, seed: int, targets: list[str]) -> Path
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32),
-                           LoraConfig(r=8, lora_alpha=16, target_modules=targets, init_lora_weights=False))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32),
+        LoraConfig(r=8, lora_alpha=16, target_modules=targets, init_lora_weights=False),
+    )
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_" in name:
@@ -61,6 +63,7 @@ def assert_greedy_of(reference: torch.nn.Module, prompt: list[int], tokens: list
     Returns the largest gap, for the test's report."""
     gaps = greedy_gaps(reference, prompt, tokens)
     worst = float(gaps.max())
-    assert worst <= greedy_margin(), (f"{what}: token {int(gaps.argmax())} is {worst:.4f} logits below the reference's best "
-                                      f"(margin {greedy_margin()}); tokens {tokens}")
+    assert worst <= greedy_margin(), (
+        f"{what}: token {int(gaps.argmax())} is {worst:.4f} logits below the reference's best (margin {greedy_margin()}); tokens {tokens}"
+    )
     return worst

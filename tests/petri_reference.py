@@ -24,21 +24,23 @@ def as_template_input(chat: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for message in chat:
         message = dict(message)
         if message.get("tool_calls"):
-            message["tool_calls"] = [{**call, "function": {**call["function"], "arguments": json.loads(call["function"]["arguments"])}}
-                                     for call in message["tool_calls"]]
+            message["tool_calls"] = [
+                {**call, "function": {**call["function"], "arguments": json.loads(call["function"]["arguments"])}}
+                for call in message["tool_calls"]
+            ]
         out.append(message)
     return out
 
 
-def turn_by_characters(tokenizer: Any, chat: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                       quote: str | None = None) -> tuple[list[int], list[int]]:
+def turn_by_characters(
+    tokenizer: Any, chat: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None, quote: str | None = None
+) -> tuple[list[int], list[int]]:
     """(token ids of the closed conversation, positions of the tokens that overlap the final
     turn's characters, or the quote's within it)."""
     template = TOOL_TEMPLATE.read_text(encoding="utf-8")
     messages = as_template_input(chat)
     text = tokenizer.apply_chat_template(messages, tools=tools, chat_template=template, tokenize=False)
-    before = tokenizer.apply_chat_template(messages[:-1], tools=tools, chat_template=template, tokenize=False,
-                                           add_generation_prompt=True)
+    before = tokenizer.apply_chat_template(messages[:-1], tools=tools, chat_template=template, tokenize=False, add_generation_prompt=True)
     assert text.startswith(before)
     first, last = len(before), text.rindex(END_OF_TURN)
     if quote is not None:
@@ -46,21 +48,20 @@ def turn_by_characters(tokenizer: Any, chat: Sequence[dict[str, Any]], tools: li
         last = first + len(quote)
     encoded = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
     ids = list(encoded["input_ids"])
-    assert ids == list(tokenizer.apply_chat_template(messages, tools=tools, chat_template=template, tokenize=True,
-                                                     return_dict=False))
+    assert ids == list(tokenizer.apply_chat_template(messages, tools=tools, chat_template=template, tokenize=True, return_dict=False))
     return ids, [n for n, (a, b) in enumerate(encoded["offset_mapping"]) if b > first and a < last]
 
 
 def capture_ids(llm: Any, ids: list[int], layer: int) -> np.ndarray:
     from vllm import SamplingParams
 
-    [output] = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, temperature=0.0,
-                            extra_args={CAPTURE_KEY: [layer]}), use_tqdm=False)
+    [output] = llm.generate(
+        [{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, temperature=0.0, extra_args={CAPTURE_KEY: [layer]}), use_tqdm=False
+    )
     return output.activations["residual_stream"][0].float().numpy()
 
 
-def offline_oracle(llm: Any, tokenizer: Any, lora: Any, settings: OracleSettings, acts: np.ndarray, question: str,
-                   max_tokens: int) -> str:
+def offline_oracle(llm: Any, tokenizer: Any, lora: Any, settings: OracleSettings, acts: np.ndarray, question: str, max_tokens: int) -> str:
     """The oracle's answer offline, its prompt rendered with the server's template (tools-free ChatML)."""
     tokenizer.chat_template = TOOL_TEMPLATE.read_text(encoding="utf-8")
     [answer] = oracle_answers(llm, tokenizer, lora, settings, [acts], [question], max_tokens=max_tokens)

@@ -106,7 +106,9 @@ def test_graph_mode_is_refused_where_unverified(tiny_path) -> None:
 
 
 def test_default_matrix_covers_every_contract() -> None:
-    kinds = {(VERIFIED[arch].contract.kind, VERIFIED[arch].source.startswith("vllm/model_executor/models/transformers")) for arch in DEFAULT}
+    kinds = {
+        (VERIFIED[arch].contract.kind, VERIFIED[arch].source.startswith("vllm/model_executor/models/transformers")) for arch in DEFAULT
+    }
     every = {(entry.contract.kind, entry.source.startswith("vllm/model_executor/models/transformers")) for entry in VERIFIED.values()}
     assert every <= kinds, f"contracts without a default-suite architecture: {every - kinds}"
 
@@ -165,8 +167,9 @@ def refusal_in_fresh_process(mode: str, path) -> str:
     from pathlib import Path
 
     script = Path(__file__).parent / "scripts" / "engine_refusal.py"
-    completed = subprocess.run([sys.executable, str(script), mode, str(path)], capture_output=True, text=True,
-                               cwd=Path(__file__).resolve().parent.parent)
+    completed = subprocess.run(
+        [sys.executable, str(script), mode, str(path)], capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent
+    )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-6000:]
     return completed.stdout.strip().splitlines()[-1]
 

@@ -20,7 +20,9 @@ from lens_evals.cli import main
 def test_bench_end_to_end(tiny_path, tmp_path) -> None:
     out = tmp_path / "bench"
     systems = ["vllm-eager", "lens-capture-1", "lens-mixed", "hf-hook"]
-    code = main(["bench", "--model", str(tiny_path), "--prompts", "2", "--max-tokens", "2", "--systems", ",".join(systems), "--out", str(out)])
+    code = main(
+        ["bench", "--model", str(tiny_path), "--prompts", "2", "--max-tokens", "2", "--systems", ",".join(systems), "--out", str(out)]
+    )
     report = json.loads((out / "bench.json").read_text())
     rows = {row["system"]: row for row in report["rows"]}
     assert list(rows) == systems
@@ -108,8 +110,23 @@ def test_prefill_workload_captures_every_prompt_token(tiny_path, tmp_path) -> No
 
     out = tmp_path / "prefill"
     systems = ["vllm-eager", "lens-capture-8", "lens-mixed", "hf-forward"]
-    code = main(["bench", "--workload", "prefill", "--model", str(tiny_path), "--prompts", "3", "--hf-batches", "1,2",
-                 "--systems", ",".join(systems), "--out", str(out)])
+    code = main(
+        [
+            "bench",
+            "--workload",
+            "prefill",
+            "--model",
+            str(tiny_path),
+            "--prompts",
+            "3",
+            "--hf-batches",
+            "1,2",
+            "--systems",
+            ",".join(systems),
+            "--out",
+            str(out),
+        ]
+    )
     cfg = BenchConfig.load(out / "config.json")
     assert cfg.workload == "prefill" and cfg.max_tokens == 1 and cfg.probe_count == 3
     assert all(PREFILL_MIN <= len(p) <= PREFILL_MAX for p in cfg.prompts)

@@ -78,8 +78,7 @@ def resumed_capture(llm: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert (len(first.shards), len(first.rows), first.complete) == (2, 6, False)
     (out / "shard-00002.safetensors").write_bytes(b"half a shard written when the run was killed")
     (out / "manifest.json.tmp").write_bytes(b"{")
-    run_capture(prompts, "tiny-llama", LAYERS, out, llm=llm, settings=CaptureSettings(batch_size=4, shard_rows=3),
-                show_progress=False)
+    run_capture(prompts, "tiny-llama", LAYERS, out, llm=llm, settings=CaptureSettings(batch_size=4, shard_rows=3), show_progress=False)
     return out
 
 
@@ -133,13 +132,19 @@ def test_corrupted_shard_is_named(resumed_capture: Path, tmp_path: Path) -> None
         CaptureReader(out, verify=False).verify_all()
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"prompt": "the cat"}\n{"prompt": "a model\n', r"prompts\.jsonl:2: not valid JSON"),
-    ('{"prompt": "the cat"}\n{"text": "a model"}\n', r"prompts\.jsonl:2: needs exactly one of prompt, messages, prompt_token_ids \(found text\)"),
-    ('{"messages": [{"role": "user"}]}\n', r"prompts\.jsonl:1: each message needs a string 'role' and a string 'content'"),
-    ('{"prompt_token_ids": [1, -2]}\n', r"prompts\.jsonl:1: 'prompt_token_ids' must be a non-empty list"),
-    ("\n\n", r"prompts\.jsonl holds no prompts"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"prompt": "the cat"}\n{"prompt": "a model\n', r"prompts\.jsonl:2: not valid JSON"),
+        (
+            '{"prompt": "the cat"}\n{"text": "a model"}\n',
+            r"prompts\.jsonl:2: needs exactly one of prompt, messages, prompt_token_ids \(found text\)",
+        ),
+        ('{"messages": [{"role": "user"}]}\n', r"prompts\.jsonl:1: each message needs a string 'role' and a string 'content'"),
+        ('{"prompt_token_ids": [1, -2]}\n', r"prompts\.jsonl:1: 'prompt_token_ids' must be a non-empty list"),
+        ("\n\n", r"prompts\.jsonl holds no prompts"),
+    ],
+)
 def test_bad_input_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str) -> None:
     """Checked before any engine starts (no llm is passed: none is opened)."""
     prompts = tmp_path / "prompts.jsonl"
@@ -171,8 +176,11 @@ def test_disk_full_keeps_what_was_written(llm: Any, tmp_path: Path) -> None:
     try:
         prompts = random_token_prompts(tmp_path / "p.jsonl", 5, 200, len(llm.get_tokenizer()))
         out = mount / "out"
-        with pytest.raises(CaptureError, match=rf"disk full in {out} while writing shard-00002\.safetensors: "
-                           r"kept 2 complete shards \(2 of 5 prompts\) recorded in .*manifest\.json; free space"):
+        with pytest.raises(
+            CaptureError,
+            match=rf"disk full in {out} while writing shard-00002\.safetensors: "
+            r"kept 2 complete shards \(2 of 5 prompts\) recorded in .*manifest\.json; free space",
+        ):
             run_capture(prompts, "tiny-llama", LAYERS, out, llm=llm, settings=CaptureSettings(shard_rows=1), show_progress=False)
         reader = CaptureReader(out)
         reader.verify_all()
@@ -236,7 +244,9 @@ def test_datasets_file_gives_the_same_prompts(tmp_path: Path) -> None:
 
     records = [{"prompt": p} for p in TINY_PROMPTS] + [{"messages": chat} for chat in CHATS]
     jsonl = write_jsonl(tmp_path / "p.jsonl", records)
-    datasets.Dataset.from_list([{"prompt": r.get("prompt"), "messages": r.get("messages")} for r in records]).to_parquet(str(tmp_path / "p.parquet"))
+    datasets.Dataset.from_list([{"prompt": r.get("prompt"), "messages": r.get("messages")} for r in records]).to_parquet(
+        str(tmp_path / "p.parquet")
+    )
     assert read_prompts(tmp_path / "p.parquet") == read_prompts(jsonl)
 
 
@@ -250,8 +260,12 @@ def test_inspect_log_gives_its_transcripts(tmp_path: Path) -> None:
 
     from lens_evals.capture.inputs import read_prompts
 
-    (log,) = inspect_eval(Task(dataset=[Sample(input=p) for p in TINY_PROMPTS[:3]], solver=generate()),
-                          model="mockllm/model", log_dir=str(tmp_path / "logs"), display="none")
+    (log,) = inspect_eval(
+        Task(dataset=[Sample(input=p) for p in TINY_PROMPTS[:3]], solver=generate()),
+        model="mockllm/model",
+        log_dir=str(tmp_path / "logs"),
+        display="none",
+    )
     items = read_prompts(log.location)
     assert [item.messages[0] for item in items] == [("user", p) for p in TINY_PROMPTS[:3]]
 
@@ -268,8 +282,23 @@ def test_sigkill_then_resume_from_the_command_line(tiny_path: Path, tmp_path: Pa
 
     prompts = random_token_prompts(tmp_path / "p.jsonl", 400, 240, len(AutoTokenizer.from_pretrained(tiny_path)))
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "lens_evals.cli", "capture", str(prompts), "--model", "tiny-llama",
-               "--layers", "0,1,2,3", "--out", str(out), "--batch-size", "8", "--shard-rows", "8"]
+    command = [
+        sys.executable,
+        "-m",
+        "lens_evals.cli",
+        "capture",
+        str(prompts),
+        "--model",
+        "tiny-llama",
+        "--layers",
+        "0,1,2,3",
+        "--out",
+        str(out),
+        "--batch-size",
+        "8",
+        "--shard-rows",
+        "8",
+    ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:

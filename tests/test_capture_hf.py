@@ -8,11 +8,7 @@ from tests.conftest import capture, greedy, make_llm
 from tests.hf_reference import HFReference
 from tests.tolerance import assert_stream_close, stream_bound
 
-PROMPTS = [
-    "The capital of France is",
-    "Write one sentence about the sea, and make it about the colour of the water at dawn.",
-    "Hi",
-]
+PROMPTS = ["The capital of France is", "Write one sentence about the sea, and make it about the colour of the water at dawn.", "Hi"]
 LAYERS = [0, 7, 14, 28, 29]
 MAX_TOKENS = 5
 # Held per token (tests/tolerance.py): ||vllm_t - hf_t|| / ||hf_t|| <= stream_bound(). Measured on
@@ -25,10 +21,7 @@ MAX_TOKENS = 5
 def smollm2_outputs(smollm2_path):
     with make_llm(smollm2_path, max_model_len=512) as llm:
         outputs = llm.generate(PROMPTS, greedy(MAX_TOKENS, output_residual_stream=LAYERS))
-        chat = llm.chat(
-            [{"role": "user", "content": "Name a colour."}],
-            greedy(3, output_residual_stream=[3]),
-        )
+        chat = llm.chat([{"role": "user", "content": "Name a colour."}], greedy(3, output_residual_stream=[3]))
     return outputs, chat
 
 
@@ -44,10 +37,14 @@ def test_capture_matches_hf_hidden_states(smollm2_path, smollm2_outputs) -> None
         reference = hf.residual_stream(tokens[:-1], LAYERS)
         for i, layer in enumerate(LAYERS):
             if layer < 29:  # HF's last hidden_states entry is after the final norm
-                worst_hf = max(worst_hf, assert_stream_close(reference[i], hidden_states[layer + 1], f"HF hook vs hidden_states, layer {layer}"))
+                worst_hf = max(
+                    worst_hf, assert_stream_close(reference[i], hidden_states[layer + 1], f"HF hook vs hidden_states, layer {layer}")
+                )
             worst = max(worst, assert_stream_close(got[i], reference[i], f"prompt {n}, layer {layer}: capture vs HF"))
-    print(f"max per-token relative error vs HF: {worst:.2e} (HF hook vs hidden_states {worst_hf:.2e}); bound {stream_bound():.0e}; "
-          f"{len(outputs)} prompts, layers {LAYERS}")
+    print(
+        f"max per-token relative error vs HF: {worst:.2e} (HF hook vs hidden_states {worst_hf:.2e}); bound {stream_bound():.0e}; "
+        f"{len(outputs)} prompts, layers {LAYERS}"
+    )
 
 
 def test_chat_capture_matches_hf(smollm2_path, smollm2_outputs) -> None:

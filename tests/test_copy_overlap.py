@@ -129,11 +129,12 @@ def engine(request, tiny_path):
 
 
 def _run(llm: Any) -> list[dict[str, torch.Tensor]]:
-    params = [greedy(3, output_residual_stream=LAYERS, output_probe_scores=[PROBE]) if i % 2 == 0
-              else greedy(3, output_residual_stream=[2]) for i in range(len(PROMPTS))]
+    params = [
+        greedy(3, output_residual_stream=LAYERS, output_probe_scores=[PROBE]) if i % 2 == 0 else greedy(3, output_residual_stream=[2])
+        for i in range(len(PROMPTS))
+    ]
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-    return [{"stream": capture(o), **({"scores": o.activations["probe_scores"]["p"]} if i % 2 == 0 else {})}
-            for i, o in enumerate(outputs)]
+    return [{"stream": capture(o), **({"scores": o.activations["probe_scores"]["p"]} if i % 2 == 0 else {})} for i, o in enumerate(outputs)]
 
 
 def test_engine_captures_with_and_without_overlap_are_equal_bit_for_bit(engine) -> None:

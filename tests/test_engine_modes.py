@@ -18,7 +18,6 @@ from tests.tolerance import assert_values_close
 SCRIPT = Path(__file__).parent / "scripts" / "run_capture.py"
 
 
-
 def metadata(path: Path, name: str) -> str:
     with safe_open(str(path), framework="pt") as handle:
         return handle.metadata()[name]

@@ -75,8 +75,7 @@ def test_norm_match_invariant(llm, scale: float) -> None:
     layer = 2
     base = llm.generate(PROMPTS[:4], greedy(1, output_residual_stream=[layer]))
     steered = llm.generate(
-        PROMPTS[:4],
-        greedy(1, output_residual_stream=[layer], apply_steering_vectors=[vector(3, [layer], scale=scale, norm_match=True)]),
+        PROMPTS[:4], greedy(1, output_residual_stream=[layer], apply_steering_vectors=[vector(3, [layer], scale=scale, norm_match=True)])
     )
     for b, s in zip(base, steered):
         h, h2 = capture(b)[0], capture(s)[0]
@@ -118,8 +117,14 @@ def test_prefix_cache_neither_shortens_capture_nor_leaks_steered_kv(llm) -> None
         ({"output_residual_stream": "all"}, "string is not valid JSON"),
         ({"apply_steering_vectors": [SteeringVector(activations=np.ones((1, 64)), layer_indices=[1])]}, "hidden size 64"),
         ({"apply_steering_vectors": [{"activations": [[float("nan")] * HIDDEN], "layer_indices": [1]}]}, "NaN or inf"),
-        ({"apply_steering_vectors": [SteeringVector(activations=np.ones((1, 1, HIDDEN)), layer_indices=[1], position_indices=[500])]}, "position 500 out of range"),
-        ({"apply_steering_vectors": [{"activations": {"encoding": "safetensors-base64", "data": "AAAA"}, "layer_indices": [1]}]}, "truncated"),
+        (
+            {"apply_steering_vectors": [SteeringVector(activations=np.ones((1, 1, HIDDEN)), layer_indices=[1], position_indices=[500])]},
+            "position 500 out of range",
+        ),
+        (
+            {"apply_steering_vectors": [{"activations": {"encoding": "safetensors-base64", "data": "AAAA"}, "layer_indices": [1]}]},
+            "truncated",
+        ),
         ({"_lens_evals": {"key": "x"}}, "reserved"),
     ],
 )

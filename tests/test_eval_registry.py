@@ -13,8 +13,13 @@ from pathlib import Path
 
 from tests.test_report import random_probe
 
-TASKS = {"lens_evals/activation_oracle_heldout", "lens_evals/activation_oracle_secret_word", "lens_evals/coup_probe",
-         "lens_evals/petri_audit", "lens_evals/roleplaying_probe"}
+TASKS = {
+    "lens_evals/activation_oracle_heldout",
+    "lens_evals/activation_oracle_secret_word",
+    "lens_evals/coup_probe",
+    "lens_evals/petri_audit",
+    "lens_evals/roleplaying_probe",
+}
 
 RESOLVE = """
 import importlib.metadata, json, os, sys
@@ -37,8 +42,9 @@ print(json.dumps({"names": names, "heavy": heavy, "built": built, "errors": erro
 
 
 def resolve(cwd: Path, calls: list[tuple[str, dict]], env: dict[str, str]) -> dict:
-    result = subprocess.run([sys.executable, "-c", RESOLVE, json.dumps(calls)], cwd=cwd, env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", RESOLVE, json.dumps(calls)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -49,8 +55,11 @@ def test_tasks_resolve_by_registry_name_and_build_without_side_effects(tmp_path,
     probes.mkdir()
     probe = random_probe(tmp_path / "given")
     env = {**os.environ, "LENS_EVALS_PROBE_DIR": str(probes), "PYTHONPATH": ""}
-    calls = [("lens_evals/roleplaying_probe", {}), ("lens_evals/coup_probe", {}),
-             ("lens_evals/roleplaying_probe", {"probe": str(probe), "tokenizer": str(tiny_path)})]
+    calls = [
+        ("lens_evals/roleplaying_probe", {}),
+        ("lens_evals/coup_probe", {}),
+        ("lens_evals/roleplaying_probe", {"probe": str(probe), "tokenizer": str(tiny_path)}),
+    ]
     out = resolve(empty, calls, env)
     assert set(out["names"]) == TASKS and out["provider"]
     assert out["heavy"] == [], "loading the registry imported torch / vllm (Petri's client-only venv has neither)"

@@ -57,11 +57,14 @@ def test_disable_makes_the_plugin_a_no_op_and_plain_tokens_match(llm, tiny_path)
     env = {**os.environ, "LENS_EVALS_DISABLE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run(
         [sys.executable, "-c", DISABLED_SCRIPT, str(tiny_path), json.dumps(PROMPTS), json.dumps(engine_options(enforce_eager=True))],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
-    without_plugin = json.loads(line[len("RESULT "):])
+    without_plugin = json.loads(line[len("RESULT ") :])
     assert all(not has_activations for _, has_activations in without_plugin)
     with_plugin = llm.generate(PROMPTS, greedy(6))
     assert [list(o.outputs[0].token_ids) for o in with_plugin] == [tokens for tokens, _ in without_plugin]

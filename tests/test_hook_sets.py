@@ -26,8 +26,12 @@ def llm(tiny_path):
 
 def test_register_run_collect_clear(llm) -> None:
     hook_set = register_hook_set(llm, HOOKS)
-    params = [greedy(4, **hook_set.extra_args), greedy(4), greedy(5, output_residual_stream=[0], **hook_set.extra_args),
-              greedy(4, apply_hooks=[Hook("record_norm", [0])], **hook_set.extra_args)]
+    params = [
+        greedy(4, **hook_set.extra_args),
+        greedy(4),
+        greedy(5, output_residual_stream=[0], **hook_set.extra_args),
+        greedy(4, apply_hooks=[Hook("record_norm", [0])], **hook_set.extra_args),
+    ]
     outs = llm.generate(PROMPTS, params)
     assert outs[3].activations["saved"].keys() == {"norm.0", "positions.0"}  # its own hooks' results
     collected = hook_set.collect()

@@ -139,7 +139,9 @@ def test_saved_is_per_request_under_concurrency(llm) -> None:
             assert torch.equal(saved[f"positions.{layer}"], torch.arange(n_rows))
             assert torch.equal(saved[f"tokens.{layer}"], fed)  # this request's own tokens
             torch.testing.assert_close(saved[f"rows.{layer}"], capture(out)[layer_slot], atol=0, rtol=0)
-            assert_stream_close(saved[f"rows.{layer}"], alone.activations["saved"][f"rows.{layer}"], f"request {i}: hook rows at layer {layer} vs alone")
+            assert_stream_close(
+                saved[f"rows.{layer}"], alone.activations["saved"][f"rows.{layer}"], f"request {i}: hook rows at layer {layer} vs alone"
+            )
         assert saved["calls"] == alone.activations["saved"]["calls"]
 
 
@@ -217,8 +219,13 @@ def test_bad_module_path_fails_the_request(llm) -> None:
 def test_logit_lens_at_the_last_layer_equals_the_engines_logprobs(llm) -> None:
     from vllm import SamplingParams
 
-    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=3,
-                            extra_args={"apply_hooks": [Hook("logit_lens", [3], args={"top_k": 3, "token_ids": list(range(512))})]})
+    params = SamplingParams(
+        max_tokens=4,
+        temperature=0.0,
+        ignore_eos=True,
+        logprobs=3,
+        extra_args={"apply_hooks": [Hook("logit_lens", [3], args={"top_k": 3, "token_ids": list(range(512))})]},
+    )
     out = llm.generate([PROMPTS[2]], params)[0]
     saved = out.activations["saved"]
     assert saved["token_logprobs.3"].shape == (len(out.prompt_token_ids) + 3, 512)  # the whole vocabulary

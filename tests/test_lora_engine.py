@@ -50,13 +50,15 @@ def references(tiny_path, adapters) -> dict[str | None, torch.nn.Module]:
 def hf_tokens(references) -> dict[str | None, list[list[int]]]:
     """Greedy tokens of each reference, one prompt at a time; an adapter that serves the base
     model's tokens (or the other adapter's) must be caught by the margin: checked here."""
+
     def greedy(model) -> list[list[int]]:
         out = []
         for prompt in PROMPTS:
             ids = torch.tensor([prompt])
-            generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
-                                       eos_token_id=None, pad_token_id=0)
-            out.append(generated[0, len(prompt):].tolist())
+            generated = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0
+            )
+            out.append(generated[0, len(prompt) :].tolist())
         return out
 
     tokens = {name: greedy(model) for name, model in references.items()}
@@ -69,8 +71,10 @@ def hf_tokens(references) -> dict[str | None, list[list[int]]]:
 
 
 def assert_rows_greedy(references, pattern, token_rows, what: str) -> None:
-    gaps = [assert_greedy_of(references[name], PROMPTS[i % len(PROMPTS)], tokens, f"{what} row {i} ({name or 'base'})")
-            for i, (name, tokens) in enumerate(zip(pattern, token_rows))]
+    gaps = [
+        assert_greedy_of(references[name], PROMPTS[i % len(PROMPTS)], tokens, f"{what} row {i} ({name or 'base'})")
+        for i, (name, tokens) in enumerate(zip(pattern, token_rows))
+    ]
     print(f"{what} ({lora_dtype()}): largest gap to the fp32 reference's greedy token {max(gaps):.4f} logits")
 
 
@@ -103,14 +107,30 @@ def test_lora_server_args(adapters) -> None:
 
 def test_server_concurrent_mixed_requests_equal_hf_peft(tiny_path, adapters, references, hf_tokens) -> None:
     """Concurrent completions for the base model and two adapters share the server's batches."""
-    args = lora_server_args({"dtype": lora_dtype(), "max_model_len": 512, "seed": 0, **gpu_share(),
-                             "lora_modules": f"qv={adapters['qv']} mlp={adapters['mlp']}"})
+    args = lora_server_args(
+        {
+            "dtype": lora_dtype(),
+            "max_model_len": 512,
+            "seed": 0,
+            **gpu_share(),
+            "lora_modules": f"qv={adapters['qv']} mlp={adapters['mlp']}",
+        }
+    )
     server = LensServer(str(tiny_path), served_name="tiny-llama", server_args=args).start()
     try:
+
         async def complete(client: httpx.AsyncClient, model: str, prompt: list[int]) -> list[int]:
-            response = await client.post(f"{server.url}/v1/completions", json={
-                "model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
-                "ignore_eos": True, "return_token_ids": True})
+            response = await client.post(
+                f"{server.url}/v1/completions",
+                json={
+                    "model": model,
+                    "prompt": prompt,
+                    "max_tokens": MAX_TOKENS,
+                    "temperature": 0.0,
+                    "ignore_eos": True,
+                    "return_token_ids": True,
+                },
+            )
             response.raise_for_status()
             return response.json()["choices"][0]["token_ids"]
 
@@ -118,8 +138,9 @@ def test_server_concurrent_mixed_requests_equal_hf_peft(tiny_path, adapters, ref
 
         async def run_all() -> list[list[int]]:
             async with httpx.AsyncClient(timeout=300) as client:
-                return await asyncio.gather(*(complete(client, name or "tiny-llama", PROMPTS[i % len(PROMPTS)])
-                                              for i, name in enumerate(pattern)))
+                return await asyncio.gather(
+                    *(complete(client, name or "tiny-llama", PROMPTS[i % len(PROMPTS)]) for i, name in enumerate(pattern))
+                )
 
         results = asyncio.run(run_all())
     finally:

@@ -120,8 +120,10 @@ def test_probe_set_round_trips_without_pickle(tmp_path):
     probes = fit_probe_set("m", 2, random_features(8, 5), [0, 1] * 4, *_tiny_roleplaying(), n_folds=2)
     probes.calibrate(random_features(30, 6))
     saved = probes.save(tmp_path / "qwen2.5-coder-0.5b-instruct__probe-set")  # dots in the name
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["qwen2.5-coder-0.5b-instruct__probe-set.json",
-                                                          "qwen2.5-coder-0.5b-instruct__probe-set.npz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "qwen2.5-coder-0.5b-instruct__probe-set.json",
+        "qwen2.5-coder-0.5b-instruct__probe-set.npz",
+    ]
     loaded = load_probe_set(saved)
     with pytest.raises(FileNotFoundError, match="probe set missing"):
         load_probe_set(tmp_path / "other")
@@ -135,11 +137,12 @@ def test_probe_set_round_trips_without_pickle(tmp_path):
 def tiny_probe_set(tmp_path_factory, tiny_path):
     """Random readouts at three layers of tiny-llama, calibrated on random control rows."""
     dialogues = synthetic_roleplaying(N_SCENARIOS)
-    probes = fit_probe_set("tiny-llama", 1, random_features(8, 7), [0, 1] * 4, random_features(len(dialogues), 8),
-                           dialogues, n_folds=2)
+    probes = fit_probe_set("tiny-llama", 1, random_features(8, 7), [0, 1] * 4, random_features(len(dialogues), 8), dialogues, n_folds=2)
     rng = np.random.default_rng(9)
-    probes.readouts = {n: Readout(n, layer, rng.normal(size=HIDDEN).astype(np.float32), float(rng.normal()))
-                       for n, layer in zip(probes.readouts, (1, 2, 3, 0))}
+    probes.readouts = {
+        n: Readout(n, layer, rng.normal(size=HIDDEN).astype(np.float32), float(rng.normal()))
+        for n, layer in zip(probes.readouts, (1, 2, 3, 0))
+    }
     probes.calibrate(random_features(50, 10))
     return probes.save(tmp_path_factory.mktemp("probes") / "tiny"), dialogues
 
@@ -188,8 +191,14 @@ def test_three_probes_in_one_pass_equal_three_single_probe_runs_and_offline(tiny
     server = LensServer(str(tiny_path), served_name="tiny-llama", server_args={"dtype": "float32", "max_model_len": 1024, "seed": 0})
     server.start()
     try:
-        logs = inspect_eval(tasks, model=get_model("vllm-lens/tiny-llama", base_url=f"{server.url}/v1"),
-                            limit=2 * N_SCENARIOS, log_dir=str(tmp_path / "logs"), display="none", max_tasks=1)
+        logs = inspect_eval(
+            tasks,
+            model=get_model("vllm-lens/tiny-llama", base_url=f"{server.url}/v1"),
+            limit=2 * N_SCENARIOS,
+            log_dir=str(tmp_path / "logs"),
+            display="none",
+            max_tasks=1,
+        )
     finally:
         server.stop()
     assert [log.status for log in logs] == ["success"] * 4, [log.error for log in logs]
@@ -213,8 +222,9 @@ def test_three_probes_in_one_pass_equal_three_single_probe_runs_and_offline(tiny
             assert together[sample_id][kind]["score"] == pytest.approx(expected, rel=1e-3, abs=1e-3)
     metrics = {s.name: {n: m.value for n, m in s.metrics.items()} for s in logs[0].results.scores}
     assert set(metrics) == {f"probe_{k}" for k in kinds}
-    offline = {r.probe: r for r in evaluate_offline(probes, [f[probes.readout_for("ip-lr", None).layer] for f in features],
-                                                     dialogues, ["ip-lr"])}
+    offline = {
+        r.probe: r for r in evaluate_offline(probes, [f[probes.readout_for("ip-lr", None).layer] for f in features], dialogues, ["ip-lr"])
+    }
     assert metrics["probe_ip-lr"]["probe_auroc"] == pytest.approx(offline["ip-lr"].auroc)
     assert metrics["probe_ip-lr"]["recall_at_1pct_fpr"] == pytest.approx(offline["ip-lr"].recall_at_1pct_fpr)
 
@@ -225,10 +235,24 @@ def test_a_single_probe_whose_model_name_has_dots_saves_and_loads(tmp_path):
     from lens_evals.probing.train import fit_pipeline
 
     name = "qwen2.5-coder-0.5b-instruct__instructed-pairs"
-    card = ProbeCard(name=name, model="qwen2.5-coder-0.5b-instruct", layer=8, hidden_size=HIDDEN, token_selection="all",
-                     training_set="instructed-pairs", n_train_dialogues=8, n_val_dialogues=0, n_train_tokens=24,
-                     regularization_C=0.1, validation_auroc=0.5, threshold=1.0, control_set="none", n_control=0,
-                     versions={}, created="today")
+    card = ProbeCard(
+        name=name,
+        model="qwen2.5-coder-0.5b-instruct",
+        layer=8,
+        hidden_size=HIDDEN,
+        token_selection="all",
+        training_set="instructed-pairs",
+        n_train_dialogues=8,
+        n_val_dialogues=0,
+        n_train_tokens=24,
+        regularization_C=0.1,
+        validation_auroc=0.5,
+        threshold=1.0,
+        control_set="none",
+        n_control=0,
+        versions={},
+        created="today",
+    )
     probe = Probe(pipeline=fit_pipeline(random_features(8, 11), [0, 1] * 4), card=card)
     path = probe.save(tmp_path)
     assert path.name == f"{name}.joblib" and (tmp_path / f"{name}.json").is_file()

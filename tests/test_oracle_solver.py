@@ -61,9 +61,12 @@ def test_injection_lands_on_exactly_the_placeholders(tiny_path, adapter, tokeniz
     lora = LoRARequest("oracle", 1, str(adapter))
     with make_llm(tiny_path, enable_lora=True, max_loras=2, max_lora_rank=8, dtype=lora_dtype()) as llm:
         prompt = {"prompt_token_ids": ids}
-        injected, plain = llm.generate([prompt, prompt], [greedy(2, **{CAPTURE_KEY: [layer], STEERING_KEY: [vector]}),
-                                                          greedy(2, **{CAPTURE_KEY: [layer]})],
-                                       lora_request=[lora, lora], use_tqdm=False)
+        injected, plain = llm.generate(
+            [prompt, prompt],
+            [greedy(2, **{CAPTURE_KEY: [layer], STEERING_KEY: [vector]}), greedy(2, **{CAPTURE_KEY: [layer]})],
+            lora_request=[lora, lora],
+            use_tqdm=False,
+        )
     after, before = capture(injected)[0, : len(ids)], capture(plain)[0, : len(ids)]
     changed = torch.nonzero(token_relative_error(after, before) > SETTINGS.coefficient / 2).flatten().tolist()
     assert changed == [p for k, p in enumerate(positions) if k != 2]
@@ -91,8 +94,9 @@ def test_zero_vector_oracle_equals_plain_lora_generation(tiny_path, adapter, tok
         with_zeros = oracle_answers(llm, tokenizer, lora, SETTINGS, zeros, [QUESTION] * 2, max_tokens=6)
         baseline = oracle_answers(llm, tokenizer, lora, SETTINGS, real, [QUESTION] * 2, max_tokens=6, inject=False)
         injected = oracle_answers(llm, tokenizer, lora, SETTINGS, real, [QUESTION] * 2, max_tokens=6)
-        plain = llm.generate([{"prompt_token_ids": ids} for ids in prompts], SamplingParams(max_tokens=6, temperature=0.0),
-                             lora_request=lora, use_tqdm=False)
+        plain = llm.generate(
+            [{"prompt_token_ids": ids} for ids in prompts], SamplingParams(max_tokens=6, temperature=0.0), lora_request=lora, use_tqdm=False
+        )
     assert with_zeros == baseline == [output.outputs[0].text for output in plain]
     reference = hf_peft(tiny_path, adapter)
     for ids, output in zip(prompts, plain):
@@ -100,8 +104,18 @@ def test_zero_vector_oracle_equals_plain_lora_generation(tiny_path, adapter, tok
     assert injected != baseline
 
 
-TINY_ORACLE = OracleTrainConfig(base_model="tiny-llama", target_layer=2, injection_layer=1, num_tokens=6, placeholder=" cat",
-                                train_per_family=2, eval_per_family=1, batch_size=5, lora_rank=8, lora_alpha=16)
+TINY_ORACLE = OracleTrainConfig(
+    base_model="tiny-llama",
+    target_layer=2,
+    injection_layer=1,
+    num_tokens=6,
+    placeholder=" cat",
+    train_per_family=2,
+    eval_per_family=1,
+    batch_size=5,
+    lora_rank=8,
+    lora_alpha=16,
+)
 
 
 def test_task_end_to_end_with_a_trained_tiny_oracle(tiny_path, tokenizer, tmp_path) -> None:
@@ -117,8 +131,13 @@ def test_task_end_to_end_with_a_trained_tiny_oracle(tiny_path, tokenizer, tmp_pa
     oracle_dir, card = build_oracle("tiny-oracle", TINY_ORACLE, tmp_path / "tiny-oracle")
     assert card["train"]["steps"] == 2 and set(card["heldout"]["oracle"]) >= {"truth", "word", "all"}
     task = oracle_heldout_task(str(oracle_dir), per_family=2)
-    logs = inspect_eval(task, model="vllm-lens/tiny-llama", model_args={"lora_modules": f"oracle={oracle_dir}", "dtype": lora_dtype(), **gpu_share(),
-                        "max_model_len": 512, "seed": 0}, log_dir=str(tmp_path / "logs"), display="none")
+    logs = inspect_eval(
+        task,
+        model="vllm-lens/tiny-llama",
+        model_args={"lora_modules": f"oracle={oracle_dir}", "dtype": lora_dtype(), **gpu_share(), "max_model_len": 512, "seed": 0},
+        log_dir=str(tmp_path / "logs"),
+        display="none",
+    )
     log = logs[0]
     assert log.status == "success", log.error
     assert {s.name for s in log.results.scores} == {"oracle_answer_match", "zero_vector_match"}
@@ -130,7 +149,9 @@ def test_task_end_to_end_with_a_trained_tiny_oracle(tiny_path, tokenizer, tmp_pa
     by_context = {s.input if isinstance(s.input, str) else s.input[0].content: r for s, r in zip(samples, records)}
     settings = TINY_ORACLE.settings()
     with make_llm(tiny_path, enable_lora=True, max_loras=2, max_lora_rank=8, dtype=lora_dtype()) as llm:
-        acts = capture_conversations(llm, [[{"role": "user", "content": i.context}] for i in items], settings.target_layer, settings.num_tokens)
+        acts = capture_conversations(
+            llm, [[{"role": "user", "content": i.context}] for i in items], settings.target_layer, settings.num_tokens
+        )
         lora = LoRARequest("oracle", 1, str(oracle_dir))
         offline = oracle_answers(llm, tokenizer, lora, settings, acts, [i.question for i in items])
         offline_zero = oracle_answers(llm, tokenizer, lora, settings, acts, [i.question for i in items], inject=False)

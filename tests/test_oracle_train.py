@@ -43,7 +43,9 @@ def test_shared_prefix_loss_equals_full_sequences(tiny_peft) -> None:
     cross-entropy of each example's answer tokens computed on its full, unpadded sequence."""
     model, tokenizer = tiny_peft
     rng = np.random.default_rng(0)
-    items = [OracleItem("word", "x", q, a, "g") for q, a in [("which word?", "book"), ("is this true or false?", "false"), ("say", "the answer")]]
+    items = [
+        OracleItem("word", "x", q, a, "g") for q, a in [("which word?", "book"), ("is this true or false?", "false"), ("say", "the answer")]
+    ]
     acts = [rng.normal(size=(k, 128)).astype(np.float32) for k in (3, 5, 2)]
     examples = build_examples(tokenizer, items, acts, SETTINGS)
     hook = InjectionHook(SETTINGS.coefficient)
@@ -59,7 +61,7 @@ def test_shared_prefix_loss_equals_full_sequences(tiny_peft) -> None:
                 logits = model(input_ids=ids).logits[0]
                 hook.positions = hook.vectors = None
                 n = example.num_answer
-                losses.append(torch.nn.functional.cross_entropy(logits[-n - 1:-1], ids[0, -n:], reduction="sum"))
+                losses.append(torch.nn.functional.cross_entropy(logits[-n - 1 : -1], ids[0, -n:], reduction="sum"))
                 counts.append(n)
     finally:
         handle.remove()

@@ -39,8 +39,9 @@ def test_trained_oracle_beats_zero_vector_on_heldout(smollm2_path) -> None:
     assert all(item.split == "heldout" for item in items)
     llm = start_engine(str(smollm2_path), adapter_rank(directory))
     try:
-        result = evaluate_offline(llm, AutoTokenizer.from_pretrained(str(smollm2_path)),
-                                  LoRARequest("oracle", 1, str(directory)), config.settings(), items)
+        result = evaluate_offline(
+            llm, AutoTokenizer.from_pretrained(str(smollm2_path)), LoRARequest("oracle", 1, str(directory)), config.settings(), items
+        )
     finally:
         close_offline_engine(llm)
     oracle, zero = result["oracle"], result["zero_vector"]

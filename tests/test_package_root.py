@@ -15,8 +15,19 @@ import lens_evals
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "lens_evals"
-CLIENT_NAMES = ["SteeringVector", "LinearProbe", "Hook", "LensRequest", "parse_lens_args", "lens_xargs", "LensClient",
-                "activations_from_response", "CAPTURE_KEY", "PROBE_KEY", "STEERING_KEY"]
+CLIENT_NAMES = [
+    "SteeringVector",
+    "LinearProbe",
+    "Hook",
+    "LensRequest",
+    "parse_lens_args",
+    "lens_xargs",
+    "LensClient",
+    "activations_from_response",
+    "CAPTURE_KEY",
+    "PROBE_KEY",
+    "STEERING_KEY",
+]
 
 
 def loaded_after(code: str) -> set[str]:
@@ -59,9 +70,12 @@ def test_unknown_names_and_submodules() -> None:
 
 
 def test_one_data_file() -> None:
-    defined = [f"{path.relative_to(PACKAGE)}" for path in PACKAGE.rglob("*.py")
-               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-               if isinstance(node, ast.FunctionDef) and node.name == "data_file"]
+    defined = [
+        f"{path.relative_to(PACKAGE)}"
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef) and node.name == "data_file"
+    ]
     assert defined == ["data/__init__.py"]
 
 

@@ -51,12 +51,16 @@ STEERING: list[list[SteeringVector] | None] = [
 ]
 POSITION_STEER = SteeringVector(  # position 1 (prompt) and 4 (a decode step) of "my friend"
     activations=np.random.default_rng(6).normal(size=(1, 2, HIDDEN)).astype(np.float32),
-    layer_indices=[2], scale=4.0, position_indices=[1, 4],
+    layer_indices=[2],
+    scale=4.0,
+    position_indices=[1, 4],
 )
 
 
 PROBES = [  # one on each pipeline stage; requests 0 and 1 ask for both
-    LinearProbe(name=f"probe_at_{layer}", layer=layer, weights=np.random.default_rng(layer).normal(size=HIDDEN).astype(np.float32), bias=0.5)
+    LinearProbe(
+        name=f"probe_at_{layer}", layer=layer, weights=np.random.default_rng(layer).normal(size=HIDDEN).astype(np.float32), bias=0.5
+    )
     for layer in (1, 3)
 ]
 
@@ -96,8 +100,13 @@ def assert_same_activations(tokens: list[int], activations: dict[str, Any], want
     assert set(activations.get("probe_scores", {})) == set(want_scores)
     for probe in PROBES:
         if probe.name in want_scores:
-            assert_scores_close(torch.as_tensor(activations["probe_scores"][probe.name]), want_scores[probe.name],
-                                torch.from_numpy(probe.weights), capture(want)[sorted(CAPTURE).index(probe.layer)], probe.name)
+            assert_scores_close(
+                torch.as_tensor(activations["probe_scores"][probe.name]),
+                want_scores[probe.name],
+                torch.from_numpy(probe.weights),
+                capture(want)[sorted(CAPTURE).index(probe.layer)],
+                probe.name,
+            )
     want_saved = want.activations.get("saved", {})
     assert set(activations.get("saved", {})) == set(want_saved)
     for name, value in want_saved.items():
@@ -109,10 +118,7 @@ def assert_same_activations(tokens: list[int], activations: dict[str, Any], want
 
 
 def assert_same_as_single_worker(outputs: list[Any], reference: list[Any]) -> float:
-    return max(
-        assert_same_activations(list(got.outputs[0].token_ids), got.activations, want)
-        for got, want in zip(outputs, reference)
-    )
+    return max(assert_same_activations(list(got.outputs[0].token_ids), got.activations, want) for got, want in zip(outputs, reference))
 
 
 def cpu_bind(world_size: int) -> str:
@@ -220,10 +226,18 @@ def test_data_parallel_2_server_each_engine_returns_its_own_requests(tiny_path, 
     args = {"dtype": "float32", "max_model_len": 512, "seed": 0, "data_parallel_size": 2}
     server = LensServer(str(tiny_path), served_name="dp", server_args=args, env=bind).start(timeout=900)
     try:
+
         def one(n: int) -> tuple[int, requests.Response]:
             i = n % len(PROMPTS)
-            body = {"model": "dp", "prompt": PROMPTS[i], "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
-                    "return_token_ids": True, "vllm_xargs": lens_xargs(**request_features(i))}
+            body = {
+                "model": "dp",
+                "prompt": PROMPTS[i],
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+                "vllm_xargs": lens_xargs(**request_features(i)),
+            }
             return i, requests.post(f"{server.url}/v1/completions", json=body, timeout=300)
 
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -262,7 +276,5 @@ def test_moe_tensor_parallel_2_equals_single_worker(tiny_moe_path, moe_single_wo
 @pytest.mark.slow
 @pytest.mark.skipif(not on_gpu(), reason="vLLM 0.32's CPU MoE kernel ignores the expert map and crashes (docs/parallelism.md)")
 def test_moe_expert_parallel_2_equals_single_worker(tiny_moe_path, moe_single_worker, bind_two_workers, rank_replies) -> None:
-    per_rank = run_parallel(
-        tiny_moe_path, moe_single_worker, rank_replies, "MoE EP=2", tensor_parallel_size=2, enable_expert_parallel=True
-    )
+    per_rank = run_parallel(tiny_moe_path, moe_single_worker, rank_replies, "MoE EP=2", tensor_parallel_size=2, enable_expert_parallel=True)
     assert per_rank == [ALL_FROM_ONE_RANK, NOTHING]

@@ -56,10 +56,24 @@ def quick_probe(directory: Path) -> Probe:
     """A probe fitted to random features: only the alignment of its scores is checked here."""
     rng = np.random.default_rng(0)
     pipeline = make_pipeline(StandardScaler(), LogisticRegression(C=0.1)).fit(rng.normal(size=(64, 576)), np.arange(64) % 2)
-    card = ProbeCard(name="random-576", model="smollm2-135m-instruct", layer=PROBE_LAYER, hidden_size=576,
-                     token_selection="all", training_set="random", n_train_dialogues=64, n_val_dialogues=0,
-                     n_train_tokens=64, regularization_C=0.1, validation_auroc=0.5, threshold=0.0, control_set="none",
-                     n_control=0, versions={}, created="2026-12-03")
+    card = ProbeCard(
+        name="random-576",
+        model="smollm2-135m-instruct",
+        layer=PROBE_LAYER,
+        hidden_size=576,
+        token_selection="all",
+        training_set="random",
+        n_train_dialogues=64,
+        n_val_dialogues=0,
+        n_train_tokens=64,
+        regularization_C=0.1,
+        validation_auroc=0.5,
+        threshold=0.0,
+        control_set="none",
+        n_control=0,
+        versions={},
+        created="2026-12-03",
+    )
     probe = Probe(pipeline=pipeline, card=card)
     probe.save(directory)
     return probe
@@ -78,17 +92,39 @@ def test_petri_audit_with_oracle_probe_and_target_tools(smollm2_path, tmp_path) 
     subprocess.run(["bash", str(ROOT / "scripts" / "setup_petri.sh")], check=True, cwd=ROOT)
     oracle_dir, train_seconds = trained_oracle()
     probe = quick_probe(tmp_path)
-    args = lora_server_args({"dtype": "float32", "max_model_len": 2048, "lora_modules": f"oracle={oracle_dir}",
-                             "chat_template": str(TOOL_TEMPLATE), "tool_call_parser": "hermes",
-                             "enable_auto_tool_choice": True})
+    args = lora_server_args(
+        {
+            "dtype": "float32",
+            "max_model_len": 2048,
+            "lora_modules": f"oracle={oracle_dir}",
+            "chat_template": str(TOOL_TEMPLATE),
+            "tool_call_parser": "hermes",
+            "enable_auto_tool_choice": True,
+        }
+    )
     server = LensServer(str(smollm2_path), "smollm2-135m-instruct", args).start()
     try:
         started = time.monotonic()
-        run = subprocess.run([str(PETRI_PYTHON), str(ROOT / "tests" / "scripts" / "petri_e2e.py"),
-                              "--base-url", f"{server.url}/v1", "--probe", str(tmp_path / "random-576.joblib"),
-                              "--oracle", str(oracle_dir), "--log-dir", str(tmp_path / "logs"),
-                              "--out", str(tmp_path / "result.json")],
-                             cwd=ROOT, capture_output=True, text=True, timeout=1500)
+        run = subprocess.run(
+            [
+                str(PETRI_PYTHON),
+                str(ROOT / "tests" / "scripts" / "petri_e2e.py"),
+                "--base-url",
+                f"{server.url}/v1",
+                "--probe",
+                str(tmp_path / "random-576.joblib"),
+                "--oracle",
+                str(oracle_dir),
+                "--log-dir",
+                str(tmp_path / "logs"),
+                "--out",
+                str(tmp_path / "result.json"),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=1500,
+        )
         audit_seconds = time.monotonic() - started
     finally:
         server.stop()
@@ -110,8 +146,10 @@ def test_petri_audit_with_oracle_probe_and_target_tools(smollm2_path, tmp_path) 
     [probe_record] = [r for r in inspections if r["inspector"] == "probe"]
     assert len(oracle_records) == 3 and len(result["tool_calls"]) == 6  # four answered, two after the errors
 
-    settings = OracleSettings(**{key: read_card(str(oracle_dir))["oracle"][key] for key in
-                                 ("target_layer", "injection_layer", "placeholder", "coefficient")}, num_tokens=None)
+    settings = OracleSettings(
+        **{key: read_card(str(oracle_dir))["oracle"][key] for key in ("target_layer", "injection_layer", "placeholder", "coefficient")},
+        num_tokens=None,
+    )
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_path))
     lora = LoRARequest("oracle", 1, str(oracle_dir))
     with make_llm(smollm2_path, enable_lora=True, max_loras=2, max_lora_rank=8, enable_prefix_caching=False) as llm:
@@ -124,11 +162,12 @@ def test_petri_audit_with_oracle_probe_and_target_tools(smollm2_path, tmp_path) 
                 assert record["score"] == pytest.approx(probe.score(stream[positions]), abs=1e-3)
                 continue
             stream = capture_ids(llm, ids, settings.target_layer)
-            offline = offline_oracle(llm, tokenizer, lora, settings, stream[positions][-MAX_POSITIONS:], record["question"],
-                                     MAX_TOKENS)
+            offline = offline_oracle(llm, tokenizer, lora, settings, stream[positions][-MAX_POSITIONS:], record["question"], MAX_TOKENS)
             assert record["answer"] == offline, record
     assert any(r["span"] == "/models" for r in oracle_records)
-    print(f"\nPetri audit (Python {sys.version_info.major}.{sys.version_info.minor} here, 3.12 there): oracle training "
-          f"{train_seconds:.0f} s (0: cached), audit subprocess {audit_seconds:.0f} s (audit itself {result['seconds']} s); "
-          f"tool call {calls[0]['function']}; oracle answers {[r['answer'] for r in oracle_records]}; "
-          f"probe score {probe_record['score']:.3f}")
+    print(
+        f"\nPetri audit (Python {sys.version_info.major}.{sys.version_info.minor} here, 3.12 there): oracle training "
+        f"{train_seconds:.0f} s (0: cached), audit subprocess {audit_seconds:.0f} s (audit itself {result['seconds']} s); "
+        f"tool call {calls[0]['function']}; oracle answers {[r['answer'] for r in oracle_records]}; "
+        f"probe score {probe_record['score']:.3f}"
+    )

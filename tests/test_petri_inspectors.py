@@ -19,13 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from inspect_ai.model import (
-    ChatMessageAssistant,
-    ChatMessageSystem,
-    ChatMessageTool,
-    ChatMessageUser,
-    get_model,
-)
+from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageTool, ChatMessageUser, get_model
 from inspect_ai.model._openai import messages_to_openai, openai_chat_tools
 from inspect_ai.tool import ToolCall, ToolError, ToolInfo, ToolParam, ToolParams
 from sklearn.linear_model import LogisticRegression
@@ -45,16 +39,21 @@ SETTINGS = OracleSettings(target_layer=2, injection_layer=1, num_tokens=None, pl
 MAX_TOKENS, MAX_POSITIONS = 6, 48
 QUESTION = "what is the agent doing?"
 QUOTE = "scp weights.bin"
-TOOLS = [ToolInfo(name="bash", description="Run a shell command on the lab server.",
-                  parameters=ToolParams(properties={"command": ToolParam(type="string", description="the command")},
-                                        required=["command"]))]
+TOOLS = [
+    ToolInfo(
+        name="bash",
+        description="Run a shell command on the lab server.",
+        parameters=ToolParams(properties={"command": ToolParam(type="string", description="the command")}, required=["command"]),
+    )
+]
 MESSAGES = [
     ChatMessageSystem(content="You are an agent with shell access."),
     ChatMessageUser(content="Back up the model."),
     ChatMessageAssistant(content="", tool_calls=[ToolCall(id="c1", function="bash", arguments={"command": "ls /models"})]),
     ChatMessageTool(content="weights.bin", tool_call_id="c1", function="bash"),
-    ChatMessageAssistant(content="Copying it out.", tool_calls=[
-        ToolCall(id="c2", function="bash", arguments={"command": "scp weights.bin backup:/"})]),
+    ChatMessageAssistant(
+        content="Copying it out.", tool_calls=[ToolCall(id="c2", function="bash", arguments={"command": "scp weights.bin backup:/"})]
+    ),
 ]
 
 
@@ -62,10 +61,24 @@ def tiny_probe(layer: int) -> Probe:
     rng = np.random.default_rng(0)
     features, labels = rng.normal(size=(64, 128)), np.arange(64) % 2
     pipeline = make_pipeline(StandardScaler(), LogisticRegression(C=0.1)).fit(features, labels)
-    card = ProbeCard(name="tiny-probe", model="tiny-llama", layer=layer, hidden_size=128, token_selection="all",
-                     training_set="random", n_train_dialogues=64, n_val_dialogues=0, n_train_tokens=64,
-                     regularization_C=0.1, validation_auroc=0.5, threshold=0.0, control_set="none", n_control=0,
-                     versions={}, created="2026-12-03")
+    card = ProbeCard(
+        name="tiny-probe",
+        model="tiny-llama",
+        layer=layer,
+        hidden_size=128,
+        token_selection="all",
+        training_set="random",
+        n_train_dialogues=64,
+        n_val_dialogues=0,
+        n_train_tokens=64,
+        regularization_C=0.1,
+        validation_auroc=0.5,
+        threshold=0.0,
+        control_set="none",
+        n_control=0,
+        versions={},
+        created="2026-12-03",
+    )
     return Probe(pipeline=pipeline, card=card)
 
 
@@ -88,18 +101,28 @@ def reference(tiny_path, adapter) -> dict[str, Any]:
     lora = LoRARequest("oracle", 1, str(adapter))
     with make_llm(tiny_path, enable_lora=True, max_loras=2, max_lora_rank=8, enable_prefix_caching=False) as llm:
         stream = capture_ids(llm, ids, SETTINGS.target_layer)
-        answers = {name: offline_oracle(llm, tokenizer, lora, SETTINGS, stream[positions][-MAX_POSITIONS:], QUESTION, MAX_TOKENS)
-                   for name, positions in (("turn", turn), ("span", span))}
+        answers = {
+            name: offline_oracle(llm, tokenizer, lora, SETTINGS, stream[positions][-MAX_POSITIONS:], QUESTION, MAX_TOKENS)
+            for name, positions in (("turn", turn), ("span", span))
+        }
     probe = tiny_probe(SETTINGS.target_layer)
-    return {"ids": ids, "turn": turn, "span": span, "answers": answers, "probe": probe,
-            "probe_score": probe.score(stream[turn])}
+    return {"ids": ids, "turn": turn, "span": span, "answers": answers, "probe": probe, "probe_score": probe.score(stream[turn])}
 
 
 @pytest.fixture(scope="module")
 def target(tiny_path, adapter, reference):
-    args = lora_server_args({"dtype": "float32", "max_model_len": 2048, "seed": 0, "lora_modules": f"oracle={adapter}",
-                             "chat_template": str(TOOL_TEMPLATE), "tool_call_parser": "hermes",
-                             "enable_auto_tool_choice": True, "enable_prefix_caching": False})
+    args = lora_server_args(
+        {
+            "dtype": "float32",
+            "max_model_len": 2048,
+            "seed": 0,
+            "lora_modules": f"oracle={adapter}",
+            "chat_template": str(TOOL_TEMPLATE),
+            "tool_call_parser": "hermes",
+            "enable_auto_tool_choice": True,
+            "enable_prefix_caching": False,
+        }
+    )
     server = LensServer(str(tiny_path), "tiny-llama", args).start()
     try:
         yield get_model("vllm-lens/tiny-llama", base_url=f"{server.url}/v1", memoize=False)
@@ -107,8 +130,14 @@ def target(tiny_path, adapter, reference):
         server.stop()
 
 
-def ask(target, question: str = QUESTION, inspector: str | None = None, layer: int | None = None,
-        span: str | None = None, probe: Probe | None = None) -> tuple[str, dict[str, Any]]:
+def ask(
+    target,
+    question: str = QUESTION,
+    inspector: str | None = None,
+    layer: int | None = None,
+    span: str | None = None,
+    probe: Probe | None = None,
+) -> tuple[str, dict[str, Any]]:
     inspectors = [OracleInspector(SETTINGS, max_tokens=MAX_TOKENS, max_positions=MAX_POSITIONS)]
     if probe is not None:
         inspectors.append(ProbeInspector(probe))
@@ -165,8 +194,11 @@ def test_tool_template_renders_oracle_prompts_like_smollm2s_own(smollm2_path) ->
 
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_path))
     ours = TOOL_TEMPLATE.read_text(encoding="utf-8")
-    for chat in (oracle_messages(15, 12, QUESTION), [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
-                                                     {"role": "assistant", "content": "Hello."}]):
+    for chat in (
+        oracle_messages(15, 12, QUESTION),
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello."}],
+    ):
         for generation_prompt in (True, False):
-            assert (tokenizer.apply_chat_template(chat, chat_template=ours, tokenize=False, add_generation_prompt=generation_prompt)
-                    == tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation_prompt))
+            assert tokenizer.apply_chat_template(
+                chat, chat_template=ours, tokenize=False, add_generation_prompt=generation_prompt
+            ) == tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation_prompt)

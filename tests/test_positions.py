@@ -43,9 +43,7 @@ def test_position_steering_in_later_chunk_and_decode_matches_hf(tiny_path, chunk
     rng = np.random.default_rng(11)
     acts = rng.normal(size=(1, len(positions), 128)).astype(np.float32)
     vec = SteeringVector(activations=acts, layer_indices=[STEER_LAYER], scale=4.0, position_indices=positions)
-    out = chunked_engine.generate(
-        [LONG_PROMPT], greedy(MAX_TOKENS, output_residual_stream=LAYERS, apply_steering_vectors=[vec])
-    )[0]
+    out = chunked_engine.generate([LONG_PROMPT], greedy(MAX_TOKENS, output_residual_stream=LAYERS, apply_steering_vectors=[vec]))[0]
     tokens = list(out.prompt_token_ids) + list(out.outputs[0].token_ids)
     additions = {STEER_LAYER: {p: torch.from_numpy(acts[0, i] * 4.0) for i, p in enumerate(positions)}}
     hf = HFReference(tiny_path)
@@ -62,15 +60,24 @@ def test_position_steering_in_later_chunk_and_decode_matches_hf(tiny_path, chunk
     assert added > 10 * noise, f"additions of norm {added:.3g} do not stand out of the noise {noise:.3g}"
     change = (got[STEER_LAYER] - plain).norm(dim=-1)
     moved = (change > added / 2).nonzero().flatten().tolist()
-    assert moved == positions, f"stream moved at {moved}, steered at {positions}; largest change elsewhere " \
+    assert moved == positions, (
+        f"stream moved at {moved}, steered at {positions}; largest change elsewhere "
         f"{float(change[[p for p in range(len(change)) if p not in positions]].max()):.3g}"
+    )
 
 
 def test_preemption_recompute_places_rows_by_position(tiny_path) -> None:
     """A KV cache of 384 tokens for 6 requests of ~150 tokens forces preemption and recompute."""
     prompts = [LONG_PROMPT[i * 7 :] for i in range(6)]
     block_size = 16 if on_gpu() else 128  # vLLM's default KV block size per platform
-    with make_llm(tiny_path, num_gpu_blocks_override=384 // block_size, block_size=block_size, max_model_len=256, max_num_seqs=6, disable_log_stats=False) as llm:
+    with make_llm(
+        tiny_path,
+        num_gpu_blocks_override=384 // block_size,
+        block_size=block_size,
+        max_model_len=256,
+        max_num_seqs=6,
+        disable_log_stats=False,
+    ) as llm:
         outs = llm.generate(prompts, greedy(60, output_residual_stream=[0, 3]))
         preemptions = sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
     assert preemptions > 0, "the test did not cause preemption"

@@ -77,9 +77,11 @@ def test_different_vectors_or_scales_keep_one_row_per_token() -> None:
     torch.manual_seed(3)
     vector, other = torch.randn(1, HIDDEN), torch.randn(1, HIDDEN)
     for steering_c in (_steered(other, 0.5), _steered(vector, 2.0)):
-        requests = {"a": WorkerRequest(key="ka", capture_layers=[], steering=[_steered(vector, 0.5)]),
-                    "b": WorkerRequest(key="kb", capture_layers=[], steering=[_steered(vector, 0.5)]),
-                    "c": WorkerRequest(key="kc", capture_layers=[], steering=[steering_c])}
+        requests = {
+            "a": WorkerRequest(key="ka", capture_layers=[], steering=[_steered(vector, 0.5)]),
+            "b": WorkerRequest(key="kb", capture_layers=[], steering=[_steered(vector, 0.5)]),
+            "c": WorkerRequest(key="kc", capture_layers=[], steering=[steering_c]),
+        }
         steer = _plan(requests).steer[1]
         assert steer.vectors.shape == (15, HIDDEN)
         hidden = torch.randn(15, HIDDEN)

@@ -12,10 +12,15 @@ from tests.tolerance import assert_values_close
 
 
 def saved_set(tmp_path, weights, bias, threshold=1.25):
-    probes = ProbeSet("some-model", 3, {"ip-lr": Readout("ip-lr", 3, np.asarray(weights, np.float32), bias, threshold),
-                                        "rp-lr/fold0": Readout("rp-lr/fold0", 3, np.ones(len(weights), np.float32), 0.0, 2.0)},
-                      card={"dtype": "bfloat16", "C": 0.1, "n_instructed_pairs": 40, "n_control": 12,
-                            "validation_auroc": {"ip-lr": 0.9, "ip-dom": 0.8}})
+    probes = ProbeSet(
+        "some-model",
+        3,
+        {
+            "ip-lr": Readout("ip-lr", 3, np.asarray(weights, np.float32), bias, threshold),
+            "rp-lr/fold0": Readout("rp-lr/fold0", 3, np.ones(len(weights), np.float32), 0.0, 2.0),
+        },
+        card={"dtype": "bfloat16", "C": 0.1, "n_instructed_pairs": 40, "n_control": 12, "validation_auroc": {"ip-lr": 0.9, "ip-dom": 0.8}},
+    )
     return probes.save(tmp_path / "some-model__probe-set")
 
 

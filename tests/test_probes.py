@@ -35,10 +35,7 @@ def scores(output) -> dict[str, torch.Tensor]:
 
 def expected_scores(output, capture_layers: list[int], probes: list[LinearProbe]) -> dict[str, torch.Tensor]:
     stream = capture(output)
-    return {
-        p.name: stream[capture_layers.index(p.layer)] @ torch.from_numpy(p.weights) + p.bias
-        for p in probes
-    }
+    return {p.name: stream[capture_layers.index(p.layer)] @ torch.from_numpy(p.weights) + p.bias for p in probes}
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +68,13 @@ def test_steered_scores_differ_and_probes_alone_match_with_capture(llm) -> None:
     with_capture = llm.generate([PROMPTS[1]], greedy(6, output_probe_scores=PROBES, output_residual_stream=ALL_LAYERS))[0]
     steered = llm.generate([PROMPTS[1]], greedy(6, output_probe_scores=PROBES, apply_steering_vectors=[STEER]))[0]
     for p in PROBES:
-        assert_scores_close(scores(alone)[p.name], scores(with_capture)[p.name], torch.from_numpy(p.weights),
-                            capture(with_capture)[p.layer], f"{p.name} alone vs with capture")
+        assert_scores_close(
+            scores(alone)[p.name],
+            scores(with_capture)[p.name],
+            torch.from_numpy(p.weights),
+            capture(with_capture)[p.layer],
+            f"{p.name} alone vs with capture",
+        )
     assert (scores(steered)["late"] - scores(alone)["late"]).abs().max() > 1.0
 
 
@@ -113,8 +115,13 @@ def test_mixed_batch_equals_each_request_alone(llm) -> None:
             rows = capture(llm.generate([prompt], with_all_layers(mixed_params(i)))[0])
             for p in {**{p.name: p for p in PROBES}, SHARED.name: SHARED}.values():
                 if p.name in scores(alone):
-                    assert_scores_close(scores(together[i])[p.name], scores(alone)[p.name], torch.from_numpy(p.weights),
-                                        rows[p.layer], f"request {i} {p.name} in the batch vs alone")
+                    assert_scores_close(
+                        scores(together[i])[p.name],
+                        scores(alone)[p.name],
+                        torch.from_numpy(p.weights),
+                        rows[p.layer],
+                        f"request {i} {p.name} in the batch vs alone",
+                    )
         else:
             assert "probe_scores" not in together[i].activations
 

@@ -19,10 +19,16 @@ RNG = np.random.default_rng(7)
 
 
 def sample_scores(labels, values, threshold=0.0):
-    return [SampleScore(score=Score(value={"score": float(v), "flagged": bool(v > threshold), "label": None},
-                                    metadata={"label": label, "threshold": threshold, "flagged": bool(v > threshold)}),
-                        sample_id=i)
-            for i, (label, v) in enumerate(zip(labels, values))]
+    return [
+        SampleScore(
+            score=Score(
+                value={"score": float(v), "flagged": bool(v > threshold), "label": None},
+                metadata={"label": label, "threshold": threshold, "flagged": bool(v > threshold)},
+            ),
+            sample_id=i,
+        )
+        for i, (label, v) in enumerate(zip(labels, values))
+    ]
 
 
 def test_metrics_equal_sklearn_and_hand_counts() -> None:
@@ -31,7 +37,8 @@ def test_metrics_equal_sklearn_and_hand_counts() -> None:
     scores = sample_scores(labels, values, threshold=0.5)
     assert auroc()(scores) == {"AUROC": pytest.approx(roc_auc_score(labels, values), abs=1e-12)}
     assert recall_at_threshold()(scores) == {
-        "recall at 1% FPR": pytest.approx(((values > 0.5) & (labels == 1)).sum() / (labels == 1).sum())}
+        "recall at 1% FPR": pytest.approx(((values > 0.5) & (labels == 1)).sum() / (labels == 1).sum())
+    }
     assert class_mean(1, "deceptive")(scores) == {"mean score deceptive": pytest.approx(values[labels == 1].mean())}
     assert class_mean(0, "honest")(scores) == {"mean score honest": pytest.approx(values[labels == 0].mean())}
     assert flagged_count()(scores) == {"flagged": float((values > 0.5).sum())}
@@ -49,10 +56,24 @@ def test_threshold_is_the_99th_percentile() -> None:
 
 
 def _card(**changes) -> ProbeCard:
-    fields = dict(name="unit", model="m", layer=3, hidden_size=8, token_selection="all", training_set="synthetic",
-                  n_train_dialogues=10, n_val_dialogues=2, n_train_tokens=40, regularization_C=0.1,
-                  validation_auroc=0.9, threshold=1.25, control_set="none", n_control=5,
-                  versions=ProbeCard.current_versions(), created=ProbeCard.today())
+    fields = dict(
+        name="unit",
+        model="m",
+        layer=3,
+        hidden_size=8,
+        token_selection="all",
+        training_set="synthetic",
+        n_train_dialogues=10,
+        n_val_dialogues=2,
+        n_train_tokens=40,
+        regularization_C=0.1,
+        validation_auroc=0.9,
+        threshold=1.25,
+        control_set="none",
+        n_control=5,
+        versions=ProbeCard.current_versions(),
+        created=ProbeCard.today(),
+    )
     return ProbeCard(**{**fields, **changes})
 
 
@@ -86,7 +107,7 @@ def test_tokens_selected_are_the_scored_text(smollm2_path) -> None:
     dialogue = datasets.load_roleplaying()[0].dialogue("deceptive")
     tokenized = tokenize_dialogue(tokenizer, dialogue)
     text = tokenizer.decode([tokenized.token_ids[i] for i in tokenized.scored_positions]).strip()
-    assert text == dialogue.messages[-1]["content"][dialogue.score_from:].strip()
+    assert text == dialogue.messages[-1]["content"][dialogue.score_from :].strip()
     assert tokenized.scored_positions[-1] == len(tokenized.token_ids) - 1
     fact = datasets.instructed_pairs()[0]
     kept = tokenizer.decode([tokenize_dialogue(tokenizer, fact).token_ids[i] for i in tokenize_dialogue(tokenizer, fact).scored_positions])

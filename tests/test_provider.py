@@ -77,11 +77,15 @@ def test_provider_activations_and_steering_equal_offline(tiny_server, tiny_path)
 
 def capture_task(n: int) -> Task:
     samples = [Sample(input=f"{PROMPT} {i}", target="x") for i in range(n)]
-    return Task(dataset=samples, solver=[capture_activations([0, 1, 2, 3])], scorer=match(), config=GenerateConfig(max_tokens=8, temperature=0.0))
+    return Task(
+        dataset=samples, solver=[capture_activations([0, 1, 2, 3])], scorer=match(), config=GenerateConfig(max_tokens=8, temperature=0.0)
+    )
 
 
 def test_eval_logs_stay_small_and_carry_summaries(tiny_server, tmp_path) -> None:
-    logs = inspect_eval(capture_task(50), model="vllm-lens/tiny-llama", model_base_url=f"{tiny_server.url}/v1", log_dir=str(tmp_path), display="none")
+    logs = inspect_eval(
+        capture_task(50), model="vllm-lens/tiny-llama", model_base_url=f"{tiny_server.url}/v1", log_dir=str(tmp_path), display="none"
+    )
     log = logs[0]
     assert log.status == "success", log.error
     files = list(Path(tmp_path).glob("*.eval"))
@@ -103,9 +107,20 @@ def _descendants() -> set[int]:
 
 def test_eval_on_smollm2_starts_and_stops_its_server(smollm2_path, tmp_path) -> None:
     samples = [Sample(input="What is the capital of France?", target="Paris"), Sample(input="Name a colour.", target="red")]
-    task = Task(dataset=samples, solver=[steer(np.ones(576, dtype=np.float32), layers=[10], scale=0.05, norm_match=True, capture_layers=[10, 20])], scorer=match(), config=GenerateConfig(max_tokens=8, temperature=0.0))
+    task = Task(
+        dataset=samples,
+        solver=[steer(np.ones(576, dtype=np.float32), layers=[10], scale=0.05, norm_match=True, capture_layers=[10, 20])],
+        scorer=match(),
+        config=GenerateConfig(max_tokens=8, temperature=0.0),
+    )
     before = _descendants()
-    logs = inspect_eval(task, model="vllm-lens/smollm2-135m-instruct", model_args={"max_model_len": 512, "dtype": "float32", **gpu_share()}, log_dir=str(tmp_path), display="none")
+    logs = inspect_eval(
+        task,
+        model="vllm-lens/smollm2-135m-instruct",
+        model_args={"max_model_len": 512, "dtype": "float32", **gpu_share()},
+        log_dir=str(tmp_path),
+        display="none",
+    )
     assert logs[0].status == "success", logs[0].error
     sample = logs[0].samples[0]
     assert sample.messages[-1].metadata["lens_steering"]["layers"] == [10]
@@ -140,10 +155,28 @@ def test_inspect_cli_leaves_no_engine_processes(tmp_path, interrupt: bool) -> No
 
     tag = f"lifecycle-{os.getpid()}-{interrupt}-{time.monotonic_ns()}"
     model_args = [arg for key, value in {"max_model_len": 512, **gpu_share()}.items() for arg in ("-M", f"{key}={value}")]
-    cmd = [sys.executable, "-m", "inspect_ai", "eval", "lifecycle_task.py", "--model", "vllm-lens/tiny-llama", *model_args,
-           "--log-dir", str(tmp_path), "--display", "plain"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=Path(__file__).parent / "scripts",
-                            env={**os.environ, "LENS_EVALS_TEST_TAG": tag})
+    cmd = [
+        sys.executable,
+        "-m",
+        "inspect_ai",
+        "eval",
+        "lifecycle_task.py",
+        "--model",
+        "vllm-lens/tiny-llama",
+        *model_args,
+        "--log-dir",
+        str(tmp_path),
+        "--display",
+        "plain",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=Path(__file__).parent / "scripts",
+        env={**os.environ, "LENS_EVALS_TEST_TAG": tag},
+    )
     if interrupt:
         deadline = time.monotonic() + 300
         while not _tagged_engines(tag) and time.monotonic() < deadline:

@@ -63,15 +63,24 @@ def assert_same(got: list[Any], want: list[Any], what: str) -> None:
         assert g.outputs[0].token_ids == w.outputs[0].token_ids, f"{what}: request {i} tokens differ"
         if i < 2:
             worst["capture"] = max(worst["capture"], assert_stream_close(capture(g), capture(w), f"{what}: request {i} capture"))
-            worst["probe"] = max(worst["probe"], assert_scores_close(
-                g.activations["probe_scores"]["p"], w.activations["probe_scores"]["p"],
-                torch.from_numpy(PROBE.weights), capture(w)[LAYERS.index(PROBE.layer)], f"{what}: request {i} probe"))
+            worst["probe"] = max(
+                worst["probe"],
+                assert_scores_close(
+                    g.activations["probe_scores"]["p"],
+                    w.activations["probe_scores"]["p"],
+                    torch.from_numpy(PROBE.weights),
+                    capture(w)[LAYERS.index(PROBE.layer)],
+                    f"{what}: request {i} probe",
+                ),
+            )
         else:
             assert g.activations["saved"].keys() == w.activations["saved"].keys()
             for key, value in w.activations["saved"].items():
                 worst["hooks"] = max(worst["hooks"], assert_values_close(g.activations["saved"][key], value, f"{what}: saved {key!r}"))
-    print(f"\n{what}: tokens equal on {len(got)} requests; largest capture per-token relative error {worst['capture']:.2e}, "
-          f"probe score error {worst['probe']:.2e}, hook result error {worst['hooks']:.2e}")
+    print(
+        f"\n{what}: tokens equal on {len(got)} requests; largest capture per-token relative error {worst['capture']:.2e}, "
+        f"probe score error {worst['probe']:.2e}, hook result error {worst['hooks']:.2e}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +168,14 @@ def test_a_node_without_the_plugin_fails_loudly(tiny_path, two_nodes, monkeypatc
 
 def test_server_with_the_ray_executor_equals_offline(tiny_path, reference) -> None:
     with lens_server(tiny_path, server_args={"distributed_executor_backend": "ray"}) as server:
-        payload = {"model": "test", "prompt": PROMPTS[0], "max_tokens": 6, "temperature": 0, "ignore_eos": True,
-                   "vllm_xargs": lens_xargs(LAYERS, probes=[PROBE])}
+        payload = {
+            "model": "test",
+            "prompt": PROMPTS[0],
+            "max_tokens": 6,
+            "temperature": 0,
+            "ignore_eos": True,
+            "vllm_xargs": lens_xargs(LAYERS, probes=[PROBE]),
+        }
         resp = requests.post(f"{server.url}/v1/completions", json=payload, timeout=300)
     assert resp.status_code == 200, resp.text
     got = activations_from_response(resp.json())

@@ -72,8 +72,16 @@ class ReportDom(HTMLParser):
         if tag == "div" and "pair" in classes:
             self.pairs += 1
         if tag == "article" and "transcript" in classes:
-            self.transcripts.append({"id": a["data-sample"], "label": a["data-label"], "flagged": a["data-flagged"],
-                                     "pair_index": self.pairs, "probe": self.sections[-1], "tokens": []})
+            self.transcripts.append(
+                {
+                    "id": a["data-sample"],
+                    "label": a["data-label"],
+                    "flagged": a["data-flagged"],
+                    "pair_index": self.pairs,
+                    "probe": self.sections[-1],
+                    "tokens": [],
+                }
+            )
         if tag == "span" and "tok" in classes and self.transcripts:
             self._span = {"score": a["data-score"], "excluded": "excluded" in classes, "style": a.get("style") or "", "text": ""}
 
@@ -96,8 +104,9 @@ def rendered(page: Path) -> ReportDom:
     if chromium is None and on_gpu():
         pytest.skip("no chromium on the lent GPU machine (no network to install it); it runs on every CPU CI machine")
     assert chromium, "chromium is missing: scripts/setup.sh installs Debian's chromium"
-    result = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()],
-                            capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180
+    )
     assert result.returncode == 0 and "<html" in result.stdout, result.stderr[-2000:]
     dom = ReportDom()
     dom.feed(result.stdout)
@@ -111,20 +120,36 @@ def random_probe(directory: Path, seed: int = 0) -> Path:
     rows = rng.normal(size=(256, 128))
     pipeline = make_pipeline(StandardScaler(), LogisticRegression(C=1.0)).fit(rows, (rows[:, 0] > 0).astype(int))
     control = pipeline.decision_function(rng.normal(size=(100, 128)))
-    card = ProbeCard(name=f"tiny-random-{seed}", model="tiny-llama", layer=1, hidden_size=128, dtype="float32",
-                     token_selection="all", training_set="random rows (test)", n_train_dialogues=256, n_val_dialogues=0,
-                     n_train_tokens=256, regularization_C=1.0, validation_auroc=0.5,
-                     threshold=float(np.quantile(control, 0.99)), control_set="random rows (test)", n_control=100,
-                     control_scores=[round(float(c), 4) for c in control],
-                     versions=ProbeCard.current_versions(), created=dt.datetime.now(dt.UTC).isoformat())
+    card = ProbeCard(
+        name=f"tiny-random-{seed}",
+        model="tiny-llama",
+        layer=1,
+        hidden_size=128,
+        dtype="float32",
+        token_selection="all",
+        training_set="random rows (test)",
+        n_train_dialogues=256,
+        n_val_dialogues=0,
+        n_train_tokens=256,
+        regularization_C=1.0,
+        validation_auroc=0.5,
+        threshold=float(np.quantile(control, 0.99)),
+        control_set="random rows (test)",
+        n_control=100,
+        control_scores=[round(float(c), 4) for c in control],
+        versions=ProbeCard.current_versions(),
+        created=dt.datetime.now(dt.UTC).isoformat(),
+    )
     return Probe(pipeline=pipeline, card=card).save(directory)
 
 
 def random_probe_set(directory: Path) -> Path:
     """The three-probe work's probe set with two random readouts (ip-lr, ip-dom) for tiny-llama."""
     rng = np.random.default_rng(2)
-    readouts = {kind: Readout(kind, 1, rng.normal(size=128).astype(np.float32), 0.0, float(threshold))
-                for kind, threshold in (("ip-lr", 1.0), ("ip-dom", -1.0))}
+    readouts = {
+        kind: Readout(kind, 1, rng.normal(size=128).astype(np.float32), 0.0, float(threshold))
+        for kind, threshold in (("ip-lr", 1.0), ("ip-dom", -1.0))
+    }
     return ProbeSet("tiny-llama", 1, readouts).save(directory / "tiny__probe-set")
 
 
@@ -134,10 +159,11 @@ def tiny_logs(tiny_path, tmp_path_factory) -> dict[str, Path]:
     both): with one probe, and with two probes read in one pass (the multi-probe task: two tabs)."""
     directory = tmp_path_factory.mktemp("report")
     probe = random_probe(directory)
-    tasks = [roleplaying_task(probe, tokenizer=str(tiny_path)),
-             roleplaying_probes_task(random_probe_set(directory), probes="ip-lr,ip-dom", tokenizer=str(tiny_path))]
-    logs = inspect_eval(tasks, model="vllm-lens/tiny-llama", limit=N_SAMPLES, log_dir=str(directory / "logs"),
-                        display="none", max_tasks=1)
+    tasks = [
+        roleplaying_task(probe, tokenizer=str(tiny_path)),
+        roleplaying_probes_task(random_probe_set(directory), probes="ip-lr,ip-dom", tokenizer=str(tiny_path)),
+    ]
+    logs = inspect_eval(tasks, model="vllm-lens/tiny-llama", limit=N_SAMPLES, log_dir=str(directory / "logs"), display="none", max_tasks=1)
     assert [log.status for log in logs] == ["success", "success"], [log.error for log in logs]
     return {"one": Path(logs[0].location), "two": Path(logs[1].location), "probe": probe}
 
@@ -159,8 +185,7 @@ def check_report(log_path: Path, page: Path, n_samples: int) -> ReportDom:
 
 
 def check_sample(sample, probe: str, shown: dict, dom: ReportDom) -> None:
-    reading = next(e.data for e in sample.events
-                   if isinstance(e, InfoEvent) and e.source == INFO_SOURCE and e.data["probe"] == probe)
+    reading = next(e.data for e in sample.events if isinstance(e, InfoEvent) and e.source == INFO_SOURCE and e.data["probe"] == probe)
     score = next(s for s in sample.scores.values() if s.metadata["probe"] == probe)
     value = score.value["score"] if isinstance(score.value, dict) else score.value  # probe_scorer / multi-probe scorers
     flagged = score.value["flagged"] if isinstance(score.value, dict) else score.metadata["flagged"]
@@ -171,7 +196,7 @@ def check_sample(sample, probe: str, shown: dict, dom: ReportDom) -> None:
     assert all("background:rgba(" in t["style"] for t in shown["tokens"][first:end])  # coloured by score
     # The scored tokens are the scored response, and their mean is the sample's score.
     scored_text = "".join(row[0] for row in reading["rows"][first:end])
-    assert scored_text.strip() == sample.messages[-1].text[sample.metadata["score_from"]:].strip()
+    assert scored_text.strip() == sample.messages[-1].text[sample.metadata["score_from"] :].strip()
     assert score.answer in (None, scored_text.strip())
     assert np.mean([row[1] for row in reading["rows"][first:end]]) == pytest.approx(value, abs=1e-4)
     assert shown["label"] == sample.metadata["kind"] and shown["flagged"] == str(flagged).lower()
@@ -211,7 +236,7 @@ def test_the_log_reads_well_and_carries_no_probe_weights(tiny_logs) -> None:
         score = sample.scores["probe_scorer"]
         assert set(score.value) == {"score", "flagged", "label"} and score.value["label"] == sample.metadata["kind"]
         final = sample.messages[-1].text
-        assert score.answer == final[sample.metadata["score_from"]:].strip() and score.answer
+        assert score.answer == final[sample.metadata["score_from"] :].strip() and score.answer
         margin = score.value["score"] - score.metadata["threshold"]
         assert f"{abs(margin):.2f} {'above' if margin > 0 else 'below'}" in score.explanation
         assert "higher = more deceptive" in score.explanation
@@ -230,8 +255,10 @@ def test_logged_forms_hold_digests_and_the_wire_gets_the_arrays() -> None:
     logged = logged_extra_args(extra_args)
     shown = json.dumps(logged)  # what Inspect writes for the generate config
     assert wire.encode_array(probe.weights)["data"] not in shown and '"data"' not in shown
-    assert logged[PROBE_KEY][0]["weights"]["sha256"] == hashlib.sha256(
-        wire.encode_array(probe.weights)["data"].encode()).hexdigest()[:16] and logged[PROBE_KEY][0]["name"] == "p"
+    assert (
+        logged[PROBE_KEY][0]["weights"]["sha256"] == hashlib.sha256(wire.encode_array(probe.weights)["data"].encode()).hexdigest()[:16]
+        and logged[PROBE_KEY][0]["name"] == "p"
+    )
     assert real_extra_args(logged)[STEERING_KEY][0] is vector and real_extra_args(logged)[PROBE_KEY][0] is probe
     assert logged_extra_args(logged) == logged  # a retry sees logged items and keeps them
     xargs = to_vllm_xargs(real_extra_args(logged))
@@ -257,8 +284,14 @@ def test_log_of_another_task_is_refused(tmp_path, capsys) -> None:
 def test_log_without_probe_scores_is_refused(tiny_path, tmp_path, capsys) -> None:
     """The probe task run on a model that returns no activations: every sample fails unscored."""
     probe = random_probe(tmp_path)
-    log = inspect_eval(roleplaying_task(probe, tokenizer=str(tiny_path)), model="mockllm/model", limit=2,
-                       log_dir=str(tmp_path / "logs"), display="none", fail_on_error=False)[0]
+    log = inspect_eval(
+        roleplaying_task(probe, tokenizer=str(tiny_path)),
+        model="mockllm/model",
+        limit=2,
+        log_dir=str(tmp_path / "logs"),
+        display="none",
+        fail_on_error=False,
+    )[0]
     assert all(sample.error for sample in read_eval_log(log.location).samples)
     bad_input_fails_cleanly(Path(log.location), tmp_path, "no probe scores in this log", capsys)
 

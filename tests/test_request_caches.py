@@ -104,16 +104,18 @@ def test_the_worker_decodes_a_probe_once_per_digest() -> None:
 def test_the_engines_facts_are_read_once_and_the_limit_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
     hf_config = SimpleNamespace(architectures=["LlamaForCausalLM"], num_hidden_layers=4, hidden_size=HIDDEN)
     model_config = SimpleNamespace(hf_config=hf_config, hf_text_config=hf_config, max_model_len=512)
-    processor = SimpleNamespace(vllm_config=SimpleNamespace(model_config=model_config, additional_config={},
-                                                            use_v2_model_runner=False, speculative_config=None))
+    processor = SimpleNamespace(
+        vllm_config=SimpleNamespace(model_config=model_config, additional_config={}, use_v2_model_runner=False, speculative_config=None)
+    )
     reads = []
     real = compat.model_shape
     monkeypatch.setattr(compat, "model_shape", lambda config: reads.append(config) or real(config))
     from vllm import SamplingParams
 
     def admit(extra: dict[str, Any]) -> Any:
-        request = SimpleNamespace(sampling_params=copy.copy(SamplingParams(max_tokens=2, extra_args=extra)),
-                                  prompt_token_ids=list(range(10)), cache_salt=None)
+        request = SimpleNamespace(
+            sampling_params=copy.copy(SamplingParams(max_tokens=2, extra_args=extra)), prompt_token_ids=list(range(10)), cache_salt=None
+        )
         frontend_admit.on_request(processor, "r", request)
         return request
 

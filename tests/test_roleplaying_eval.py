@@ -25,24 +25,32 @@ N_SAMPLES = 8
 
 def test_roleplaying_eval_scores_equal_offline(smollm2_path, tmp_path) -> None:
     with make_llm(smollm2_path, enable_prefix_caching=False) as llm:
-        probe = train_probe(str(smollm2_path), layer=15, llm=llm, limit=60, control_limit=20, control_max_tokens=24,
-                            out_dir=tmp_path, name="subset")
+        probe = train_probe(
+            str(smollm2_path), layer=15, llm=llm, limit=60, control_limit=20, control_max_tokens=24, out_dir=tmp_path, name="subset"
+        )
         dialogues = datasets.roleplaying_dialogues()[:N_SAMPLES]
         expected = [probe.score(f[0]) for f in extract_features(llm, dialogues, [15])]
     card = probe.card
     assert card.n_control == 20 and card.layer == 15 and card.n_train_dialogues + card.n_val_dialogues <= 62
     assert math.isfinite(card.threshold) and 0.0 <= card.validation_auroc <= 1.0
 
-    tasks = [roleplaying_task(tmp_path / "subset.joblib", tokenizer=str(smollm2_path), on_worker=on_worker)
-             for on_worker in (True, False)]  # probe-on-worker, and capture + score here
+    tasks = [
+        roleplaying_task(tmp_path / "subset.joblib", tokenizer=str(smollm2_path), on_worker=on_worker) for on_worker in (True, False)
+    ]  # probe-on-worker, and capture + score here
     verdicts = ["DECEPTIVE", "HONEST", "AMBIGUOUS", "I think HONEST."] * 2
-    grader = get_model("mockllm/model", custom_outputs=[
-        ModelOutput.from_content("mockllm/model", v).model_copy(update={"usage": ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)})
-        for v in verdicts])
-    tasks.append(roleplaying_task(tmp_path / "subset.joblib", mode="on_policy", grader=grader, tokenizer=str(smollm2_path),
-                                  max_tokens=8))
-    logs = inspect_eval(tasks, model="vllm-lens/smollm2-135m-instruct", limit=N_SAMPLES,
-                        log_dir=str(tmp_path / "logs"), display="none", max_tasks=1)
+    grader = get_model(
+        "mockllm/model",
+        custom_outputs=[
+            ModelOutput.from_content("mockllm/model", v).model_copy(
+                update={"usage": ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)}
+            )
+            for v in verdicts
+        ],
+    )
+    tasks.append(roleplaying_task(tmp_path / "subset.joblib", mode="on_policy", grader=grader, tokenizer=str(smollm2_path), max_tokens=8))
+    logs = inspect_eval(
+        tasks, model="vllm-lens/smollm2-135m-instruct", limit=N_SAMPLES, log_dir=str(tmp_path / "logs"), display="none", max_tasks=1
+    )
     assert [log.status for log in logs] == ["success"] * 3, [log.error for log in logs]
     for log in logs[:2]:
         check_log(log, expected)
@@ -65,9 +73,10 @@ def check_on_policy(log, verdicts) -> None:
         # The prefix's tokens are shown but not scored; the scored tokens are the model's answer.
         assert "".join(row[0] for row in reading["rows"][:first]).strip() == sample.metadata["answer_prefix"].strip()
         scored_text = "".join(row[0] for row in reading["rows"][first:end])
-        assert answer.text[probe["answer_from"]:].startswith(scored_text)
+        assert answer.text[probe["answer_from"] :].startswith(scored_text)
         assert sample.scores["probe_scorer"].value["score"] == pytest.approx(
-            np.mean([row[1] for row in reading["rows"][first:end]]), abs=1e-3)
+            np.mean([row[1] for row in reading["rows"][first:end]]), abs=1e-3
+        )
 
 
 def probe_reading(sample) -> dict:
@@ -85,7 +94,7 @@ def check_log(log, expected) -> None:
     for sample in samples:  # every token of the response, the answer prefix not scored
         reading = probe_reading(sample)
         assert "".join(row[0] for row in reading["rows"]) == sample.messages[-1].text
-        assert "".join(row[0] for row in reading["rows"][reading["scored"][0]:]).strip() == sample.scores["probe_scorer"].answer
+        assert "".join(row[0] for row in reading["rows"][reading["scored"][0] :]).strip() == sample.scores["probe_scorer"].answer
     assert samples[0].messages[-1].role == "assistant" and samples[0].metadata["kind"] == "honest"
 
 

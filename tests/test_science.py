@@ -19,8 +19,7 @@ def features(n: int, informative_layer: int, seed: int) -> LayerFeatures:
     """Three layers of noise; only ``informative_layer`` shifts deceptive dialogues."""
     rng = np.random.default_rng(seed)
     labels = [i % 2 for i in range(n)]
-    dialogues = [Dialogue(messages=[{"role": "assistant", "content": "x"}], label=y, group=f"g{i // 2}")
-                 for i, y in enumerate(labels)]
+    dialogues = [Dialogue(messages=[{"role": "assistant", "content": "x"}], label=y, group=f"g{i // 2}") for i, y in enumerate(labels)]
     rows = []
     for y in labels:
         stream = rng.normal(size=(3, 4, 8)).astype(np.float32)
@@ -48,10 +47,18 @@ def test_parameter_count_from_the_config_matches_smollm2(smollm2_path):
 def test_plot_results_writes_a_png(tmp_path):
     paths = []
     for name, size in (("a", 1e8), ("b", 5e8)):
-        run = {"model": name, "dtype": "float32", "n_layers": 3, "n_parameters": size, "chosen_layer": 1,
-               "layers": [{"layer": i, "ip-lr_roleplaying_auroc": 0.5 + i / 10, "ip-lr_validation_auroc": 0.9} for i in range(3)],
-               "probes": [{"probe": k, "auroc": 0.6, "recall_at_1pct_fpr": 0.25} for k in ("ip-lr", "ip-dom", "rp-lr")],
-               "thresholds": {"ip-lr": {"threshold": 1.5, "bootstrap_95": [1.25, 2.0]}}, "n_control": 10, "control_max_tokens": 8}
+        run = {
+            "model": name,
+            "dtype": "float32",
+            "n_layers": 3,
+            "n_parameters": size,
+            "chosen_layer": 1,
+            "layers": [{"layer": i, "ip-lr_roleplaying_auroc": 0.5 + i / 10, "ip-lr_validation_auroc": 0.9} for i in range(3)],
+            "probes": [{"probe": k, "auroc": 0.6, "recall_at_1pct_fpr": 0.25} for k in ("ip-lr", "ip-dom", "rp-lr")],
+            "thresholds": {"ip-lr": {"threshold": 1.5, "bootstrap_95": [1.25, 2.0]}},
+            "n_control": 10,
+            "control_max_tokens": 8,
+        }
         paths.append(tmp_path / f"{name}.json")
         paths[-1].write_text(json.dumps(run))
     plot_results(paths, tmp_path / "plot.png")
@@ -70,8 +77,16 @@ def test_the_science_run_end_to_end_on_tiny_llama(tiny_path, tmp_path, monkeypat
 
     monkeypatch.setenv("LENS_EVALS_PROBE_DIR", str(tmp_path / "probes"))
     with make_llm(tiny_path, enable_prefix_caching=False) as llm:
-        result = run_science(str(tiny_path), tmp_path / "results", ip_limit=24, control_limit=12, control_max_tokens=6,
-                             n_folds=2, roleplaying_limit=6, llm=llm)
+        result = run_science(
+            str(tiny_path),
+            tmp_path / "results",
+            ip_limit=24,
+            control_limit=12,
+            control_max_tokens=6,
+            n_folds=2,
+            roleplaying_limit=6,
+            llm=llm,
+        )
     assert [r["layer"] for r in result["layers"]] == [0, 1, 2, 3] and result["n_roleplaying"] == 12
     assert [p["probe"] for p in result["probes"]] == ["ip-lr", "ip-dom", "rp-lr"]
     assert all(0.0 <= p["auroc"] <= 1.0 and 0.0 <= p["recall_at_1pct_fpr"] <= 1.0 for p in result["probes"])

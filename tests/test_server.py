@@ -41,7 +41,9 @@ def offline(tiny_path):
         chat = llm.chat(MESSAGES, greedy(6, output_residual_stream=LAYERS))[0]
         steered = llm.generate([PROMPT], greedy(6, apply_steering_vectors=[STEER]))[0]
         plain = llm.generate([PROMPT], greedy(6))[0]
-        probed = llm.generate([PROMPT], greedy(6, output_probe_scores=PROBES, apply_steering_vectors=[STEER], output_residual_stream=LAYERS))[0]
+        probed = llm.generate(
+            [PROMPT], greedy(6, output_probe_scores=PROBES, apply_steering_vectors=[STEER], output_residual_stream=LAYERS)
+        )[0]
         hooked = llm.generate([PROMPT], greedy(6, apply_hooks=HOOKS))[0]
     return {"completion": completion, "chat": chat, "steered": steered, "plain": plain, "probed": probed, "hooked": hooked}
 
@@ -59,7 +61,14 @@ def test_completion_activations_equal_offline(server, offline) -> None:
 
 
 def test_chat_activations_equal_offline(server, offline) -> None:
-    payload = {"model": "test", "messages": MESSAGES, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "vllm_xargs": lens_xargs(LAYERS)}
+    payload = {
+        "model": "test",
+        "messages": MESSAGES,
+        "max_tokens": 6,
+        "temperature": 0,
+        "ignore_eos": True,
+        "vllm_xargs": lens_xargs(LAYERS),
+    }
     resp = requests.post(f"{server.url}/v1/chat/completions", json=payload, timeout=120)
     assert resp.status_code == 200, resp.text
     got = activations_from_response(resp.json())["residual_stream"]
@@ -86,8 +95,13 @@ def test_probe_scores_over_http_equal_offline(server, offline) -> None:
     for probe in PROBES:
         scores = activations["probe_scores"][probe.name]
         assert scores.dtype == np.float32
-        assert_scores_close(torch.from_numpy(scores), expected[probe.name], torch.from_numpy(probe.weights),
-                            stream[LAYERS.index(probe.layer)], f"{probe.name} over HTTP vs offline")
+        assert_scores_close(
+            torch.from_numpy(scores),
+            expected[probe.name],
+            torch.from_numpy(probe.weights),
+            stream[LAYERS.index(probe.layer)],
+            f"{probe.name} over HTTP vs offline",
+        )
 
 
 def probe_json(**fields) -> str:
@@ -96,10 +110,19 @@ def probe_json(**fields) -> str:
 
 BAD_XARGS = {
     "layer out of range": ({"output_residual_stream": [7]}, "out of range"),
-    "wrong hidden size": ({"apply_steering_vectors": [SteeringVector(activations=np.ones((1, 64)), layer_indices=[0]).to_json()]}, "hidden size 64"),
+    "wrong hidden size": (
+        {"apply_steering_vectors": [SteeringVector(activations=np.ones((1, 64)), layer_indices=[0]).to_json()]},
+        "hidden size 64",
+    ),
     "NaN": ({"apply_steering_vectors": ['{"activations": [[NaN]], "layer_indices": [0]}']}, "NaN or inf"),
-    "position out of range": ({"apply_steering_vectors": [SteeringVector(activations=np.ones((1, 1, 128)), layer_indices=[0], position_indices=[999]).to_json()]}, "position 999 out of range"),
-    "malformed payload": ({"apply_steering_vectors": ['{"activations": {"encoding": "safetensors-base64", "data": "!!"}, "layer_indices": [0]}']}, "not valid base64"),
+    "position out of range": (
+        {"apply_steering_vectors": [SteeringVector(activations=np.ones((1, 1, 128)), layer_indices=[0], position_indices=[999]).to_json()]},
+        "position 999 out of range",
+    ),
+    "malformed payload": (
+        {"apply_steering_vectors": ['{"activations": {"encoding": "safetensors-base64", "data": "!!"}, "layer_indices": [0]}']},
+        "not valid base64",
+    ),
     "not JSON": ({"apply_steering_vectors": ["{oops"]}, "not valid JSON"),
     "probe hidden size": ({"output_probe_scores": [LinearProbe(name="p", layer=0, weights=np.ones(64)).to_json()]}, "weights length 64"),
     "probe layer out of range": ({"output_probe_scores": [probe_json(layer=4)]}, "layer 4 out of range"),
@@ -155,7 +178,11 @@ def test_hooks_over_http_equal_offline_and_a_failing_hook_fails_alone(server, of
 
 def test_hook_set_endpoints(server, offline) -> None:
     url = f"{server.url}/lens/hook_sets"
-    for body, message in [({"hooks": [{"name": "nope", "layer_indices": [0]}]}, "unknown hook"), ({"hook": []}, "the body must be"), ({"hooks": []}, "non-empty")]:
+    for body, message in [
+        ({"hooks": [{"name": "nope", "layer_indices": [0]}]}, "unknown hook"),
+        ({"hook": []}, "the body must be"),
+        ({"hooks": []}, "non-empty"),
+    ]:
         resp = requests.post(url, json=body, timeout=60)
         assert resp.status_code == 400 and message in resp.json()["error"]["message"], resp.text
     registered = requests.post(url, json=hook_set_body(HOOKS), timeout=60)

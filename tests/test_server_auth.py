@@ -128,7 +128,9 @@ def test_size_bound_refuses_a_set_over_the_mib_bound(server) -> None:
 
 
 # --------------------------------------------------------------------------- in-process
-def scope_for(api_key: list[str] | None, headers: dict[str, str] | None = None, method: str = "DELETE", path: str = "/lens/hook_sets/unknown") -> dict[str, Any]:
+def scope_for(
+    api_key: list[str] | None, headers: dict[str, str] | None = None, method: str = "DELETE", path: str = "/lens/hook_sets/unknown"
+) -> dict[str, Any]:
     """An ASGI scope of a vLLM-like app: ``state.args`` (the parsed CLI) and an engine whose
     input processor has no hook sets yet."""
     state = SimpleNamespace(args=Namespace(api_key=api_key), engine_client=SimpleNamespace(input_processor=SimpleNamespace()))

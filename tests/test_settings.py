@@ -27,8 +27,12 @@ def package_files() -> list[Path]:
 
 
 def test_every_name_in_the_package_is_a_setting() -> None:
-    unknown = {f"{path.relative_to(ROOT)}: {name}" for path in package_files()
-               for name in NAME.findall(path.read_text(encoding="utf-8")) if name not in NAMES}
+    unknown = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in package_files()
+        for name in NAME.findall(path.read_text(encoding="utf-8"))
+        if name not in NAMES
+    }
     assert not unknown, f"LENS_EVALS_* names missing from lens_evals/settings.py: {sorted(unknown)}"
 
 
@@ -51,8 +55,7 @@ def _module_strings(tree: ast.Module) -> dict[str, str]:
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, value = node.targets[0], node.value
-            pairs = (zip(target.elts, value.elts) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
-                     else [(target, value)])
+            pairs = zip(target.elts, value.elts) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) else [(target, value)]
             for name, literal in pairs:
                 if isinstance(name, ast.Name) and isinstance(literal, ast.Constant) and isinstance(literal.value, str):
                     found[name.id] = literal.value
@@ -83,7 +86,8 @@ def test_docs_table_is_generated_from_the_module() -> None:
     page = DOCS_PAGE.read_text(encoding="utf-8")
     assert settings.markdown_table() in page, (
         "docs/settings.md is stale: paste the output of "
-        "`python -c 'from lens_evals import settings; print(settings.markdown_table(), end=\"\")'`")
+        "`python -c 'from lens_evals import settings; print(settings.markdown_table(), end=\"\")'`"
+    )
     documented = set(re.findall(r"^\| `([A-Z0-9_]+)` \|", page, re.MULTILINE))
     assert documented == NAMES
 
@@ -104,8 +108,10 @@ def test_read_when_asked_not_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.PROBE_DIR.get() == ROOT / "docs" / "probes"  # the working directory at the call
 
 
-@pytest.mark.parametrize(("raw", "expected"), [("1", True), ("TRUE", True), (" yes ", True), ("on", True),
-                                               ("0", False), ("False", False), ("no", False), ("off", False)])
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("1", True), ("TRUE", True), (" yes ", True), ("on", True), ("0", False), ("False", False), ("no", False), ("off", False)],
+)
 def test_flag_spellings(monkeypatch: pytest.MonkeyPatch, raw: str, expected: bool) -> None:
     monkeypatch.setenv("LENS_EVALS_TRUST_ARCH", raw)
     assert settings.TRUST_ARCH.get() is expected

@@ -37,6 +37,9 @@ def test_exit_without_shutdown_leaks_nothing(tiny_path: Path, tmp_path: Path) ->
     assert captured and "(2, " in captured[0], done.stdout[-2000:]
     pid = captured[0].split()[-1]
     assert "leaked shared_memory" not in done.stderr, done.stderr[-3000:]
-    mine = [name for name in os.listdir("/dev/shm") if name.startswith("lens_evals")
-            and (Path("/dev/shm") / name).read_text(errors="replace").strip() == pid]
+    mine = [
+        name
+        for name in os.listdir("/dev/shm")
+        if name.startswith("lens_evals") and (Path("/dev/shm") / name).read_text(errors="replace").strip() == pid
+    ]
     assert not mine, mine

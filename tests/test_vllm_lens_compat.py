@@ -108,8 +108,10 @@ def test_zip_bombs_are_refused_before_inflating_and_bad_payloads_say_why() -> No
         (_their_form(unsized, "float32", [65536]), "inflates past the 262144 bytes"),
         (_their_form(declared, "float32", [4]), "encoded tensor too large"),  # more bytes than 16 could ever need
         (_their_form(declared, "float32", [2**31]), "over the bound"),  # shape alone is over MAX_DECODED_BYTES
-        ({"encoding": wire.ENCODING, "data": base64.b64encode(unsized).decode(), "compression": "zstd", "nbytes": 2**20},
-         "inflates past the 1048576 bytes"),
+        (
+            {"encoding": wire.ENCODING, "data": base64.b64encode(unsized).decode(), "compression": "zstd", "nbytes": 2**20},
+            "inflates past the 1048576 bytes",
+        ),
     ]
     for payload, message in cases:
         peak, error = _peak_bytes(lambda payload=payload: wire.decode_array(payload))
@@ -150,15 +152,20 @@ def test_request_forms_of_vllm_lens() -> None:
     assert parse_lens_args({"output_residual_stream": True}).capture_all
     assert parse_lens_args({"output_residual_stream": "true"}).for_model(4).capture_layers == [0, 1, 2, 3]
     assert parse_lens_args({"output_residual_stream": "[3, 1]"}).capture_layers == [1, 3]
-    with pytest.raises(ValueError, match='output_residual_stream string is not valid JSON'):
+    with pytest.raises(ValueError, match="output_residual_stream string is not valid JSON"):
         parse_lens_args({"output_residual_stream": "[15"})
     vec = SteeringVector(activations=torch.ones(1, 3, 8), layer_indices=[1])
     assert vec.position_indices == [0, 1, 2]
     assert isinstance(vec.activations, torch.Tensor) and torch.equal(vec.activations.clone(), torch.ones(1, 3, 8))
     dumped = json.loads(json.dumps(vec.model_dump(mode="json")))
     assert SteeringVector.model_validate(dumped).position_indices == [0, 1, 2]
-    theirs = {"activations": serialize_tensor(torch.full((1, 8), 2.0, dtype=torch.bfloat16)), "layer_indices": [2],
-              "scale": 0.5, "norm_match": False, "position_indices": None}
+    theirs = {
+        "activations": serialize_tensor(torch.full((1, 8), 2.0, dtype=torch.bfloat16)),
+        "layer_indices": [2],
+        "scale": 0.5,
+        "norm_match": False,
+        "position_indices": None,
+    }
     parsed = parse_lens_args({"apply_steering_vectors": json.dumps([dumped, theirs])}).steering
     assert [v.layer_indices for v in parsed] == [[1], [2]] and torch.equal(parsed[1].activations, torch.full((1, 8), 2.0))
     with pytest.raises(ValueError, match="apply_steering_vectors string is not valid JSON"):
@@ -205,8 +212,10 @@ def test_capture_steering_and_hook_forms_on_the_engine(llm) -> None:
     implicit = SteeringVector(activations=vec, layer_indices=[1])
     explicit = SteeringVector(activations=vec.numpy(), layer_indices=[1], position_indices=list(range(n)))
     wire_string = json.dumps([implicit.model_dump(mode="json")])
-    runs = [llm.generate([prompt], greedy(4, output_residual_stream=[2], apply_steering_vectors=form))[0]
-            for form in ([implicit], [explicit], wire_string)]
+    runs = [
+        llm.generate([prompt], greedy(4, output_residual_stream=[2], apply_steering_vectors=form))[0]
+        for form in ([implicit], [explicit], wire_string)
+    ]
     for run in runs[1:]:
         assert run.outputs[0].token_ids == runs[0].outputs[0].token_ids and torch.equal(capture(run), capture(runs[0]))
     plain = llm.generate([prompt], greedy(4, output_residual_stream=[2]))[0]

@@ -78,10 +78,16 @@ def test_every_encoding_carries_bf16_unchanged(server) -> None:
 
 def test_vllm_lens_request_forms_equal_ours(server) -> None:
     ours = complete(server, lens_xargs([1], steering=[STEER]), return_token_ids=True)
-    their_vector = {"activations": serialize_tensor(STEER.activations), "layer_indices": [1], "scale": 1.0,
-                    "norm_match": False, "position_indices": None}
-    theirs = complete(server, {"output_residual_stream": json.dumps([1]), "apply_steering_vectors": json.dumps([their_vector])},
-                      return_token_ids=True)
+    their_vector = {
+        "activations": serialize_tensor(STEER.activations),
+        "layer_indices": [1],
+        "scale": 1.0,
+        "norm_match": False,
+        "position_indices": None,
+    }
+    theirs = complete(
+        server, {"output_residual_stream": json.dumps([1]), "apply_steering_vectors": json.dumps([their_vector])}, return_token_ids=True
+    )
     assert theirs.json()["choices"][0]["token_ids"] == ours.json()["choices"][0]["token_ids"]
     assert torch.equal(stream_of(theirs), stream_of(ours))
     plain = stream_of(complete(server, {"output_residual_stream": [1]}))
@@ -99,16 +105,35 @@ def _steer_with(payload: dict[str, Any]) -> dict[str, Any]:
 VECTOR = torch.ones(1, 128).numpy().tobytes()
 BAD_FORMS = {
     "malformed layer string": ({"output_residual_stream": "[1, 2"}, "output_residual_stream string is not valid JSON"),
-    "wrong dtype": (_steer_with({"data": _frame(VECTOR), "dtype": "int16", "original_dtype": "torch.float32", "shape": [1, 128],
-                                 "compression": "zstd"}), "does not match the storage dtype"),
-    "truncated zstd frame": (_steer_with({"data": base64.b64encode(base64.b64decode(_frame(VECTOR))[:-5]).decode(),
-                                          "dtype": "float32", "shape": [1, 128], "compression": "zstd"}), "truncated"),
-    "zip bomb (frame declares 64 MiB)": (_steer_with({"data": _frame(bytes(64 * 2**20)), "dtype": "float32", "shape": [1, 2**16],
-                                                      "compression": "zstd"}), "refused before inflating"),
-    "zip bomb (shape over the bound)": (_steer_with({"data": _frame(VECTOR), "dtype": "float32", "shape": [2**20, 2**20],
-                                                     "compression": "zstd"}), "refused before decoding"),
-    "cloudpickled hook": ({"apply_hooks": json.dumps([{"fn": {"cloudpickle": "gASVAAAA"}, "layer_indices": [0]}])},
-                          "never runs code sent over the network"),
+    "wrong dtype": (
+        _steer_with(
+            {"data": _frame(VECTOR), "dtype": "int16", "original_dtype": "torch.float32", "shape": [1, 128], "compression": "zstd"}
+        ),
+        "does not match the storage dtype",
+    ),
+    "truncated zstd frame": (
+        _steer_with(
+            {
+                "data": base64.b64encode(base64.b64decode(_frame(VECTOR))[:-5]).decode(),
+                "dtype": "float32",
+                "shape": [1, 128],
+                "compression": "zstd",
+            }
+        ),
+        "truncated",
+    ),
+    "zip bomb (frame declares 64 MiB)": (
+        _steer_with({"data": _frame(bytes(64 * 2**20)), "dtype": "float32", "shape": [1, 2**16], "compression": "zstd"}),
+        "refused before inflating",
+    ),
+    "zip bomb (shape over the bound)": (
+        _steer_with({"data": _frame(VECTOR), "dtype": "float32", "shape": [2**20, 2**20], "compression": "zstd"}),
+        "refused before decoding",
+    ),
+    "cloudpickled hook": (
+        {"apply_hooks": json.dumps([{"fn": {"cloudpickle": "gASVAAAA"}, "layer_indices": [0]}])},
+        "never runs code sent over the network",
+    ),
     "unknown encoding": ({"output_residual_stream": [0], "activations_encoding": "pickle"}, "activations_encoding must be one of"),
 }
 
@@ -138,8 +163,14 @@ def test_bad_input_in_their_forms_is_400_while_good_requests_finish(server) -> N
 
 
 def test_streaming_chat_ends_with_an_activations_chunk(server) -> None:
-    body = {"model": "test", "messages": MESSAGES, "max_tokens": 5, "temperature": 0, "ignore_eos": True,
-            "vllm_xargs": {"output_residual_stream": [1, 2], "apply_hooks": [Hook("record_norm", [2]).to_json()]}}
+    body = {
+        "model": "test",
+        "messages": MESSAGES,
+        "max_tokens": 5,
+        "temperature": 0,
+        "ignore_eos": True,
+        "vllm_xargs": {"output_residual_stream": [1, 2], "apply_hooks": [Hook("record_norm", [2]).to_json()]},
+    }
     whole = post(server, "/v1/chat/completions", body).json()
     with requests.post(f"{server.url}/v1/chat/completions", json={**body, "stream": True}, headers=AUTH, stream=True, timeout=300) as resp:
         assert resp.status_code == 200
@@ -166,7 +197,7 @@ def test_persistent_hooks_under_their_routes(server) -> None:
     opted = complete(server, {"use_hook_set": set_id, "output_residual_stream": [1]})
     assert opted.status_code == 200 and "hook_results" not in opted.json()  # a set's results wait for collect
     results = post(server, "/v1/hooks/collect", {"id": set_id}).json()["results"]
-    (request_id, per_hook), = results.items()
+    ((request_id, per_hook),) = results.items()
     assert request_id.startswith(opted.json()["id"])
     norms = decode_activations({"activations": per_hook["0"]})["norm.1"]
     stream = stream_of(opted)[0].float()
@@ -219,5 +250,9 @@ def test_inspect_metadata_carries_token_ids_and_hook_results(server) -> None:
     assert metadata["prompt_token_ids"] == metadata["token_ids"]["prompt"] and len(metadata["token_ids"]["completion"]) == 4
     assert stream.shape[1] == len(metadata["prompt_token_ids"]) + 4 - 1  # row t is token (prompt + completion)[t]
     assert set(metadata["hook_results"]) == {"0"}
-    assert_stream_close(metadata["hook_results"]["0"]["norm.2"].float()[:, None], stream[2].float().norm(dim=-1)[:, None],
-                        "provider hook result vs capture", bound=BF16_BOUND)
+    assert_stream_close(
+        metadata["hook_results"]["0"]["norm.2"].float()[:, None],
+        stream[2].float().norm(dim=-1)[:, None],
+        "provider hook result vs capture",
+        bound=BF16_BOUND,
+    )

@@ -67,7 +67,10 @@ def test_steering_vector_wire_and_json_round_trip() -> None:
         ({"activations": np.ones((2, 8)), "layer_indices": [1]}, "2 layer rows but layer_indices has 1"),
         ({"activations": np.full((1, 8), np.nan), "layer_indices": [1]}, "NaN or inf"),
         ({"activations": np.ones((1, 8)), "layer_indices": [-1]}, "must be >= 0"),
-        ({"activations": np.ones((1, 3, 8)), "layer_indices": [1], "position_indices": [0, 1]}, "3 position rows but position_indices has 2"),
+        (
+            {"activations": np.ones((1, 3, 8)), "layer_indices": [1], "position_indices": [0, 1]},
+            "3 position rows but position_indices has 2",
+        ),
         ({"activations": np.ones((1, 2, 8)), "layer_indices": [1], "position_indices": [3, 3]}, "duplicates"),
         ({"activations": np.zeros((1, 8)), "layer_indices": [1], "norm_match": True}, "non-zero"),
         ({"activations": np.ones((1, 8)), "layer_indices": [1], "scale": float("inf")}, "finite"),
@@ -89,7 +92,14 @@ def test_parse_lens_args_validates_and_checks_model_shape() -> None:
         lens.check_model(num_layers=4, hidden_size=16, max_positions=10, max_capture_bytes=2**30)
     with pytest.raises(ValueError, match="over the per-request limit"):
         lens.check_model(num_layers=4, hidden_size=8, max_positions=10, max_capture_bytes=100)
-    for bad, message in [("x", "string is not valid JSON"), ({"a": 1}, "must be a list"), (False, "asks for nothing"), ([1, 1], "duplicate"), ([True], "integers"), ([], "at least one")]:
+    for bad, message in [
+        ("x", "string is not valid JSON"),
+        ({"a": 1}, "must be a list"),
+        (False, "asks for nothing"),
+        ([1, 1], "duplicate"),
+        ([True], "integers"),
+        ([], "at least one"),
+    ]:
         with pytest.raises(ValueError, match=message):
             parse_lens_args({"output_residual_stream": bad})
     with pytest.raises(ValueError, match="not valid JSON"):
@@ -159,8 +169,16 @@ def test_client_side_imports_without_vllm_or_torch() -> None:
 
 
 def test_tree_round_trip_keeps_structure_and_integer_arrays() -> None:
-    tree = {"n": 3, "x": 0.5, "s": "a", "none": None, "flag": True, "ids": np.arange(4, dtype=np.int64),
-            "nested": [{"mask": np.array([True, False])}, np.float32(2.5)], "h": np.ones((2, 3), np.float32)}
+    tree = {
+        "n": 3,
+        "x": 0.5,
+        "s": "a",
+        "none": None,
+        "flag": True,
+        "ids": np.arange(4, dtype=np.int64),
+        "nested": [{"mask": np.array([True, False])}, np.float32(2.5)],
+        "h": np.ones((2, 3), np.float32),
+    }
     encoded = json.loads(json.dumps(wire.encode_tree(tree)))
     back = wire.decode_tree(encoded)
     assert back["n"] == 3 and back["s"] == "a" and back["none"] is None and back["nested"][1] == 2.5

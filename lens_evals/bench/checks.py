@@ -31,14 +31,20 @@ def token_check(result: dict, baseline: dict | None, cfg: BenchConfig) -> dict:
     ours, base = result["token_ids"], baseline["token_ids"]
     equal = sum(a == b for a, b in zip(ours, base))
     if system.name == GRAPHS:
-        return {"tokens_equal": None, "prompts_equal": equal,
-                "tokens_note": f"{equal}/{len(base)} equal to eager (compiled kernels: informational)"}
+        return {
+            "tokens_equal": None,
+            "prompts_equal": equal,
+            "tokens_note": f"{equal}/{len(base)} equal to eager (compiled kernels: informational)",
+        }
     found = {"tokens_equal": equal == len(base) == len(ours), "prompts_equal": equal}
     floor = baseline.get("runs_agree")
     if not found["tokens_equal"] and floor is not None and floor < len(base):
         # The baseline disagrees with itself between its own runs: a difference here is noise.
-        return {"tokens_equal": None, "prompts_equal": equal,
-                "tokens_note": f"{equal}/{len(base)} equal; {baseline['system']} agrees with itself on {floor}/{len(base)} (noise floor)"}
+        return {
+            "tokens_equal": None,
+            "prompts_equal": equal,
+            "tokens_note": f"{equal}/{len(base)} equal; {baseline['system']} agrees with itself on {floor}/{len(base)} (noise floor)",
+        }
     return found
 
 

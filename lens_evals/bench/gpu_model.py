@@ -45,7 +45,9 @@ def build_random_llama(out_dir: Path, num_layers: int = 32, seed: int = 0) -> Pa
         torch.set_default_dtype(previous)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True, max_shard_size="5GB")
-    (out_dir / "generation_config.json").write_text(json.dumps({"bos_token_id": shape["bos_token_id"], "eos_token_id": shape["eos_token_id"]}))
+    (out_dir / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": shape["bos_token_id"], "eos_token_id": shape["eos_token_id"]})
+    )
     del model
     torch.cuda.empty_cache()
     ready.write_text(json.dumps(shape))

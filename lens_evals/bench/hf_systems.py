@@ -40,7 +40,6 @@ def _run_batches(cfg: BenchConfig, pad_id: int, device: str, batch_fn: BatchFn, 
         ids, mask, _ = left_pad(cfg.prompts[: min(2, len(cfg.prompts))], pad_id)
         batch_fn(ids.to(device), mask.to(device), cfg.warmup_tokens)
 
-
     def every_batch() -> tuple[list[list[int]], dict[int, torch.Tensor]]:
         tokens: list[list[int]] = []
         samples: dict[int, torch.Tensor] = {}
@@ -75,9 +74,7 @@ def run_hf_hook(system: System, cfg: BenchConfig) -> Measured:
     @torch.no_grad()
     def batch_fn(ids: torch.Tensor, mask: torch.Tensor, new_tokens: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
         steps.clear()
-        out = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id
-        )
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id)
         return out, list(steps)
 
     return _run_batches(cfg, pad_id, cfg.device, batch_fn, start_seconds)
@@ -91,9 +88,7 @@ def run_nnsight_hf(system: System, cfg: BenchConfig) -> Measured:
         raise SystemUnavailable(f"nnsight not installed ({exc}); see scripts/bench_env.sh") from None
 
     started = time.perf_counter()
-    model = TransformersModel(
-        cfg.model_dir, task="text-generation", dispatch=True, dtype=torch_dtype(cfg.dtype), device_map=cfg.device
-    )
+    model = TransformersModel(cfg.model_dir, task="text-generation", dispatch=True, dtype=torch_dtype(cfg.dtype), device_map=cfg.device)
     model._module.generation_config.eos_token_id = None
     start_seconds = time.perf_counter() - started
     pad_id = _pad_id(model._module.config)
@@ -133,8 +128,7 @@ def run_tl_bridge(system: System, cfg: BenchConfig) -> Measured:
         steps.clear()
         with bridge.hooks(fwd_hooks=[(f"blocks.{cfg.layer}.hook_out", hook)]):
             out = bridge.generate(
-                ids, max_new_tokens=new_tokens, stop_at_eos=False, do_sample=False, attention_mask=mask,
-                return_type="tokens", verbose=False,
+                ids, max_new_tokens=new_tokens, stop_at_eos=False, do_sample=False, attention_mask=mask, return_type="tokens", verbose=False
             )
         return out, list(steps)
 

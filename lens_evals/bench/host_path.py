@@ -38,8 +38,16 @@ def _request(feature: str, index: int, layer: int, hidden: int, dtype: torch.dty
     return WorkerRequest(key=key, capture_layers=[], probes=[WorkerProbe(0, layer, "probe", weights, 0.5)])
 
 
-def measure(feature: str, requests: int, steps: int, hidden: int, dtype: torch.dtype, layer: int = 16,
-            sink: handoff.Sink = handoff.inline, threads: int = 1) -> dict[str, float]:
+def measure(
+    feature: str,
+    requests: int,
+    steps: int,
+    hidden: int,
+    dtype: torch.dtype,
+    layer: int = 16,
+    sink: handoff.Sink = handoff.inline,
+    threads: int = 1,
+) -> dict[str, float]:
     core = WorkerCore(torch.device("cpu"), dtype, set(range(32)))
     for index in range(requests):
         core.ledger.track(f"req-{index}", _request(feature, index, layer, hidden, dtype))
@@ -64,8 +72,13 @@ def measure(feature: str, requests: int, steps: int, hidden: int, dtype: torch.d
     fetch_s = time.perf_counter() - started
     if feature != "steer" and any(r is None or "error" in r for r in results):
         raise RuntimeError(f"{feature}: a request came back without its rows: {results[0]}")
-    return {"plan_ms": 1e3 * plan_s / steps, "ops_ms": 1e3 * ops_s / steps, "store_ms": 1e3 * store_s / steps,
-            "fetch_all_ms": 1e3 * fetch_s, "held_bytes_after": float(core.held_bytes)}
+    return {
+        "plan_ms": 1e3 * plan_s / steps,
+        "ops_ms": 1e3 * ops_s / steps,
+        "store_ms": 1e3 * store_s / steps,
+        "fetch_all_ms": 1e3 * fetch_s,
+        "held_bytes_after": float(core.held_bytes),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,16 +93,20 @@ def main(argv: list[str] | None = None) -> int:
     target = handoff.HandoffTarget.for_this_process()
     to_file = handoff.sink_for({**target, "pid": -1}) if target else handoff.inline  # as for another process
     threads = settings.WRITE_THREADS.get() if settings.WRITE_THREADS.is_set() else 8
-    print(f"| feature | plan ms/step | store ms/step | plan+store share of a 12 ms GPU step | layer ops ms/step (CPU) "
-          f"| fetch all ms (inline bytes) | fetch all ms (hand-off) | same, {threads} writer threads |")
+    print(
+        f"| feature | plan ms/step | store ms/step | plan+store share of a 12 ms GPU step | layer ops ms/step (CPU) "
+        f"| fetch all ms (inline bytes) | fetch all ms (hand-off) | same, {threads} writer threads |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for feature in ("capture", "steer", "probe"):
         m = measure(feature, args.requests, args.steps, args.hidden, torch.bfloat16)
         by_file = measure(feature, args.requests, args.steps, args.hidden, torch.bfloat16, sink=to_file)["fetch_all_ms"]
         threaded = measure(feature, args.requests, args.steps, args.hidden, torch.bfloat16, sink=to_file, threads=threads)["fetch_all_ms"]
         share = (m["plan_ms"] + m["store_ms"]) / GPU_EAGER_STEP_MS
-        print(f"| {feature} | {m['plan_ms']:.3f} | {m['store_ms']:.3f} | {share:.1%} | {m['ops_ms']:.2f} "
-              f"| {m['fetch_all_ms']:.0f} | {by_file:.0f} | {threaded:.0f} |")
+        print(
+            f"| {feature} | {m['plan_ms']:.3f} | {m['store_ms']:.3f} | {share:.1%} | {m['ops_ms']:.2f} "
+            f"| {m['fetch_all_ms']:.0f} | {by_file:.0f} | {threaded:.0f} |"
+        )
         if m["held_bytes_after"]:
             raise RuntimeError(f"{feature}: {m['held_bytes_after']:.0f} bytes still held after every fetch")
     return 0

@@ -159,8 +159,12 @@ def launch(system: System, cfg: BenchConfig, cfg_path: Path, out_dir: Path) -> d
         tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
         reason = f"timed out after {cfg.timeout_s:.0f} s" if timed_out else f"exited {proc.returncode} without a result"
         result = {"system": system.name, "status": "failed", "reason": f"{reason}: {' | '.join(tail)}"[:800]}
-    result.update(peak_rss_bytes=max(peak, int(result.get("child_max_rss_bytes", 0))), process_seconds=wall, log=str(log_path),
-                  peak_device_bytes=device.peak_bytes())
+    result.update(
+        peak_rss_bytes=max(peak, int(result.get("child_max_rss_bytes", 0))),
+        process_seconds=wall,
+        log=str(log_path),
+        peak_device_bytes=device.peak_bytes(),
+    )
     write_result(result_path, result)  # with the memory seen from outside, so --resume keeps it
     return result
 
@@ -202,7 +206,9 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def _run_each(systems: list[System], kept: dict[str, dict], results: dict[str, dict], cfg: BenchConfig, cfg_path: Path, out_dir: Path) -> None:
+def _run_each(
+    systems: list[System], kept: dict[str, dict], results: dict[str, dict], cfg: BenchConfig, cfg_path: Path, out_dir: Path
+) -> None:
     for system in systems:
         if system.name in kept and kept[system.name]["status"] == "ok":
             print(f"[bench] {system.name}: kept from the earlier run", flush=True)

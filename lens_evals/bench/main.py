@@ -18,25 +18,39 @@ PREFILL_CPU_MODEL = "tiny-llama"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", choices=("decode", "prefill"), default="decode",
-                        help="decode: 8-64-token prompts, many new tokens; prefill: Alpaca-like 40-400-token prompts, "
-                             "max_tokens=1, every token captured (issue #21)")
+    parser.add_argument(
+        "--workload",
+        choices=("decode", "prefill"),
+        default="decode",
+        help="decode: 8-64-token prompts, many new tokens; prefill: Alpaca-like 40-400-token prompts, "
+        "max_tokens=1, every token captured (issue #21)",
+    )
     parser.add_argument("--prompts", type=int, default=None, help="number of prompts (decode: CPU 64, GPU 256; prefill: CPU 128, GPU 1000)")
     parser.add_argument("--max-tokens", type=int, default=None, help="generated tokens per prompt (decode: CPU 32, GPU 128; prefill: 1)")
     parser.add_argument("--layer", type=int, default=None, help="hooked layer (default: the middle one)")
     parser.add_argument("--systems", default=None, help=f"comma-separated subset of: {', '.join(ALL_SYSTEMS)}")
     parser.add_argument("--out", type=Path, default=Path("logs/bench"), help="output directory")
-    parser.add_argument("--model", default=None, help=f"CPU: a `lens-evals models` name or a directory (default {CPU_MODEL}; prefill {PREFILL_CPU_MODEL})")
+    parser.add_argument(
+        "--model", default=None, help=f"CPU: a `lens-evals models` name or a directory (default {CPU_MODEL}; prefill {PREFILL_CPU_MODEL})"
+    )
     parser.add_argument("--gpu", action="store_true", help="random Llama-8B-shaped model in bf16 on the GPU")
     parser.add_argument("--gpu-model-dir", type=Path, default=Path("/tmp/lens-evals-bench-llama8b"), help="where --gpu builds its model")
     parser.add_argument("--gpu-layers", type=int, default=32, help="decoder layers of the --gpu model (32: Llama-8B)")
     parser.add_argument("--hf-batch", type=int, default=None, help="batch size of the HF-based systems (CPU 16, GPU 64)")
-    parser.add_argument("--hf-batches", default=None, help="hf-forward: batch sizes to try, the fastest is timed (CPU 4,8,16; GPU 16,32,64)")
-    parser.add_argument("--engine", choices=("inprocess", "multiprocess"), default=None, help="vLLM engine (CPU inprocess, GPU multiprocess)")
+    parser.add_argument(
+        "--hf-batches", default=None, help="hf-forward: batch sizes to try, the fastest is timed (CPU 4,8,16; GPU 16,32,64)"
+    )
+    parser.add_argument(
+        "--engine", choices=("inprocess", "multiprocess"), default=None, help="vLLM engine (CPU inprocess, GPU multiprocess)"
+    )
     parser.add_argument("--steer-scale", type=float, default=0.0, help="0 keeps the work of steering and the tokens of pure vLLM")
     parser.add_argument("--check-prompts", type=int, default=2, help="prompts whose captured layer is compared with HF")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per system, the best reported (decode 1, prefill 2)")
-    parser.add_argument("--sync-debug", action="store_true", help="GPU, --engine inprocess: count host-GPU syncs of each vLLM system (one extra untimed run)")
+    parser.add_argument(
+        "--sync-debug",
+        action="store_true",
+        help="GPU, --engine inprocess: count host-GPU syncs of each vLLM system (one extra untimed run)",
+    )
     parser.add_argument("--resume", action="store_true", help="keep results in --out from an earlier run of the same work")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM systems: tensor parallel workers (CPU: one core each)")
     parser.add_argument("--pipeline-parallel-size", type=int, default=1, help="vLLM systems: pipeline stages")
@@ -49,7 +63,10 @@ def _model(args: argparse.Namespace) -> tuple[Path, str]:
     if args.gpu:
         out = subprocess.run(
             [sys.executable, "-m", "lens_evals.bench.gpu_model", str(args.gpu_model_dir), str(args.gpu_layers)],
-            env=child_env(), check=True, capture_output=True, text=True,
+            env=child_env(),
+            check=True,
+            capture_output=True,
+            text=True,
         )
         path = Path(out.stdout.strip().splitlines()[-1])
         return path, f"random Llama-8B-shaped ({args.gpu_layers} layers)"
@@ -104,7 +121,10 @@ def run_bench(args: argparse.Namespace) -> int:
 
     systems = resolve(args.systems.split(",") if args.systems else None, args.gpu, args.workload)
     cfg, label = build_config(args)
-    print(f"[bench] {cfg.workload}, {label}: {len(cfg.prompts)} prompts ({cfg.prompt_tokens} tokens) x {cfg.max_tokens} new tokens, layer {cfg.layer}", flush=True)
+    print(
+        f"[bench] {cfg.workload}, {label}: {len(cfg.prompts)} prompts ({cfg.prompt_tokens} tokens) x {cfg.max_tokens} new tokens, layer {cfg.layer}",
+        flush=True,
+    )
     results = run_systems(systems, cfg, args.out, resume=args.resume)
     checks.annotate(results, cfg, args.out)
     text, png = report.write(results, cfg, label, args.out)

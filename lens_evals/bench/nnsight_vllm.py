@@ -74,7 +74,11 @@ def run_nnsight_vllm(system: System, cfg: BenchConfig) -> Measured:
 
     started = time.perf_counter()
     model = model_class(
-        cfg.model_dir, dispatch=True, dtype=cfg.dtype, max_model_len=cfg.max_model_len, seed=0,
+        cfg.model_dir,
+        dispatch=True,
+        dtype=cfg.dtype,
+        max_model_len=cfg.max_model_len,
+        seed=0,
         enable_prefix_caching=False,
         **({"gpu_memory_utilization": cfg.gpu_memory_utilization} if cfg.device == "cuda" else {}),
     )
@@ -101,5 +105,7 @@ def run_nnsight_vllm(system: System, cfg: BenchConfig) -> Measured:
     best, times, (tokens, streams) = best_of(cfg.repeats, lambda: generate(cfg.prompts, cfg.max_tokens))
     samples = {i: torch.cat([s.reshape(-1, s.shape[-1]) for s in streams[i]]).float() for i in range(cfg.check_prompts)}
     measured = Measured(start_seconds, warm.seconds, best, tokens, samples, all_seconds=times)
-    measured.notes.append(f"nnsight {package_version('nnsight')}" + ("; CPU adapter (lens_evals.bench.nnsight_vllm)" if cfg.device != "cuda" else ""))
+    measured.notes.append(
+        f"nnsight {package_version('nnsight')}" + ("; CPU adapter (lens_evals.bench.nnsight_vllm)" if cfg.device != "cuda" else "")
+    )
     return measured

@@ -117,16 +117,27 @@ def prefill_targets(table: list[dict], device: str) -> list[dict]:
     """Issue #21's: capture <= 1.05x pure vLLM (own process, and paired on one engine), in graph
     mode against pure vLLM with graphs; and how much faster than HF forward + hook."""
     by_name = {r["system"]: r for r in table}
-    found = [_goal(f"{name} <= {PREFILL_TARGET:.2f}x eager vLLM (own process)", by_name[name].get("x_eager"), PREFILL_TARGET)
-             for name in ("lens-capture-1", "lens-capture-8", "lens-capture-all") if name in by_name]
+    found = [
+        _goal(f"{name} <= {PREFILL_TARGET:.2f}x eager vLLM (own process)", by_name[name].get("x_eager"), PREFILL_TARGET)
+        for name in ("lens-capture-1", "lens-capture-8", "lens-capture-all")
+        if name in by_name
+    ]
     for system in ("lens-mixed", "lens-graphs-mixed"):
         mixed = by_name.get(system, {}).get("interleaved", {}).get("summary", {})
         for feature in (f for f in mixed if f.startswith("capture") and not f.endswith("-sync")):  # -sync: the reference
-            found.append(_goal(f"{feature} <= {PREFILL_TARGET:.2f}x plain requests on one engine ({system}, median of paired rounds)",
-                               mixed[feature]["x_plain_paired_median"], PREFILL_TARGET))
+            found.append(
+                _goal(
+                    f"{feature} <= {PREFILL_TARGET:.2f}x plain requests on one engine ({system}, median of paired rounds)",
+                    mixed[feature]["x_plain_paired_median"],
+                    PREFILL_TARGET,
+                )
+            )
     if device == "cuda":
-        found += [_goal(f"{name} <= {PREFILL_TARGET:.2f}x vLLM with CUDA graphs", by_name[name].get("x_graphs"), PREFILL_TARGET)
-                  for name in ("lens-graphs-capture-1", "lens-graphs-capture-8") if name in by_name]
+        found += [
+            _goal(f"{name} <= {PREFILL_TARGET:.2f}x vLLM with CUDA graphs", by_name[name].get("x_graphs"), PREFILL_TARGET)
+            for name in ("lens-graphs-capture-1", "lens-graphs-capture-8")
+            if name in by_name
+        ]
     ours, hf = by_name.get("lens-capture-1", {}).get("seconds"), by_name.get(HF_FORWARD, {}).get("seconds")
     found.append(_goal("lens-capture-1 faster than HF forward + hook (x)", hf / ours if ours and hf else None, 1.0, at_least=True))
     return found
@@ -144,16 +155,33 @@ def targets(table: list[dict], device: str, workload: str = "decode") -> list[di
         found.append({"target": f"{name} <= {limit:.2f}x eager vLLM", "value": ratio, "met": None if ratio is None else ratio <= limit})
     ours, hf = by_name.get("lens-capture-1", {}).get("seconds"), by_name.get(REFERENCE, {}).get("seconds")
     speedup = hf / ours if ours and hf else None
-    found.append({"target": f"lens-capture-1 >= {MIN_SPEEDUP_VS_HF:.0f}x faster than HF + hook", "value": speedup, "met": None if speedup is None else speedup >= MIN_SPEEDUP_VS_HF})
+    found.append(
+        {
+            "target": f"lens-capture-1 >= {MIN_SPEEDUP_VS_HF:.0f}x faster than HF + hook",
+            "value": speedup,
+            "met": None if speedup is None else speedup >= MIN_SPEEDUP_VS_HF,
+        }
+    )
     mixed = by_name.get("lens-mixed", {}).get("interleaved", {}).get("summary", {})
     for name, limit in TARGETS_VS_EAGER.items():
         ratio = mixed.get(name.removeprefix("lens-"), {}).get("x_plain_paired_median")
-        found.append({"target": f"{name} <= {limit:.2f}x plain requests on the same engine (lens-mixed, median of paired rounds)",
-                      "value": ratio, "met": None if ratio is None else ratio <= limit})
+        found.append(
+            {
+                "target": f"{name} <= {limit:.2f}x plain requests on the same engine (lens-mixed, median of paired rounds)",
+                "value": ratio,
+                "met": None if ratio is None else ratio <= limit,
+            }
+        )
     if device == "cuda":
         for name in ("lens-capture-1", *(n for n in MOONSHOT_SYSTEMS if n in by_name)):
             ratio = by_name.get(name, {}).get("x_graphs")
-            found.append({"target": f"{name} <= {TARGET_VS_GRAPHS:.1f}x vLLM with CUDA graphs (moonshot)", "value": ratio, "met": None if ratio is None else ratio <= TARGET_VS_GRAPHS})
+            found.append(
+                {
+                    "target": f"{name} <= {TARGET_VS_GRAPHS:.1f}x vLLM with CUDA graphs (moonshot)",
+                    "value": ratio,
+                    "met": None if ratio is None else ratio <= TARGET_VS_GRAPHS,
+                }
+            )
     return found
 
 
@@ -172,7 +200,9 @@ def markdown(meta: dict, table: list[dict], goals: list[dict]) -> str:
     has_graphs = any(r.get("x_graphs") is not None for r in table)
     head = ["system", "seconds", "x eager vLLM"] + (["x graphs vLLM"] if has_graphs else [])
     has_device = any(r.get("peak_device_bytes") is not None for r in table)
-    head += ["start s", "prompt tok/s" if meta.get("workload") == "prefill" else "tok/s", "peak host GiB"] + (["peak device GiB"] if has_device else [])
+    head += ["start s", "prompt tok/s" if meta.get("workload") == "prefill" else "tok/s", "peak host GiB"] + (
+        ["peak device GiB"] if has_device else []
+    )
     head += ["tokens = vLLM", "max abs diff (against)", "note"]
     lines = [
         f"Workload {meta.get('workload', 'decode')}: "
@@ -199,8 +229,13 @@ def markdown(meta: dict, table: list[dict], goals: list[dict]) -> str:
                 _fmt(r["peak_rss_bytes"] / 2**30, ".2f"),
                 *([_fmt(None if r.get("peak_device_bytes") is None else r["peak_device_bytes"] / 2**30, ".2f")] if has_device else []),
                 _check_cell({**r, "prompts": meta["prompts"]}),
-                (f"probe vs w.h+b of {r.get('probe_against')} ({r.get('probe_positions')} positions): {probe:.2e}" if probe is not None
-                 else "-" if diff is None else f"{diff:.2e} ({r.get('capture_reference')})"),
+                (
+                    f"probe vs w.h+b of {r.get('probe_against')} ({r.get('probe_positions')} positions): {probe:.2e}"
+                    if probe is not None
+                    else "-"
+                    if diff is None
+                    else f"{diff:.2e} ({r.get('capture_reference')})"
+                ),
                 "; ".join(r.get("notes", [])).replace("|", "/"),
             ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -217,21 +252,29 @@ def interleaved_markdown(table: list[dict]) -> list[str]:
     mixed = [r for r in table if r.get("status") == "ok" and r.get("interleaved")]
     if not mixed:
         return []
-    lines = ["", "Same engine, interleaved rounds (ratios to the plain requests of the same round; "
-             "median, and the range over rounds):", "",
-             "| system | feature | best s | median s | x plain (median paired) | range | x plain (bests) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "Same engine, interleaved rounds (ratios to the plain requests of the same round; median, and the range over rounds):",
+        "",
+        "| system | feature | best s | median s | x plain (median paired) | range | x plain (bests) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in mixed:
         for feature, v in r["interleaved"]["summary"].items():
-            lines.append(f"| {r['system']} | {feature} | {v['best_s']:.2f} | {v['median_s']:.2f} | {v['x_plain_paired_median']:.3f}x | "
-                         f"{v['x_plain_paired_min']:.3f}-{v['x_plain_paired_max']:.3f} | {v['x_plain_best']:.3f}x |")
+            lines.append(
+                f"| {r['system']} | {feature} | {v['best_s']:.2f} | {v['median_s']:.2f} | {v['x_plain_paired_median']:.3f}x | "
+                f"{v['x_plain_paired_min']:.3f}-{v['x_plain_paired_max']:.3f} | {v['x_plain_best']:.3f}x |"
+            )
     for r in mixed:
         times = r["interleaved"]["times"]
         for feature in (f for f in times if f + "-sync" in times):
             ratios = sorted(a / b for a, b in zip(times[feature], times[feature + "-sync"]) if b > 0)
             if ratios:
-                lines.append(f"\nCopy overlap ({r['system']}): {feature} with the step copies on a side stream over the same "
-                             f"capture with them on the compute stream (`{feature}-sync`), same round: median "
-                             f"{statistics.median(ratios):.3f}x, range {ratios[0]:.3f}-{ratios[-1]:.3f} over {len(ratios)} rounds")
+                lines.append(
+                    f"\nCopy overlap ({r['system']}): {feature} with the step copies on a side stream over the same "
+                    f"capture with them on the compute stream (`{feature}-sync`), same round: median "
+                    f"{statistics.median(ratios):.3f}x, range {ratios[0]:.3f}-{ratios[-1]:.3f} over {len(ratios)} rounds"
+                )
     return lines
 
 
@@ -246,8 +289,14 @@ def bar_chart(table: list[dict], meta: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 0.5 * (len(done) + len(missing)) + 1.6))
     names = [r["system"] for r in done] + [r["system"] for r in missing]
     values = [r["seconds"] for r in done] + [0.0] * len(missing)
-    colors = ["#888888" if ALL_SYSTEMS[r["system"]].kind == "vllm" and ALL_SYSTEMS[r["system"]].lens is None
-              else "#2a7ab0" if ALL_SYSTEMS[r["system"]].on_vllm else "#c0504d" for r in done]
+    colors = [
+        "#888888"
+        if ALL_SYSTEMS[r["system"]].kind == "vllm" and ALL_SYSTEMS[r["system"]].lens is None
+        else "#2a7ab0"
+        if ALL_SYSTEMS[r["system"]].on_vllm
+        else "#c0504d"
+        for r in done
+    ]
     ax.barh(names, values, color=colors + ["white"] * len(missing))
     for i, r in enumerate(done):
         ratio = r.get("x_eager")
@@ -259,7 +308,9 @@ def bar_chart(table: list[dict], meta: dict, path: Path) -> None:
     if positive and max(positive) / min(positive) > 20:  # HF-like systems dwarf the rest
         ax.set_xscale("log")
     ax.set_xlabel("seconds for the timed generate (lower is better); ratio to pure eager vLLM")
-    ax.set_title(f"{meta['model']}, {meta['device']}: {meta['prompts']} prompts x {meta['max_tokens']} tokens, layer {meta['layer']}", fontsize=10)
+    ax.set_title(
+        f"{meta['model']}, {meta['device']}: {meta['prompts']} prompts x {meta['max_tokens']} tokens, layer {meta['layer']}", fontsize=10
+    )
     ax.set_xlim(right=max(values or [1]) * (4 if ax.get_xscale() == "log" else 1.35))
     fig.tight_layout()
     fig.savefig(path, dpi=120)

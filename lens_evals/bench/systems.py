@@ -44,21 +44,56 @@ ALL_SYSTEMS: dict[str, System] = {
         System("lens-steer-1", "ours: steer 1 layer", "vllm", lens="steer-1"),
         System("lens-probe", "ours: probe on worker", "vllm", lens="probe"),
         # Graph mode: torch.compile + CUDA graphs kept on, the layer tapped by a fixed op
-        System("lens-graphs-capture-1", "ours, graph mode: capture 1 layer", "vllm", lens="capture-1",
-               cuda_graphs=True, gpu_only=True, captures_layer=True),
-        System("lens-graphs-capture-8", "ours, graph mode: capture 8 layers", "vllm", lens="capture-8",
-               cuda_graphs=True, gpu_only=True, captures_layer=True),
+        System(
+            "lens-graphs-capture-1",
+            "ours, graph mode: capture 1 layer",
+            "vllm",
+            lens="capture-1",
+            cuda_graphs=True,
+            gpu_only=True,
+            captures_layer=True,
+        ),
+        System(
+            "lens-graphs-capture-8",
+            "ours, graph mode: capture 8 layers",
+            "vllm",
+            lens="capture-8",
+            cuda_graphs=True,
+            gpu_only=True,
+            captures_layer=True,
+        ),
         # The same captures with the step copies on the compute stream (the side stream's gain, GPU)
-        System("lens-capture-1-sync", "ours: capture 1 layer, copies not overlapped", "vllm", lens="capture-1",
-               gpu_only=True, captures_layer=True, copy_overlap=False),
-        System("lens-graphs-capture-1-sync", "ours, graph mode: capture 1 layer, copies not overlapped", "vllm",
-               lens="capture-1", cuda_graphs=True, gpu_only=True, captures_layer=True, copy_overlap=False),
+        System(
+            "lens-capture-1-sync",
+            "ours: capture 1 layer, copies not overlapped",
+            "vllm",
+            lens="capture-1",
+            gpu_only=True,
+            captures_layer=True,
+            copy_overlap=False,
+        ),
+        System(
+            "lens-graphs-capture-1-sync",
+            "ours, graph mode: capture 1 layer, copies not overlapped",
+            "vllm",
+            lens="capture-1",
+            cuda_graphs=True,
+            gpu_only=True,
+            captures_layer=True,
+            copy_overlap=False,
+        ),
         System("lens-graphs-steer-1", "ours, graph mode: steer 1 layer", "vllm", lens="steer-1", cuda_graphs=True, gpu_only=True),
         System("lens-graphs-probe", "ours, graph mode: probe on worker", "vllm", lens="probe", cuda_graphs=True, gpu_only=True),
         # One engine, plain requests and each feature in alternating rounds (see ``interleaved``)
         System("lens-mixed", "ours, same engine: plain / capture / steer / probe rounds", "vllm-mixed", lens="mixed"),
-        System("lens-graphs-mixed", "ours, graph mode, same engine: plain / capture / steer / probe rounds", "vllm-mixed",
-               lens="mixed", cuda_graphs=True, gpu_only=True),
+        System(
+            "lens-graphs-mixed",
+            "ours, graph mode, same engine: plain / capture / steer / probe rounds",
+            "vllm-mixed",
+            lens="mixed",
+            cuda_graphs=True,
+            gpu_only=True,
+        ),
         System(REFERENCE, "HF generate + forward hook", "hf", captures_layer=True),
         System(HF_FORWARD, "HF forward + hook, length-sorted, batch tuned", "hf-forward", captures_layer=True),
         System("nnsight-hf", "nnsight 0.8, HF backend", "nnsight-hf", captures_layer=True),
@@ -78,8 +113,19 @@ MIN_SPEEDUP_VS_HF = 10.0  # ours capture 1 layer vs HF generate + hook
 # not in the decode workload's default systems (the -sync rows: named when wanted).
 PREFILL_ONLY = ("lens-capture-8", "lens-graphs-capture-8", "lens-capture-1-sync", "lens-graphs-capture-1-sync", HF_FORWARD)
 PREFILL_CPU = ("vllm-eager", "lens-capture-1", "lens-mixed", HF_FORWARD)
-PREFILL_GPU = ("vllm-graphs", "vllm-eager", "lens-capture-1", "lens-capture-8", "lens-graphs-capture-1",
-               "lens-graphs-capture-8", "lens-steer-1", "lens-graphs-probe", "lens-mixed", "lens-graphs-mixed", HF_FORWARD)
+PREFILL_GPU = (
+    "vllm-graphs",
+    "vllm-eager",
+    "lens-capture-1",
+    "lens-capture-8",
+    "lens-graphs-capture-1",
+    "lens-graphs-capture-8",
+    "lens-steer-1",
+    "lens-graphs-probe",
+    "lens-mixed",
+    "lens-graphs-mixed",
+    HF_FORWARD,
+)
 PREFILL_TARGET = 1.05  # capture <= 1.05x pure vLLM (eager, and graph mode against graphs)
 
 

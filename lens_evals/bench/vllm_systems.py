@@ -49,8 +49,10 @@ def lens_extra_args(system: System, cfg: BenchConfig) -> dict[str, Any] | None:
                 "not available: lens_evals.spec has no LinearProbe / PROBE_KEY on this branch (probe-on-worker not merged)"
             ) from None
         probes = [LinearProbe(name=PROBE_NAME, layer=cfg.layer, weights=probe_weights(cfg.hidden_size), bias=PROBE_BIAS)]
-        probes += [LinearProbe(name=f"{PROBE_NAME}-{i}", layer=cfg.layer, weights=probe_weights(cfg.hidden_size, seed=11 + i), bias=0.0)
-                   for i in range(1, cfg.probe_count)]
+        probes += [
+            LinearProbe(name=f"{PROBE_NAME}-{i}", layer=cfg.layer, weights=probe_weights(cfg.hidden_size, seed=11 + i), bias=0.0)
+            for i in range(1, cfg.probe_count)
+        ]
         return {PROBE_KEY: probes}
     raise ValueError(f"unknown lens feature {system.lens!r}")
 
@@ -58,9 +60,7 @@ def lens_extra_args(system: System, cfg: BenchConfig) -> dict[str, Any] | None:
 def sampling_params(cfg: BenchConfig, max_tokens: int, extra: dict[str, Any] | None) -> Any:
     from vllm import SamplingParams
 
-    return SamplingParams(
-        max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False, seed=0, extra_args=extra
-    )
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False, seed=0, extra_args=extra)
 
 
 def _probe_scores(output: Any) -> Any:

@@ -17,8 +17,11 @@ def _layers(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prompts", help="JSONL (prompt / messages / prompt_token_ids per line), a datasets file "
-                        "(.parquet, .arrow, .csv, a save_to_disk directory) or an Inspect .eval log")
+    parser.add_argument(
+        "prompts",
+        help="JSONL (prompt / messages / prompt_token_ids per line), a datasets file "
+        "(.parquet, .arrow, .csv, a save_to_disk directory) or an Inspect .eval log",
+    )
     parser.add_argument("--model", required=True, help="embedded model name or a model directory")
     parser.add_argument("--layers", type=_layers, required=True, help="comma-separated layer indices, e.g. 3,15")
     parser.add_argument("--out", required=True, help="directory for the shards and manifest.json (resumes a partial capture)")
@@ -35,12 +38,14 @@ def run(args: argparse.Namespace) -> int:
     from lens_evals.capture.manifest import CaptureError
     from lens_evals.capture.runner import CaptureSettings, CaptureStopped, run_capture
 
-    settings = CaptureSettings(batch_size=args.batch_size, shard_rows=args.shard_rows,
-                               shard_bytes=int(args.shard_mib * MIB), max_shards=args.max_shards)
+    settings = CaptureSettings(
+        batch_size=args.batch_size, shard_rows=args.shard_rows, shard_bytes=int(args.shard_mib * MIB), max_shards=args.max_shards
+    )
     engine_args = {"dtype": args.dtype} if args.dtype else {}
     try:
-        manifest = run_capture(args.prompts, args.model, args.layers, args.out, settings=settings,
-                               max_model_len=args.max_model_len, engine_args=engine_args)
+        manifest = run_capture(
+            args.prompts, args.model, args.layers, args.out, settings=settings, max_model_len=args.max_model_len, engine_args=engine_args
+        )
     except CaptureStopped as exc:
         print(f"lens-evals capture: {exc}", file=sys.stderr)
         return 3

@@ -13,12 +13,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from lens_evals.capture.manifest import (
-    CaptureError,
-    CaptureManifest,
-    RowRecord,
-    read_manifest,
-)
+from lens_evals.capture.manifest import CaptureError, CaptureManifest, RowRecord, read_manifest
 from lens_evals.capture.shards import file_sha256
 
 

@@ -54,8 +54,10 @@ def _start_manifest(prompts_path: Path, model: str, layers: list[int], out_dir: 
     theirs = {"model": manifest.model, "layers": manifest.layers, "source_sha256": manifest.source_sha256}
     if mine != theirs:
         differ = ", ".join(f"{k} {theirs[k]!r} (now {mine[k]!r})" for k in mine if mine[k] != theirs[k])
-        raise CaptureError(f"{out_dir} holds a capture with other settings: {differ}; resume with the same "
-                           "model, layers and prompt set, or choose another --out")
+        raise CaptureError(
+            f"{out_dir} holds a capture with other settings: {differ}; resume with the same "
+            "model, layers and prompt set, or choose another --out"
+        )
     return manifest
 
 
@@ -83,8 +85,9 @@ def _tokenize(llm: Any, items: Sequence[PromptItem], layers: list[int]) -> list[
     for item in items:
         ids = item.tokenize(tokenizer)
         if not 0 < len(ids) <= limit:
-            raise CaptureError(f"prompt {item.index} has {len(ids)} tokens; this engine takes 1..{limit} "
-                               "(raise --max-model-len or shorten it)")
+            raise CaptureError(
+                f"prompt {item.index} has {len(ids)} tokens; this engine takes 1..{limit} (raise --max-model-len or shorten it)"
+            )
         token_ids.append(ids)
     return token_ids
 
@@ -130,18 +133,30 @@ class _ShardSink:
             raise CaptureError(
                 f"disk full in {self.out_dir} while writing {name}: kept {n_shards} complete shards "
                 f"({n_rows} of {self.manifest.n_prompts} prompts) recorded in {manifest_path(self.out_dir)}; "
-                "free space and rerun the same command to resume") from None
+                "free space and rerun the same command to resume"
+            ) from None
         self.written_this_run += 1
         self.progress.set_postfix(shards=len(self.manifest.shards), refresh=False)
         self.progress.update(shard.n_rows)
         if self.settings.max_shards is not None and self.written_this_run >= self.settings.max_shards:
-            raise CaptureStopped(f"stopped after {self.written_this_run} shards as asked; "
-                                 f"{len(self.manifest.rows)} of {self.manifest.n_prompts} prompts are in {self.out_dir}")
+            raise CaptureStopped(
+                f"stopped after {self.written_this_run} shards as asked; "
+                f"{len(self.manifest.rows)} of {self.manifest.n_prompts} prompts are in {self.out_dir}"
+            )
 
 
-def run_capture(prompts_path: str | Path, model: str, layers: Sequence[int], out_dir: str | Path, *,
-                llm: Any = None, settings: CaptureSettings | None = None, max_model_len: int = 1024,
-                engine_args: dict[str, Any] | None = None, show_progress: bool = True) -> CaptureManifest:
+def run_capture(
+    prompts_path: str | Path,
+    model: str,
+    layers: Sequence[int],
+    out_dir: str | Path,
+    *,
+    llm: Any = None,
+    settings: CaptureSettings | None = None,
+    max_model_len: int = 1024,
+    engine_args: dict[str, Any] | None = None,
+    show_progress: bool = True,
+) -> CaptureManifest:
     """Capture ``layers`` of every prompt of ``prompts_path`` into ``out_dir``; resumes a partial
     capture there. ``llm``: an offline engine to use (otherwise one is opened on ``model``)."""
     from vllm import SamplingParams
@@ -165,8 +180,7 @@ def run_capture(prompts_path: str | Path, model: str, layers: Sequence[int], out
         llm = open_offline_engine(model, max_model_len=max_model_len, **(engine_args or {}))
     token_ids = _tokenize(llm, todo, layer_list)
     params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={CAPTURE_KEY: layer_list})
-    with tqdm(total=len(items), initial=len(done), desc=f"capture -> {out_dir}", unit="prompt",
-              disable=not show_progress) as progress:
+    with tqdm(total=len(items), initial=len(done), desc=f"capture -> {out_dir}", unit="prompt", disable=not show_progress) as progress:
         sink = _ShardSink(out_dir, manifest, settings, progress)
         for begin in range(0, len(todo), settings.batch_size):
             batch = todo[begin : begin + settings.batch_size]
@@ -185,6 +199,8 @@ def run_capture(prompts_path: str | Path, model: str, layers: Sequence[int], out
     except OSError as exc:
         if not is_disk_full(exc):
             raise
-        raise CaptureError(f"disk full in {out_dir} while marking the capture complete: all {len(manifest.shards)} "
-                           "shards are recorded; free space and rerun the same command to finish") from None
+        raise CaptureError(
+            f"disk full in {out_dir} while marking the capture complete: all {len(manifest.shards)} "
+            "shards are recorded; free space and rerun the same command to finish"
+        ) from None
     return manifest

@@ -103,15 +103,17 @@ class ShardBuffer:
         return records
 
 
-def write_single_row(out_dir: Path, name: str, layers: list[int], prompt_index: int, token_ids: list[int],
-                     stream: torch.Tensor) -> tuple[ShardRecord, list[RowRecord]]:
+def write_single_row(
+    out_dir: Path, name: str, layers: list[int], prompt_index: int, token_ids: list[int], stream: torch.Tensor
+) -> tuple[ShardRecord, list[RowRecord]]:
     """One prompt too large for the shard buffer, as a shard of its own (written from its own tensor)."""
     tensors = {f"layer.{layer}": stream[i].contiguous() for i, layer in enumerate(layers)}
     return _records(name, [PendingRow(prompt_index, token_ids, 0)], stream.shape[1], out_dir, tensors)
 
 
-def _records(name: str, rows: list[PendingRow], n_tokens: int, out_dir: Path,
-             tensors: dict[str, torch.Tensor]) -> tuple[ShardRecord, list[RowRecord]]:
+def _records(
+    name: str, rows: list[PendingRow], n_tokens: int, out_dir: Path, tensors: dict[str, torch.Tensor]
+) -> tuple[ShardRecord, list[RowRecord]]:
     n_bytes, sha256 = write_shard(out_dir, name, tensors)
     shard = ShardRecord(name=name, n_bytes=n_bytes, sha256=sha256, n_rows=len(rows), n_tokens=n_tokens)
     return shard, [RowRecord(prompt_index=r.prompt_index, shard=name, offset=r.offset, token_ids=r.token_ids) for r in rows]

@@ -125,6 +125,12 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
     params.extra_args = normalised  # a fresh dict: the caller's params stay untouched
     compat.set_request_cache_salt(request, key)
     pending_of(processor)[request_id] = PendingRequest(
-        key, tuple(lens.capture_layers), tuple(probe.name for probe in lens.probes), prompt_len,
-        has_hooks=bool(lens.hooks), hook_set=lens.hook_set, local_ids=tuple(local_ids), encoding=lens.encoding,
+        key,
+        tuple(lens.capture_layers),
+        tuple(probe.name for probe in lens.probes),
+        prompt_len,
+        has_hooks=bool(lens.hooks),
+        hook_set=lens.hook_set,
+        local_ids=tuple(local_ids),
+        encoding=lens.encoding,
     )

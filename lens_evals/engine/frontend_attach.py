@@ -33,9 +33,7 @@ class HttpResult:
 
 
 # Set by the HTTP middleware for the duration of one HTTP request; results land here too.
-HTTP_SINK: contextvars.ContextVar[list[HttpResult] | None] = contextvars.ContextVar(
-    "lens_evals_http_sink", default=None
-)
+HTTP_SINK: contextvars.ContextVar[list[HttpResult] | None] = contextvars.ContextVar("lens_evals_http_sink", default=None)
 
 
 class LensRequestError(RuntimeError):
@@ -47,8 +45,9 @@ class LensRequestError(RuntimeError):
         self.outputs = outputs
 
 
-def _apply(processor: Any, request_id: str, output: Any, pending: PendingRequest, rank_results: list[FetchReply],
-           generated: int | None = None) -> str | None:
+def _apply(
+    processor: Any, request_id: str, output: Any, pending: PendingRequest, rank_results: list[FetchReply], generated: int | None = None
+) -> str | None:
     """Attach the capture, probe scores and hook results to ``output`` (a hook set's results go
     to its store); return an error message if the request failed. ``generated``: the request's
     generated tokens when ``output`` holds only the last delta (streaming)."""

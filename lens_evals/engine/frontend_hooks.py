@@ -30,8 +30,14 @@ def encode_hooks(hooks: list[Hook]) -> tuple[list[HookWire], list[str]]:
         ref, local_id = hook_reference(hook)
         if local_id is not None:
             local_ids.append(local_id)
-        encoded.append({
-            "ref": ref, "name": hook.name, "layers": hook.layer_indices, "pre": hook.pre,
-            "module": hook.module, "args": wire.encode_tree(hook.args, "args"),
-        })
+        encoded.append(
+            {
+                "ref": ref,
+                "name": hook.name,
+                "layers": hook.layer_indices,
+                "pre": hook.pre,
+                "module": hook.module,
+                "args": wire.encode_tree(hook.args, "args"),
+            }
+        )
     return encoded, local_ids

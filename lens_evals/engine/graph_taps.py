@@ -103,8 +103,10 @@ def refusal(lens: Any, tapped: Iterable[int]) -> str | None:
     wanted |= {layer for vec in lens.steering for layer in vec.layer_indices}
     missing = sorted(wanted - tapped)
     if missing:
-        return (f"layers {missing} are not tapped on this graph-mode engine (tapped: {sorted(tapped)}); "
-                f"start it with {GRAPH_LAYERS_ENV} including them, or without graph mode")
+        return (
+            f"layers {missing} are not tapped on this graph-mode engine (tapped: {sorted(tapped)}); "
+            f"start it with {GRAPH_LAYERS_ENV} including them, or without graph mode"
+        )
     if any(vec.norm_match for vec in lens.steering):
         return "norm_match steering needs eager mode (the row norm is not known outside the graph)"
     if lens.hooks or lens.hook_set is not None:
@@ -118,15 +120,25 @@ def graph_refusal(support: Any) -> str | None:
     entry = compat.VERIFIED.get(support.architecture)
     if (entry is not None and entry.graph_mode) or compat.trust_unverified():
         return None
-    return (f"graph mode ({GRAPH_LAYERS_ENV}) is not verified on architecture {support.architecture}: start the "
-            f"engine without it (eager hooks), or set {compat.TRUST_ENV}=1 at your own risk")
+    return (
+        f"graph mode ({GRAPH_LAYERS_ENV}) is not verified on architecture {support.architecture}: start the "
+        f"engine without it (eager hooks), or set {compat.TRUST_ENV}=1 at your own risk"
+    )
 
 
 class GraphTaps:
     """The static buffers of the tapped layers of one worker, and the host side of each step."""
 
-    def __init__(self, layer_modules: dict[int, nn.Module], layers: list[int], max_rows: int,
-                 hidden_size: int, dtype: torch.dtype, device: torch.device, contract: compat.StreamContract) -> None:
+    def __init__(
+        self,
+        layer_modules: dict[int, nn.Module],
+        layers: list[int],
+        max_rows: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        contract: compat.StreamContract,
+    ) -> None:
         self.steer: dict[int, torch.Tensor] = {}
         self.capture: dict[int, torch.Tensor] = {}
         self._dirty_rows: dict[int, int] = {}  # rows of ``steer`` written and not cleared since
@@ -141,8 +153,12 @@ class GraphTaps:
             layer.register_buffer(CAPTURE_BUFFER, capture, persistent=False)
             layer.register_forward_hook(_graph_tap(contract))
             self.steer[index], self.capture[index] = steer, capture
-        logger.info("lens_evals: graph mode, layers %s tapped (%d rows, %.0f MiB of buffers)", sorted(self.steer),
-                    max_rows, 2 * len(self.steer) * max_rows * hidden_size * torch.finfo(dtype).bits / 8 / 2**20)
+        logger.info(
+            "lens_evals: graph mode, layers %s tapped (%d rows, %.0f MiB of buffers)",
+            sorted(self.steer),
+            max_rows,
+            2 * len(self.steer) * max_rows * hidden_size * torch.finfo(dtype).bits / 8 / 2**20,
+        )
 
     def before_forward(self, plan: Any) -> None:
         """Write the step's steering rows (``plan`` None: no lens request, clear what is left)."""

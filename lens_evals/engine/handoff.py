@@ -47,6 +47,7 @@ _ROWS_NAME = re.compile(rf"^{ROWS_PREFIX}[0-9]+-[0-9a-f]{{32}}$")  # the writer'
 _MARKER_NAME = re.compile(rf"^{MARKER_PREFIX}[0-9a-f]{{32}}$")  # holds the frontend's pid
 _OWNED_NAME = re.compile(rf"^(?:{ROWS_PREFIX}|{SEGMENT_PREFIX})([0-9]+)-[0-9a-f]{{32}}$")
 
+
 class Rows(Protocol):
     """A request's packed rows (``store.RowBlocks``): ``nbytes`` in all, as contiguous
     ``blocks`` in order, or copied into a buffer by ``copy_into``."""
@@ -120,8 +121,10 @@ class HandoffTarget:
             try:
                 cls._current = cls(directory)
             except OSError as exc:
-                raise RuntimeError(f"lens_evals: cannot use {directory!r} for the row hand-off ({exc}); "
-                                   f"set {DIR_ENV} to a writable directory or {HANDOFF_ENV}=0") from exc
+                raise RuntimeError(
+                    f"lens_evals: cannot use {directory!r} for the row hand-off ({exc}); "
+                    f"set {DIR_ENV} to a writable directory or {HANDOFF_ENV}=0"
+                ) from exc
         target = cls._current
         return {"dir": target.directory, "token": target.token, "pid": os.getpid(), "free": target.pool_views.take_freed(source)}
 

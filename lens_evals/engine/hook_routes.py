@@ -74,7 +74,7 @@ def error_body(message: str, status: int) -> dict[str, Any]:
 
 async def serve_hook_sets(scope: dict[str, Any], receive: Callable, send: Callable) -> None:
     method = scope.get("method")
-    parts = [p for p in scope["path"][len(HOOK_SETS_PATH):].split("/") if p]
+    parts = [p for p in scope["path"][len(HOOK_SETS_PATH) :].split("/") if p]
     try:
         engine = compat.engine_client_from_scope(scope)
         if method == "POST" and not parts:

@@ -78,8 +78,7 @@ class HookSetStore:
         live = len(self.sets) + len(self.pending)
         if live >= self.max_sets:
             raise HookSetLimit(
-                f"too many hook sets: {live} live, the bound is {self.max_sets} (LENS_EVALS_MAX_HOOK_SETS); "
-                f"{FREE_HINT} and try again"
+                f"too many hook sets: {live} live, the bound is {self.max_sets} (LENS_EVALS_MAX_HOOK_SETS); {FREE_HINT} and try again"
             )
         held = self.hook_chars + sum(pending.hook_chars for pending in self.pending)
         if held + record.hook_chars > self.max_hook_chars:

@@ -202,7 +202,6 @@ class SteeringPlanner:
             row_stop=int(rows.max()) + 1 if len(rows) else 0,
         )
 
-
     def _broadcast(self, vector: torch.Tensor, scale: float, norm_match: bool, span: tuple[int, int], rows: np.ndarray) -> LayerSteer:
         """Every steered row of the layer gets the same vector, scale and norm matching (e.g. one
         steering vector sent with every request of a batch): one (1, hidden) row, broadcast over
@@ -247,8 +246,9 @@ class HookPlanner:
     (``req.set_saved`` for the set's), index = the hook's place in its list. Hooks see
     positions and token ids, so a step with hooks is never reused."""
 
-    def __init__(self, local_layers: set[int], device: torch.device, input_ids: torch.Tensor | None,
-                 failed: set[str] | frozenset[str]) -> None:
+    def __init__(
+        self, local_layers: set[int], device: torch.device, input_ids: torch.Tensor | None, failed: set[str] | frozenset[str]
+    ) -> None:
         self.local_layers, self.device, self.input_ids, self.failed = local_layers, device, input_ids, failed
         self.calls: dict[tuple[int, str | None, bool], list[HookCall]] = {}
         self.step_ids: torch.Tensor | None = None  # the step's input ids, copied (vLLM reuses its buffer)
@@ -319,8 +319,9 @@ class StepPlanner:
         self.device, self.dtype, self.capture_here, self.local_layers = device, dtype, capture_here, local_layers
         self._last: tuple[tuple[list[str], list[int]], StepPlan] | None = None
 
-    def plan(self, layout: BatchLayout, requests: dict[str, WorkerRequest | None], input_ids: torch.Tensor | None,
-             failed: set[str]) -> StepPlan | None:
+    def plan(
+        self, layout: BatchLayout, requests: dict[str, WorkerRequest | None], input_ids: torch.Tensor | None, failed: set[str]
+    ) -> StepPlan | None:
         """The step's plan; a decode step with the same requests and row counts as the last
         one reuses its tensors (only the start positions change)."""
         signature = (layout.req_ids, layout.num_rows)

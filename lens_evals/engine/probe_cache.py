@@ -58,5 +58,6 @@ def encode_probe(probe: LinearProbe) -> tuple[dict[str, Any], str]:
     The wire dict is shared by the requests that send the probe: it is only read."""
     weights = np.ascontiguousarray(probe.weights, dtype=np.float32).tobytes()
     bias = np.float64(probe.bias).tobytes()
-    return _encoded.get_or_make((probe.name, probe.layer, bias, weights),
-                                lambda: (probe.to_wire(), probe_digest(probe.weights, probe.bias)))
+    return _encoded.get_or_make(
+        (probe.name, probe.layer, bias, weights), lambda: (probe.to_wire(), probe_digest(probe.weights, probe.bias))
+    )

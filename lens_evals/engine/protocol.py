@@ -116,8 +116,7 @@ class PackedRows:
     ``decode``s them into a tensor. Writable, so the frontend's tensor shares the buffer
     without a copy (bytes from msgpack are copied once)."""
 
-    DTYPES = {"float32": (np.float32, torch.float32), "float16": (np.float16, torch.float16),
-              "bfloat16": (np.int16, torch.bfloat16)}
+    DTYPES = {"float32": (np.float32, torch.float32), "float16": (np.float16, torch.float16), "bfloat16": (np.int16, torch.bfloat16)}
 
     @staticmethod
     def header(dtype: torch.dtype, shape: tuple[int, ...]) -> PackedRowsWire:
@@ -130,7 +129,10 @@ class PackedRows:
         numpy_dtype, torch_dtype = cls.DTYPES[packed["dtype"]]
         shape = [int(n) for n in packed["shape"]]
         data = packed.get("data")
-        if not isinstance(data, (bytearray, bytes, mmap.mmap, np.ndarray)) or len(data) != int(np.prod(shape)) * np.dtype(numpy_dtype).itemsize:
+        if (
+            not isinstance(data, (bytearray, bytes, mmap.mmap, np.ndarray))
+            or len(data) != int(np.prod(shape)) * np.dtype(numpy_dtype).itemsize
+        ):
             raise ValueError("row data does not match its shape")
         # bytes (from msgpack) are read-only: one copy makes the tensor writable; a bytearray or
         # a claimed hand-off mapping or pool region (``handoff.claim``) is used as it is

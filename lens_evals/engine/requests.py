@@ -53,10 +53,7 @@ class WorkerRequest:
 
 
 def decode_worker_request(
-    extra_args: Mapping[str, Any] | None,
-    device: torch.device,
-    dtype: torch.dtype,
-    hook_sets: Mapping[str, list[WorkerHook]],
+    extra_args: Mapping[str, Any] | None, device: torch.device, dtype: torch.dtype, hook_sets: Mapping[str, list[WorkerHook]]
 ) -> WorkerRequest | None:
     """The frontend put a normalised, validated spec under INTERNAL_KEY; None for plain requests."""
     if not extra_args or INTERNAL_KEY not in extra_args:

@@ -34,8 +34,14 @@ class StepStores:
         """Forget a request's (captured, scored) pieces and return them (still readable)."""
         return self.captures.release(key), self.scores.release(key)
 
-    def store(self, plan: StepPlan, captured: dict[int, torch.Tensor], scored: dict[int, torch.Tensor],
-              keeps: Callable[[str], bool], block: torch.Tensor | None = None) -> None:
+    def store(
+        self,
+        plan: StepPlan,
+        captured: dict[int, torch.Tensor],
+        scored: dict[int, torch.Tensor],
+        keeps: Callable[[str], bool],
+        block: torch.Tensor | None = None,
+    ) -> None:
         """One device-to-host copy for the step's captures and one for its probe scores; each
         request ``keeps`` wants gets a Piece (where its rows are), nothing is cut per request here.
         ``block``: the step's (L, R, H) captures when the taps gathered several layers into it."""

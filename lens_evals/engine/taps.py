@@ -70,14 +70,18 @@ def install_hook_tap(active: ActiveStep, layer: nn.Module, site: tuple[int, str 
         return (step, calls) if step is not None and calls else None
 
     if pre:
+
         def pre_tap(mod: nn.Module, args: Any, kwargs: Any) -> None:
             if (here := calls_here()) is not None:
-                hidden, residual = contract.read_input(layer, args, kwargs) if module_path is None else (compat.first_input(args, kwargs), None)
+                hidden, residual = (
+                    contract.read_input(layer, args, kwargs) if module_path is None else (compat.first_input(args, kwargs), None)
+                )
                 _run_hooks(here[0], here[1], hidden, residual, layer_index)
             return None
 
         module.register_forward_pre_hook(pre_tap, with_kwargs=True)
     elif module_path is not None:
+
         def post_tap(mod: nn.Module, args: Any, output: Any) -> None:
             if (here := calls_here()) is not None:
                 _run_hooks(here[0], here[1], compat.first_output(output), None, layer_index)
@@ -207,8 +211,13 @@ def _capture(step: StepContext, layer_index: int, hidden: torch.Tensor, residual
     return _gather_stream(hidden, residual, plan.capture_span, plan.capture_rows, out)
 
 
-def _gather_stream(hidden: torch.Tensor, residual: torch.Tensor | None, span: tuple[int, int] | None, rows: torch.Tensor | None,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+def _gather_stream(
+    hidden: torch.Tensor,
+    residual: torch.Tensor | None,
+    span: tuple[int, int] | None,
+    rows: torch.Tensor | None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The residual stream (hidden + residual on fused-residual layers) of some rows, as a new
     tensor (or written into ``out``): a slice when the rows are contiguous, else one
     index_select (much faster than advanced indexing)."""

@@ -101,9 +101,12 @@ def clear_prefetched(llm: Any) -> None:
 
 
 OFFLINE_METHODS: dict[str, Callable[..., Any]] = {
-    "register_hooks": register_hooks, "collect_hook_results": collect_hook_results,
-    "clear_hook_results": clear_hook_results, "clear_hooks": clear_hooks,
-    "prefetch_params": prefetch_params, "clear_prefetched": clear_prefetched,
+    "register_hooks": register_hooks,
+    "collect_hook_results": collect_hook_results,
+    "clear_hook_results": clear_hook_results,
+    "clear_hooks": clear_hooks,
+    "prefetch_params": prefetch_params,
+    "clear_prefetched": clear_prefetched,
 }
 
 
@@ -130,7 +133,7 @@ def _encoded_results(collected: dict[str, Any], encoding: str) -> dict[str, Any]
 
 
 async def serve_vllm_lens_hooks(scope: dict[str, Any], receive: Callable, send: Callable) -> None:
-    action = scope["path"][len(HOOKS_PATH):].strip("/")
+    action = scope["path"][len(HOOKS_PATH) :].strip("/")
     try:
         if scope.get("method") != "POST":
             raise LookupError(f"no such endpoint: {scope.get('method')} {scope['path']}")

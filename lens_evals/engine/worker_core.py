@@ -36,8 +36,7 @@ class Fetch:
     """Releasing fetched requests on the worker: the ledger forgets them, the stores give up
     their pieces, and each one's result comes back without its rows (``TakenResult``)."""
 
-    def __init__(self, ledger: RequestLedger, stores: StepStores, capture_here: bool, local_layers: set[int],
-                 max_saved_chars: int) -> None:
+    def __init__(self, ledger: RequestLedger, stores: StepStores, capture_here: bool, local_layers: set[int], max_saved_chars: int) -> None:
         self.ledger = ledger
         self.stores = stores
         self.capture_here = capture_here
@@ -63,7 +62,12 @@ class Fetch:
         parts = []
         for pieces, name, ids_name, ids in (
             (captured, "residual_stream", "layers", [layer for layer in (req.capture_layers if req else []) if layer in self.local_layers]),
-            (scored, "probe_scores", "probe_index", [probe.index for probe in (req.probes if req else []) if probe.layer in self.local_layers]),
+            (
+                scored,
+                "probe_scores",
+                "probe_index",
+                [probe.index for probe in (req.probes if req else []) if probe.layer in self.local_layers],
+            ),
         ):
             if not pieces:
                 continue

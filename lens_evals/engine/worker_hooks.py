@@ -38,8 +38,12 @@ def decode_hooks(items: list[HookWire] | list[Mapping[str, Any]], device: torch.
 
     return [
         WorkerHook(
-            name=str(item["name"]), fn=resolve(str(item["ref"])), layers=[int(i) for i in item["layers"]],
-            pre=bool(item["pre"]), module=item.get("module"), args=wire.decode_tree(item.get("args") or {}, on_device),
+            name=str(item["name"]),
+            fn=resolve(str(item["ref"])),
+            layers=[int(i) for i in item["layers"]],
+            pre=bool(item["pre"]),
+            module=item.get("module"),
+            args=wire.decode_tree(item.get("args") or {}, on_device),
         )
         for item in items
     ]

@@ -53,8 +53,13 @@ def copy_mode(worker: Any, overlap: bool | None = None) -> CopyReport:
     if overlap is not None:
         copier.set_overlap(bool(overlap))
     arena = stores.captures.arena
-    return {"overlap": copier.overlap, "copies": copier.copies, "overlapped": copier.overlapped,
-            "pinned_bytes": arena.pinned_bytes, "spare_bytes": arena.spare_bytes}
+    return {
+        "overlap": copier.overlap,
+        "copies": copier.copies,
+        "overlapped": copier.overlapped,
+        "pinned_bytes": arena.pinned_bytes,
+        "spare_bytes": arena.spare_bytes,
+    }
 
 
 def register_hook_set(worker: Any, set_id: str, hooks: list[HookWire]) -> str | None:

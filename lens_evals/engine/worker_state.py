@@ -50,8 +50,12 @@ class LensWorkerState:
             install_taps(self.active, self.layer_modules, contract)
         else:
             self.graph = GraphTaps(
-                self.layer_modules, graph_layers, compat.max_step_rows(runner),
-                compat.model_shape(runner.vllm_config).hidden_size, runner.model_config.dtype, compat.runner_device(runner),
+                self.layer_modules,
+                graph_layers,
+                compat.max_step_rows(runner),
+                compat.model_shape(runner.vllm_config).hidden_size,
+                runner.model_config.dtype,
+                compat.runner_device(runner),
                 contract,
             )
         self.core = WorkerCore(compat.runner_device(runner), runner.model_config.dtype, set(self.layer_modules), tp_rank == 0)
@@ -126,9 +130,16 @@ class LensWorkerState:
     def hook_context(self, call: HookCall, layer: int) -> HookContext:
         hook = call.hook
         return HookContext(
-            saved=call.saved, layer_idx=layer, positions=call.positions, token_ids=call.token_ids,
-            args=hook.args, pre=hook.pre, module_path=hook.module, model=self.model,
-            hf_config=compat.hf_config(self.runner), parameters=self.parameters,
+            saved=call.saved,
+            layer_idx=layer,
+            positions=call.positions,
+            token_ids=call.token_ids,
+            args=hook.args,
+            pre=hook.pre,
+            module_path=hook.module,
+            model=self.model,
+            hf_config=compat.hf_config(self.runner),
+            parameters=self.parameters,
         )
 
 

@@ -46,14 +46,17 @@ def _probe(path: str) -> Probe:
 def probe_monitor(
     probe: str = Field(description="Probe file (NAME.joblib with its NAME.json card), e.g. a coup probe."),
     model_role: ModelRole | None = Field(
-        default="untrusted", description="Whose activations to read: the model bound to this role (a vllm-lens model)."),
-    model: str | None = Field(
-        default=None, description="A vllm-lens/<model> to read when model_role is None or not bound (post hoc)."),
+        default="untrusted", description="Whose activations to read: the model bound to this role (a vllm-lens model)."
+    ),
+    model: str | None = Field(default=None, description="A vllm-lens/<model> to read when model_role is None or not bound (post hoc)."),
     context: Literal["action", "trajectory"] = Field(
-        default="action", description="'action': the last action alone, framed as in coup-probe training; "
-                                      "'trajectory': the conversation so far, ending with the action."),
+        default="action",
+        description="'action': the last action alone, framed as in coup-probe training; "
+        "'trajectory': the conversation so far, ending with the action.",
+    ),
     score: Literal["probability", "log_odds"] = Field(
-        default="probability", description="suspicion_score as sigmoid(probe score) in (0, 1), or the raw log-odds."),
+        default="probability", description="suspicion_score as sigmoid(probe score) in (0, 1), or the raw log-odds."
+    ),
 ) -> Agent:
     """Linear-probe monitor on the untrusted model's residual stream (served by vllm-lens)."""
     if model_role is None and model is None:

@@ -22,8 +22,15 @@ RECIPES: dict[str, OracleTrainConfig] = {
     DEFAULT_ORACLE: OracleTrainConfig(),
     # the least that still reads the activations (the Petri audit test trains it): the three families
     # this oracle learns best, 192 items, 24 steps, rank 8; docs/oracles.md has its numbers
-    SMALL_ORACLE: OracleTrainConfig(families=["sentiment", "topic", "word"], train_per_family=64, eval_per_family=10,
-                                    learning_rate=2e-3, warmup_steps=3, lora_rank=8, lora_alpha=16),
+    SMALL_ORACLE: OracleTrainConfig(
+        families=["sentiment", "topic", "word"],
+        train_per_family=64,
+        eval_per_family=10,
+        learning_rate=2e-3,
+        warmup_steps=3,
+        lora_rank=8,
+        lora_alpha=16,
+    ),
 }
 
 

@@ -22,8 +22,16 @@ logger = logging.getLogger("lens_evals")
 
 def start_engine(model_dir: str, lora_rank: int, max_model_len: int = 1024) -> Any:
     """An in-process engine that serves one adapter beside the base model."""
-    return open_offline_engine(model_dir, kv_cache_gib=1, in_process=True, dtype="float32", max_model_len=max_model_len,
-                               enable_lora=True, max_loras=2, max_lora_rank=max(lora_rank, 8))
+    return open_offline_engine(
+        model_dir,
+        kv_cache_gib=1,
+        in_process=True,
+        dtype="float32",
+        max_model_len=max_model_len,
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=max(lora_rank, 8),
+    )
 
 
 def build_oracle(name: str, config: OracleTrainConfig, out_dir: Path | None = None) -> tuple[Path, dict[str, Any]]:
@@ -48,8 +56,9 @@ def build_oracle(name: str, config: OracleTrainConfig, out_dir: Path | None = No
     llm = start_engine(model_dir, config.lora_rank)
     try:
         started = time.monotonic()
-        activations = capture_conversations(llm, [[{"role": "user", "content": i.context}] for i in train_items],
-                                            config.target_layer, config.num_tokens)
+        activations = capture_conversations(
+            llm, [[{"role": "user", "content": i.context}] for i in train_items], config.target_layer, config.num_tokens
+        )
         timings["capture_s"] = time.monotonic() - started
         torch.set_num_threads(threads)  # the CPU engine may rebind threads; training uses them all
         examples = build_examples(tokenizer, train_items, activations, settings)
@@ -68,12 +77,24 @@ def build_oracle(name: str, config: OracleTrainConfig, out_dir: Path | None = No
         "name": name,
         "base_model": config.base_model,
         "config": config.model_dump(),
-        "oracle": {"target_layer": config.target_layer, "injection_layer": config.injection_layer,
-                   "num_tokens": config.num_tokens, "placeholder": config.placeholder, "coefficient": config.coefficient},
-        "data": {"train_items": len(train_items), "heldout_items": len(eval_items),
-                 "split": f"every {HELDOUT_EVERY}th group (hash order) of each family and answer is held out; never trained on"},
-        "train": {"steps": len(losses), "first_loss": losses[0], "last_losses_mean": sum(losses[-10:]) / min(10, len(losses)),
-                  "threads": threads},
+        "oracle": {
+            "target_layer": config.target_layer,
+            "injection_layer": config.injection_layer,
+            "num_tokens": config.num_tokens,
+            "placeholder": config.placeholder,
+            "coefficient": config.coefficient,
+        },
+        "data": {
+            "train_items": len(train_items),
+            "heldout_items": len(eval_items),
+            "split": f"every {HELDOUT_EVERY}th group (hash order) of each family and answer is held out; never trained on",
+        },
+        "train": {
+            "steps": len(losses),
+            "first_loss": losses[0],
+            "last_losses_mean": sum(losses[-10:]) / min(10, len(losses)),
+            "threads": threads,
+        },
         "heldout": result,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

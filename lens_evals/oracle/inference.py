@@ -42,7 +42,9 @@ def oracle_prompt_ids(tokenizer: Any, settings: OracleSettings, num_positions: i
     """Token ids of the oracle prompt (chat template, generation prompt) and its placeholder positions."""
     ids = tokenizer.apply_chat_template(
         oracle_messages(settings.target_layer, num_positions, question, settings.placeholder),
-        add_generation_prompt=True, tokenize=True, return_dict=False,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
     )
     ids = [int(i) for i in ids]
     positions = placeholder_positions(ids, placeholder_token_id(tokenizer, settings.placeholder), num_positions)
@@ -56,15 +58,23 @@ def injection_vector(activations: np.ndarray, positions: Sequence[int], settings
     if not keep.any():
         return None
     return SteeringVector(
-        activations=activations[keep][None], layer_indices=[settings.injection_layer],
-        scale=settings.coefficient, norm_match=True,
+        activations=activations[keep][None],
+        layer_indices=[settings.injection_layer],
+        scale=settings.coefficient,
+        norm_match=True,
         position_indices=[int(p) for p, k in zip(positions, keep) if k],
     )
 
 
 def oracle_answers(
-    llm: Any, tokenizer: Any, lora_request: Any, settings: OracleSettings,
-    activations: Sequence[np.ndarray], questions: Sequence[str], max_tokens: int = 4, inject: bool = True,
+    llm: Any,
+    tokenizer: Any,
+    lora_request: Any,
+    settings: OracleSettings,
+    activations: Sequence[np.ndarray],
+    questions: Sequence[str],
+    max_tokens: int = 4,
+    inject: bool = True,
 ) -> list[str]:
     """Greedy oracle answers; ``inject=False`` is the zero-vector baseline (same prompt and adapter)."""
     from vllm import SamplingParams

@@ -63,7 +63,9 @@ class TrainExample:
     vectors: np.ndarray  # (K, hidden)
 
 
-def build_examples(tokenizer: Any, items: Sequence[OracleItem], activations: Sequence[np.ndarray], settings: OracleSettings) -> list[TrainExample]:
+def build_examples(
+    tokenizer: Any, items: Sequence[OracleItem], activations: Sequence[np.ndarray], settings: OracleSettings
+) -> list[TrainExample]:
     end_of_turn = int(tokenizer.eos_token_id)  # where vLLM stops (SmolLM2: <|im_end|>)
     examples = []
     for item, acts in zip(items, activations):
@@ -96,11 +98,17 @@ def collate(examples: Sequence[TrainExample], pad_id: int) -> dict[str, torch.Te
         attention[row, pad:] = 1
         positions[row, : len(example.positions)] = torch.tensor(example.positions) - prefix_len + pad
         vectors[row, : len(example.positions)] = torch.from_numpy(example.vectors)
-        answer_mask[row, length - example.num_answer:] = True
+        answer_mask[row, length - example.num_answer :] = True
     position_ids = prefix_len + (attention.cumsum(-1) - 1).clamp_min(0)
-    return {"prefix_ids": torch.tensor([prefix]), "input_ids": input_ids, "attention_mask": attention,
-            "position_ids": position_ids, "inject_positions": positions, "inject_vectors": vectors,
-            "answer_mask": answer_mask}
+    return {
+        "prefix_ids": torch.tensor([prefix]),
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "position_ids": position_ids,
+        "inject_positions": positions,
+        "inject_vectors": vectors,
+        "answer_mask": answer_mask,
+    }
 
 
 class InjectionHook:
@@ -137,25 +145,38 @@ def answer_loss(model: Any, batch: dict[str, torch.Tensor], hook: InjectionHook)
     attention = torch.cat([torch.ones((rows, prefix_len), dtype=torch.long, device=answer_mask.device), batch["attention_mask"]], dim=1)
     hook.positions, hook.vectors = batch["inject_positions"], batch["inject_vectors"]
     try:
-        logits = model(input_ids=batch["input_ids"], attention_mask=attention, position_ids=batch["position_ids"],
-                       past_key_values=cache, use_cache=True, logits_to_keep=keep).logits
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=attention,
+            position_ids=batch["position_ids"],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        ).logits
     finally:
         hook.positions = hook.vectors = None
-    targets = batch["input_ids"][:, -keep + 1:]
-    mask = answer_mask[:, -keep + 1:]
+    targets = batch["input_ids"][:, -keep + 1 :]
+    mask = answer_mask[:, -keep + 1 :]
     return torch.nn.functional.cross_entropy(logits[:, :-1][mask], targets[mask])
 
 
-def train_lora(model_dir: str, examples: list[TrainExample], config: OracleTrainConfig, pad_id: int,
-               device: str = "cpu") -> tuple[Any, list[float]]:
+def train_lora(
+    model_dir: str, examples: list[TrainExample], config: OracleTrainConfig, pad_id: int, device: str = "cpu"
+) -> tuple[Any, list[float]]:
     """Train the adapter; returns the peft model (on the CPU) and the per-step losses."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, get_linear_schedule_with_warmup
 
     torch.manual_seed(config.seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=list(config.lora_targets),
-                      lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    lora = LoraConfig(
+        r=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        target_modules=list(config.lora_targets),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     model = get_peft_model(model, lora).to(device)
     model.train()
     hook = InjectionHook(config.coefficient)
@@ -172,7 +193,7 @@ def train_lora(model_dir: str, examples: list[TrainExample], config: OracleTrain
         for epoch in range(config.epochs):
             order = rng.sample(range(len(examples)), len(examples))
             for step in range(steps_per_epoch):
-                chunk = [examples[i] for i in order[step * config.batch_size:(step + 1) * config.batch_size]]
+                chunk = [examples[i] for i in order[step * config.batch_size : (step + 1) * config.batch_size]]
                 batch = {key: value.to(device) for key, value in collate(chunk, pad_id).items()}
                 loss = answer_loss(model, batch, hook)
                 loss.backward()
@@ -182,8 +203,14 @@ def train_lora(model_dir: str, examples: list[TrainExample], config: OracleTrain
                 optimizer.zero_grad(set_to_none=True)
                 losses.append(float(loss.detach()))
                 if step % 10 == 0 or step == steps_per_epoch - 1:
-                    logger.warning("oracle train: epoch %d step %d/%d loss %.3f (%.0f s)", epoch, step + 1,
-                                   steps_per_epoch, float(np.mean(losses[-10:])), time.monotonic() - started)
+                    logger.warning(
+                        "oracle train: epoch %d step %d/%d loss %.3f (%.0f s)",
+                        epoch,
+                        step + 1,
+                        steps_per_epoch,
+                        float(np.mean(losses[-10:])),
+                        time.monotonic() - started,
+                    )
     finally:
         handle.remove()
     model.eval()

@@ -49,7 +49,7 @@ def placeholder_positions(token_ids: Sequence[int], placeholder_id: int, count: 
     ids = np.asarray(token_ids)
     hits = np.flatnonzero(ids == placeholder_id)
     for start in hits:
-        if start + count <= len(ids) and (ids[start:start + count] == placeholder_id).all():
+        if start + count <= len(ids) and (ids[start : start + count] == placeholder_id).all():
             return list(range(int(start), int(start) + count))
     raise ValueError(
         f"no run of {count} placeholder tokens (id {placeholder_id}) in the oracle prompt: the placeholder "

@@ -70,8 +70,14 @@ def assign_splits(items: Iterable[OracleItem]) -> list[OracleItem]:
         ordered = sorted(names, key=lambda name: _hash(f"{family}:{name}"))
         heldout.update((family, name) for name in ordered[::HELDOUT_EVERY])
     return [
-        OracleItem(item.family, item.context, item.question, item.answer, item.group,
-                   "heldout" if (item.family, item.group) in heldout else "train")
+        OracleItem(
+            item.family,
+            item.context,
+            item.question,
+            item.answer,
+            item.group,
+            "heldout" if (item.family, item.group) in heldout else "train",
+        )
         for item in items
     ]
 
@@ -88,8 +94,9 @@ def truth_items() -> list[OracleItem]:
             for row in csv.DictReader(f):
                 # cities: both statements about one city share a group; translations: the Spanish word
                 group = row.get("city") or row["statement"].split("'")[1]
-                items.append(OracleItem("truth", row["statement"], QUESTIONS["truth"],
-                                        "True" if row["label"] == "1" else "False", f"{name}:{group}"))
+                items.append(
+                    OracleItem("truth", row["statement"], QUESTIONS["truth"], "True" if row["label"] == "1" else "False", f"{name}:{group}")
+                )
     return items
 
 
@@ -138,8 +145,7 @@ def all_items() -> list[OracleItem]:
 
 
 def sample_mix(
-    items: Sequence[OracleItem], split: Split, per_family: int, seed: int = 0,
-    families: Sequence[str] = FAMILIES,
+    items: Sequence[OracleItem], split: Split, per_family: int, seed: int = 0, families: Sequence[str] = FAMILIES
 ) -> list[OracleItem]:
     """Up to ``per_family`` items of each family from one split, answers balanced round-robin."""
     rng = random.Random(seed)

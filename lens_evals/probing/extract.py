@@ -56,6 +56,5 @@ def answer_requests(llm: Any, requests: Sequence[str], max_tokens: int = 64) -> 
         answer = output.outputs[0].text.strip()
         if not answer:
             continue
-        dialogues.append(Dialogue(messages=[*conversation, {"role": "assistant", "content": answer}],
-                                  label=0, group=f"control-{index}"))
+        dialogues.append(Dialogue(messages=[*conversation, {"role": "assistant", "content": answer}], label=0, group=f"control-{index}"))
     return dialogues

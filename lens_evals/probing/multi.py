@@ -47,8 +47,7 @@ class Readout:
 
     def scores(self, features: Sequence[np.ndarray]) -> np.ndarray:
         """Per-dialogue scores: the mean over each dialogue's ``(n_tokens, hidden)`` rows."""
-        return np.array([float((np.asarray(f, np.float64) @ self.weights.astype(np.float64)).mean() + self.bias)
-                         for f in features])
+        return np.array([float((np.asarray(f, np.float64) @ self.weights.astype(np.float64)).mean() + self.bias) for f in features])
 
     def linear_probe(self) -> Any:
         from lens_evals.spec import LinearProbe
@@ -108,8 +107,10 @@ class ProbeSet:
         if kind != "rp-lr":
             raise KeyError(f"probe {kind!r} is not in this probe set; it has {', '.join(self.kinds())}")
         if key not in self.fold_of:
-            raise KeyError("rp-lr was trained by grouped cross-validation on another Roleplaying file: this scenario is "
-                           "in none of its folds (train the probe set on the file you evaluate)")
+            raise KeyError(
+                "rp-lr was trained by grouped cross-validation on another Roleplaying file: this scenario is "
+                "in none of its folds (train the probe set on the file you evaluate)"
+            )
         return self.readouts[f"rp-lr{FOLD_SEPARATOR}{self.fold_of[key]}"]
 
     def select(self, kinds: Sequence[str] | str | None) -> list[str]:
@@ -124,15 +125,21 @@ class ProbeSet:
     def calibrate(self, control_features: Sequence[np.ndarray], fpr: float = 0.01) -> None:
         """Each readout's threshold: the (1 - fpr) quantile of its control scores."""
         for name, readout in self.readouts.items():
-            self.readouts[name] = Readout(readout.name, readout.layer, readout.weights, readout.bias,
-                                          threshold_at_fpr(readout.scores(control_features), fpr))
+            self.readouts[name] = Readout(
+                readout.name, readout.layer, readout.weights, readout.bias, threshold_at_fpr(readout.scores(control_features), fpr)
+            )
 
     def save(self, path: str | Path) -> Path:
         json_path, npz_path = set_files(path)
         json_path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(npz_path, **{name: r.weights for name, r in self.readouts.items()})
-        meta = {"model": self.model, "layer": self.layer, "fold_of": self.fold_of, "card": self.card,
-                "readouts": {n: {"layer": r.layer, "bias": r.bias, "threshold": r.threshold} for n, r in self.readouts.items()}}
+        meta = {
+            "model": self.model,
+            "layer": self.layer,
+            "fold_of": self.fold_of,
+            "card": self.card,
+            "readouts": {n: {"layer": r.layer, "bias": r.bias, "threshold": r.threshold} for n, r in self.readouts.items()},
+        }
         json_path.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         return json_path
 
@@ -151,17 +158,28 @@ def load_probe_set(path: str | Path) -> ProbeSet:
         raise FileNotFoundError(f"probe set missing: {json_path} and {npz_path} (train one with `lens-evals probes train-set`)")
     meta = json.loads(json_path.read_text(encoding="utf-8"))
     with np.load(npz_path, allow_pickle=False) as weights:
-        readouts = {name: Readout(name, int(r["layer"]), weights[name].astype(np.float32), float(r["bias"]), float(r["threshold"]))
-                    for name, r in meta["readouts"].items()}
+        readouts = {
+            name: Readout(name, int(r["layer"]), weights[name].astype(np.float32), float(r["bias"]), float(r["threshold"]))
+            for name, r in meta["readouts"].items()
+        }
     return ProbeSet(meta["model"], int(meta["layer"]), readouts, {k: int(v) for k, v in meta["fold_of"].items()}, meta["card"])
 
 
-def fit_probe_set(model: str, layer: int, pairs: Sequence[np.ndarray], pair_labels: Sequence[int],
-                  roleplaying: Sequence[np.ndarray], roleplaying_dialogues: Sequence[Dialogue],
-                  n_folds: int = 5, C: float = APOLLO_C) -> ProbeSet:
+def fit_probe_set(
+    model: str,
+    layer: int,
+    pairs: Sequence[np.ndarray],
+    pair_labels: Sequence[int],
+    roleplaying: Sequence[np.ndarray],
+    roleplaying_dialogues: Sequence[Dialogue],
+    n_folds: int = 5,
+    C: float = APOLLO_C,
+) -> ProbeSet:
     """The three probes from activations already captured at ``layer`` (thresholds not yet set)."""
-    readouts = {"ip-lr": fit_logistic("ip-lr", layer, pairs, pair_labels, C),
-                "ip-dom": fit_difference_of_means("ip-dom", layer, pairs, pair_labels)}
+    readouts = {
+        "ip-lr": fit_logistic("ip-lr", layer, pairs, pair_labels, C),
+        "ip-dom": fit_difference_of_means("ip-dom", layer, pairs, pair_labels),
+    }
     keys = [scenario_key(d) for d in roleplaying_dialogues]
     labels = np.array([int(d.label) for d in roleplaying_dialogues])  # type: ignore[arg-type]
     fold_of: dict[str, int] = {}
@@ -172,8 +190,9 @@ def fit_probe_set(model: str, layer: int, pairs: Sequence[np.ndarray], pair_labe
     return ProbeSet(model, layer, readouts, fold_of)
 
 
-def threshold_interval(control_scores: Sequence[float], fpr: float = 0.01, n_boot: int = 2000, seed: int = 0,
-                       level: float = 0.95) -> tuple[float, float]:
+def threshold_interval(
+    control_scores: Sequence[float], fpr: float = 0.01, n_boot: int = 2000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
     """Bootstrap interval of the 1 %-FPR threshold: the control set resampled with replacement."""
     scores = np.asarray(control_scores, dtype=np.float64)
     rng = np.random.default_rng(seed)
@@ -190,8 +209,9 @@ class ProbeResult:
     threshold: float | None  # None when each fold has its own
 
 
-def evaluate_offline(probes: ProbeSet, features: Sequence[np.ndarray], dialogues: Sequence[Dialogue],
-                     kinds: Sequence[str] | None = None) -> list[ProbeResult]:
+def evaluate_offline(
+    probes: ProbeSet, features: Sequence[np.ndarray], dialogues: Sequence[Dialogue], kinds: Sequence[str] | None = None
+) -> list[ProbeResult]:
     """AUROC and recall at each readout's own threshold, per probe kind (science runs, no server)."""
     labels = np.array([int(d.label) for d in dialogues])  # type: ignore[arg-type]
     results = []
@@ -209,9 +229,17 @@ def result_rows(results: Sequence[ProbeResult]) -> list[dict[str, Any]]:
     return [asdict(r) for r in results]
 
 
-def train_probe_set(model: str, layer: int, out: str | Path, dataset: str | Path | None = None, llm: Any = None,
-                    limit: int | None = None, control_limit: int | None = None, control_max_tokens: int = 64,
-                    n_folds: int = 5) -> ProbeSet:
+def train_probe_set(
+    model: str,
+    layer: int,
+    out: str | Path,
+    dataset: str | Path | None = None,
+    llm: Any = None,
+    limit: int | None = None,
+    control_limit: int | None = None,
+    control_max_tokens: int = 64,
+    n_folds: int = 5,
+) -> ProbeSet:
     """Capture Instructed-Pairs, Roleplaying (off-policy, ``dataset`` or ours) and the model's own
     control answers at ``layer`` in one engine; fit, calibrate and save the three probes."""
     from lens_evals.offline_engine import open_offline_engine
@@ -225,16 +253,25 @@ def train_probe_set(model: str, layer: int, out: str | Path, dataset: str | Path
     roleplaying = datasets.roleplaying_dialogues(dataset)
     pair_features = capture(engine, pairs, [layer], "all", desc=f"instructed-pairs layer {layer}")
     roleplaying_features = capture(engine, roleplaying, [layer], "all", desc="roleplaying").at(layer)
-    probes = fit_probe_set(Path(model).name, layer, pair_features.at(layer), pair_features.labels,
-                           roleplaying_features, roleplaying, n_folds)
+    probes = fit_probe_set(
+        Path(model).name, layer, pair_features.at(layer), pair_features.labels, roleplaying_features, roleplaying, n_folds
+    )
     control = answer_requests(engine, datasets.control_requests()[:control_limit], max_tokens=control_max_tokens)
     probes.calibrate(capture(engine, control, [layer], "all", desc="control answers").at(layer))
-    probes.card = {"dtype": str(engine.llm_engine.model_config.dtype).removeprefix("torch."), "C": APOLLO_C,
-                   "fit_intercept": False, "exclude_last_words": 5, "n_instructed_pairs": len(pairs),
-                   "roleplaying_dataset": str(dataset or "lens_evals roleplaying scenarios"),
-                   "n_roleplaying_dialogues": len(roleplaying), "n_folds": len({*probes.fold_of.values()}),
-                   "n_control": len(control), "control_max_tokens": control_max_tokens,
-                   "versions": ProbeCard.current_versions(), "created": ProbeCard.today()}
+    probes.card = {
+        "dtype": str(engine.llm_engine.model_config.dtype).removeprefix("torch."),
+        "C": APOLLO_C,
+        "fit_intercept": False,
+        "exclude_last_words": 5,
+        "n_instructed_pairs": len(pairs),
+        "roleplaying_dataset": str(dataset or "lens_evals roleplaying scenarios"),
+        "n_roleplaying_dialogues": len(roleplaying),
+        "n_folds": len({*probes.fold_of.values()}),
+        "n_control": len(control),
+        "control_max_tokens": control_max_tokens,
+        "versions": ProbeCard.current_versions(),
+        "created": ProbeCard.today(),
+    }
     probes.save(out)
     return probes
 
@@ -260,18 +297,45 @@ def export_single_probe(probe_set: str | Path, kind: str, out_dir: str | Path) -
     logistic = LogisticRegression(C=float(card.get("C", APOLLO_C)), fit_intercept=False)
     logistic.coef_ = readout.weights.astype(np.float64)[None, :]
     logistic.intercept_, logistic.classes_, logistic.n_features_in_ = np.array([readout.bias]), np.array([0, 1]), hidden
-    probe = Probe(make_pipeline(scaler, logistic), ProbeCard(
-        name=f"{probes.model}__{kind}", model=probes.model, layer=readout.layer, hidden_size=hidden,
-        dtype=str(card.get("dtype", "unknown")), token_selection="all", exclude_last_words=5,
-        training_set=f"instructed-pairs ({kind} of {Path(probe_set).name})", n_train_dialogues=int(card.get("n_instructed_pairs", 0)),
-        n_val_dialogues=0, n_train_tokens=0, regularization_C=float(card.get("C", APOLLO_C)), validation_auroc=float(card.get("validation_auroc", {}).get(kind, 0.0)),
-        threshold=readout.threshold, control_set=f"the probe set's control answers ({card.get('n_control', '?')})",
-        n_control=int(card.get("n_control", 0)), versions=ProbeCard.current_versions(), created=ProbeCard.today()))
+    probe = Probe(
+        make_pipeline(scaler, logistic),
+        ProbeCard(
+            name=f"{probes.model}__{kind}",
+            model=probes.model,
+            layer=readout.layer,
+            hidden_size=hidden,
+            dtype=str(card.get("dtype", "unknown")),
+            token_selection="all",
+            exclude_last_words=5,
+            training_set=f"instructed-pairs ({kind} of {Path(probe_set).name})",
+            n_train_dialogues=int(card.get("n_instructed_pairs", 0)),
+            n_val_dialogues=0,
+            n_train_tokens=0,
+            regularization_C=float(card.get("C", APOLLO_C)),
+            validation_auroc=float(card.get("validation_auroc", {}).get(kind, 0.0)),
+            threshold=readout.threshold,
+            control_set=f"the probe set's control answers ({card.get('n_control', '?')})",
+            n_control=int(card.get("n_control", 0)),
+            versions=ProbeCard.current_versions(),
+            created=ProbeCard.today(),
+        ),
+    )
     return probe.save(out_dir)
 
 
-__all__ = ["PROBE_KINDS", "ProbeSet", "Readout", "ensure_probe_set", "evaluate_offline", "export_single_probe", "fit_probe_set",
-           "grouped_folds", "load_probe_set", "scenario_key", "train_probe_set"]
+__all__ = [
+    "PROBE_KINDS",
+    "ProbeSet",
+    "Readout",
+    "ensure_probe_set",
+    "evaluate_offline",
+    "export_single_probe",
+    "fit_probe_set",
+    "grouped_folds",
+    "load_probe_set",
+    "scenario_key",
+    "train_probe_set",
+]
 
 
 def probe_set_path(model: str) -> Path:
@@ -280,8 +344,9 @@ def probe_set_path(model: str) -> Path:
     return probe_dir() / f"{Path(model).name}__probe-set.json"
 
 
-def ensure_probe_set(model: str, layer: int | None = None, dataset: str | Path | None = None, retrain: bool = False,
-                     **options: Any) -> Path:
+def ensure_probe_set(
+    model: str, layer: int | None = None, dataset: str | Path | None = None, retrain: bool = False, **options: Any
+) -> Path:
     """The model's probe set (at its chosen layer unless ``layer``), trained if missing or ``retrain``."""
     from lens_evals.probing.train import DEFAULT_LAYERS
 

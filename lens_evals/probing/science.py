@@ -51,9 +51,18 @@ def layer_rows(pairs: Any, roleplaying: Any, train: np.ndarray, val: np.ndarray)
     return rows
 
 
-def run_science(model: str, out: str | Path = "docs/results", dtype: str | None = None, ip_limit: int | None = None,
-                control_limit: int | None = None, control_max_tokens: int = 48, n_folds: int = 5,
-                roleplaying_limit: int | None = None, llm: Any = None, engine_args: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_science(
+    model: str,
+    out: str | Path = "docs/results",
+    dtype: str | None = None,
+    ip_limit: int | None = None,
+    control_limit: int | None = None,
+    control_max_tokens: int = 48,
+    n_folds: int = 5,
+    roleplaying_limit: int | None = None,
+    llm: Any = None,
+    engine_args: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     timings: dict[str, float] = {}
     start = time.perf_counter()
     engine = llm if llm is not None else open_offline_engine(model, **({"dtype": dtype} if dtype else {}), **(engine_args or {}))
@@ -76,8 +85,7 @@ def run_science(model: str, out: str | Path = "docs/results", dtype: str | None 
     partial = out_path.with_suffix(".layers.json")  # kept if a later step fails
     partial.write_text(json.dumps({"chosen_layer": chosen, "layers": rows}, indent=2) + "\n", encoding="utf-8")
 
-    probes = fit_probe_set(Path(model).name, chosen, pairs.at(chosen), pairs.labels, roleplaying.at(chosen),
-                           roleplaying_dialogues, n_folds)
+    probes = fit_probe_set(Path(model).name, chosen, pairs.at(chosen), pairs.labels, roleplaying.at(chosen), roleplaying_dialogues, n_folds)
     start = time.perf_counter()
     control = answer_requests(engine, datasets.control_requests()[:control_limit], max_tokens=control_max_tokens)
     timings["control_answers_s"] = time.perf_counter() - start
@@ -85,25 +93,44 @@ def run_science(model: str, out: str | Path = "docs/results", dtype: str | None 
     probes.calibrate(control_features)
     control_scores = {name: r.scores(control_features) for name, r in probes.readouts.items()}
     intervals = {name: threshold_interval(scores) for name, scores in control_scores.items()}
-    by_size = {kind: {n: threshold_interval(control_scores[kind][:n]) for n in (100, 250, 500, len(control)) if n <= len(control)}
-               for kind in ("ip-lr", "ip-dom")}
+    by_size = {
+        kind: {n: threshold_interval(control_scores[kind][:n]) for n in (100, 250, 500, len(control)) if n <= len(control)}
+        for kind in ("ip-lr", "ip-dom")
+    }
     results = result_rows(evaluate_offline(probes, roleplaying.at(chosen), roleplaying_dialogues))
-    probes.card = {"dtype": dtype_name, "fit_intercept": False, "C": 0.1, "n_instructed_pairs": len(pairs_dialogues),
-                   "n_control": len(control), "control_max_tokens": control_max_tokens, "n_folds": n_folds,
-                   "chosen_by": "ip-lr validation AUROC on held-out Instructed-Pairs facts",
-                   "validation_auroc": {kind: next(r for r in rows if r["layer"] == chosen)[f"{kind}_validation_auroc"]
-                                        for kind in ("ip-lr", "ip-dom")}}
+    probes.card = {
+        "dtype": dtype_name,
+        "fit_intercept": False,
+        "C": 0.1,
+        "n_instructed_pairs": len(pairs_dialogues),
+        "n_control": len(control),
+        "control_max_tokens": control_max_tokens,
+        "n_folds": n_folds,
+        "chosen_by": "ip-lr validation AUROC on held-out Instructed-Pairs facts",
+        "validation_auroc": {
+            kind: next(r for r in rows if r["layer"] == chosen)[f"{kind}_validation_auroc"] for kind in ("ip-lr", "ip-dom")
+        },
+    }
     probes.save(probe_set_path(model))
     result = {
-        "model": Path(model).name, "dtype": dtype_name, "n_layers": len(layers), "hidden_size": config.hf_config.hidden_size,
+        "model": Path(model).name,
+        "dtype": dtype_name,
+        "n_layers": len(layers),
+        "hidden_size": config.hf_config.hidden_size,
         "n_parameters": sum(int(np.prod(shape)) for shape in _parameter_shapes(config)),
-        "n_instructed_pairs": len(pairs_dialogues), "n_validation": int(len(val)),
-        "n_roleplaying": len(roleplaying_dialogues), "n_control": len(control), "control_max_tokens": control_max_tokens,
-        "chosen_layer": chosen, "layers": rows, "probes": results,
+        "n_instructed_pairs": len(pairs_dialogues),
+        "n_validation": int(len(val)),
+        "n_roleplaying": len(roleplaying_dialogues),
+        "n_control": len(control),
+        "control_max_tokens": control_max_tokens,
+        "chosen_layer": chosen,
+        "layers": rows,
+        "probes": results,
         "thresholds": {name: {"threshold": r.threshold, "bootstrap_95": intervals[name]} for name, r in probes.readouts.items()},
         "threshold_interval_by_control_size": by_size,
         "control_scores": {kind: [round(float(v), 4) for v in control_scores[kind]] for kind in ("ip-lr", "ip-dom")},
-        "timings_s": {k: round(v, 1) for k, v in timings.items()}, "date": time.strftime("%Y-%m-%d"),
+        "timings_s": {k: round(v, 1) for k, v in timings.items()},
+        "date": time.strftime("%Y-%m-%d"),
     }
     out_path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     partial.unlink()
@@ -116,8 +143,7 @@ def _parameter_shapes(config: Any) -> list[tuple[int, ...]]:
     hidden, inter, vocab, layers = hf.hidden_size, hf.intermediate_size, hf.vocab_size, hf.num_hidden_layers
     heads, kv = hf.num_attention_heads, getattr(hf, "num_key_value_heads", hf.num_attention_heads)
     head_dim = getattr(hf, "head_dim", None) or hidden // heads
-    per_layer = [(hidden, heads * head_dim), (hidden, 2 * kv * head_dim), (heads * head_dim, hidden),
-                 (hidden, 3 * inter), (hidden, 2)]
+    per_layer = [(hidden, heads * head_dim), (hidden, 2 * kv * head_dim), (heads * head_dim, hidden), (hidden, 3 * inter), (hidden, 2)]
     return [(vocab, hidden), *(per_layer * layers)]  # embeddings once, as the model cards count tied ones
 
 
@@ -134,20 +160,29 @@ def plot_results(paths: list[Path], out: Path) -> None:
     for run in runs:
         depth = [r["layer"] / (run["n_layers"] - 1) for r in run["layers"]]
         label = f"{run['model']} ({run['dtype']})"
-        line, = by_layer.plot(depth, [r["ip-lr_roleplaying_auroc"] for r in run["layers"]], marker=".", label=label)
+        (line,) = by_layer.plot(depth, [r["ip-lr_roleplaying_auroc"] for r in run["layers"]], marker=".", label=label)
         by_layer.plot(depth, [r["ip-lr_validation_auroc"] for r in run["layers"]], linestyle=":", color=line.get_color())
         by_layer.axvline(run["chosen_layer"] / (run["n_layers"] - 1), color=line.get_color(), linewidth=0.6, alpha=0.6)
     by_layer.axhline(0.5, color="grey", linewidth=0.8, linestyle="--")
-    by_layer.set(xlabel="layer / (n_layers - 1)", ylabel="AUROC", ylim=(0.3, 1.02),
-                 title="ip-lr per layer: Roleplaying (solid), IP validation (dotted)")
+    by_layer.set(
+        xlabel="layer / (n_layers - 1)",
+        ylabel="AUROC",
+        ylim=(0.3, 1.02),
+        title="ip-lr per layer: Roleplaying (solid), IP validation (dotted)",
+    )
     by_layer.legend(fontsize=7, loc="lower right")
     sizes = [r["n_parameters"] / 1e9 for r in runs]
     for kind, marker in (("ip-lr", "o"), ("ip-dom", "s"), ("rp-lr", "^")):
         values = [next(p["auroc"] for p in r["probes"] if p["probe"] == kind) for r in runs]
         by_size.plot(sizes, values, marker=marker, label=kind)
     by_size.axhline(0.5, color="grey", linewidth=0.8, linestyle="--")
-    by_size.set(xscale="log", xlabel="parameters (billions, log)", ylabel="Roleplaying AUROC at the chosen layer",
-                ylim=(0.3, 1.02), title="AUROC by model size")
+    by_size.set(
+        xscale="log",
+        xlabel="parameters (billions, log)",
+        ylabel="Roleplaying AUROC at the chosen layer",
+        ylim=(0.3, 1.02),
+        title="AUROC by model size",
+    )
     by_size.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sizes))  # one tick per model, no log clutter
     by_size.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     by_size.set_xticklabels([f"{size:.3g}" for size in sizes])
@@ -161,8 +196,10 @@ def plot_results(paths: list[Path], out: Path) -> None:
 def results_table(paths: list[Path]) -> str:
     """The results page's table (markdown), one row per model and probe."""
     runs = sorted((json.loads(p.read_text(encoding="utf-8")) for p in paths), key=lambda r: r["n_parameters"])
-    lines = ["| model | params | dtype | layer (of) | IP val. AUROC | probe | Roleplaying AUROC | recall at 1 % FPR | threshold [95 % bootstrap] | control |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| model | params | dtype | layer (of) | IP val. AUROC | probe | Roleplaying AUROC | recall at 1 % FPR | threshold [95 % bootstrap] | control |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for run in runs:
         chosen = next(r for r in run["layers"] if r["layer"] == run["chosen_layer"])
         for probe in run["probes"]:
@@ -173,7 +210,9 @@ def results_table(paths: list[Path]) -> str:
             else:
                 threshold = "per fold"
             validation = f"{chosen[f'{kind}_validation_auroc']:.3f}" if f"{kind}_validation_auroc" in chosen else "—"
-            lines.append(f"| {run['model']} | {run['n_parameters'] / 1e6:.0f} M | {run['dtype']} | {run['chosen_layer']} "
-                         f"({run['n_layers']}) | {validation} | {kind} | {probe['auroc']:.3f} | {probe['recall_at_1pct_fpr']:.3f} "
-                         f"| {threshold} | {run['n_control']} x {run['control_max_tokens']} tok |")
+            lines.append(
+                f"| {run['model']} | {run['n_parameters'] / 1e6:.0f} M | {run['dtype']} | {run['chosen_layer']} "
+                f"({run['n_layers']}) | {validation} | {kind} | {probe['auroc']:.3f} | {probe['recall_at_1pct_fpr']:.3f} "
+                f"| {threshold} | {run['n_control']} x {run['control_max_tokens']} tok |"
+            )
     return "\n".join(lines)

@@ -16,8 +16,13 @@ def add_probe_commands(probes_sub: Any) -> None:
     science.add_argument("--dtype", default=None, help="engine dtype (default: float32 for embedded models)")
     science.add_argument("--out", default="docs/results")
     science.add_argument("--roleplaying-limit", type=int, default=None, help="first N Roleplaying scenarios (checks only)")
-    science.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
-                         help="an extra vLLM engine argument, e.g. gpu_memory_utilization=0.5 (repeatable; JSON values)")
+    science.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra vLLM engine argument, e.g. gpu_memory_utilization=0.5 (repeatable; JSON values)",
+    )
     for command in (train_set, science):
         command.add_argument("--model", default="smollm2-135m-instruct")
         command.add_argument("--limit", type=int, default=None, help="about this many Instructed-Pairs dialogues")
@@ -38,15 +43,31 @@ def run_probes_command(args: argparse.Namespace) -> int:
     elif args.probes_command == "science":
         from lens_evals.probing.science import run_science
 
-        result = run_science(args.model, args.out, dtype=args.dtype, ip_limit=args.limit, control_limit=args.control_limit,
-                             control_max_tokens=args.control_max_tokens, roleplaying_limit=args.roleplaying_limit,
-                             engine_args=engine_args(args.engine_arg))
+        result = run_science(
+            args.model,
+            args.out,
+            dtype=args.dtype,
+            ip_limit=args.limit,
+            control_limit=args.control_limit,
+            control_max_tokens=args.control_max_tokens,
+            roleplaying_limit=args.roleplaying_limit,
+            engine_args=engine_args(args.engine_arg),
+        )
         print(json.dumps({k: result[k] for k in ("model", "dtype", "chosen_layer", "probes", "thresholds", "timings_s")}, indent=2))
     else:
         from lens_evals.probing.multi import ensure_probe_set
 
-        print(ensure_probe_set(args.model, layer=args.layer, dataset=args.roleplaying, limit=args.limit,
-                               control_limit=args.control_limit, control_max_tokens=args.control_max_tokens, retrain=True))
+        print(
+            ensure_probe_set(
+                args.model,
+                layer=args.layer,
+                dataset=args.roleplaying,
+                limit=args.limit,
+                control_limit=args.control_limit,
+                control_max_tokens=args.control_max_tokens,
+                retrain=True,
+            )
+        )
     return 0
 
 

@@ -57,8 +57,15 @@ def sweep_layers(
             row["roleplaying_auroc"] = auroc(roleplaying.labels, dialogue_scores(pipeline, roleplaying.at(layer)))
         rows.append(row)
     best = max(rows, key=lambda r: r["validation_auroc"])
-    result = {"model": Path(model).name, "training_set": training_set, "C": C, "n_dialogues": len(dialogues),
-              "n_val_dialogues": len(val_index), "best_layer_by_validation": best["layer"], "layers": rows}
+    result = {
+        "model": Path(model).name,
+        "training_set": training_set,
+        "C": C,
+        "n_dialogues": len(dialogues),
+        "n_val_dialogues": len(val_index),
+        "best_layer_by_validation": best["layer"],
+        "layers": rows,
+    }
     out_path = Path(out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
@@ -74,11 +81,20 @@ def plot_sweep(result: dict[str, Any], path: Path) -> None:
 
     layers = [r["layer"] for r in result["layers"]]
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    ax.plot(layers, [r["validation_auroc"] for r in result["layers"]], marker="o",
-            label=f"{result['training_set']} validation ({result['n_val_dialogues']} dialogues)")
+    ax.plot(
+        layers,
+        [r["validation_auroc"] for r in result["layers"]],
+        marker="o",
+        label=f"{result['training_set']} validation ({result['n_val_dialogues']} dialogues)",
+    )
     if "roleplaying_auroc" in result["layers"][0]:
-        ax.plot(layers, [r["roleplaying_auroc"] for r in result["layers"]], marker="s", linestyle="--",
-                label="Roleplaying transfer (not used to choose)")
+        ax.plot(
+            layers,
+            [r["roleplaying_auroc"] for r in result["layers"]],
+            marker="s",
+            linestyle="--",
+            label="Roleplaying transfer (not used to choose)",
+        )
     ax.axhline(0.5, color="grey", linewidth=0.8, linestyle=":")
     ax.axvline(result["best_layer_by_validation"], color="tab:green", linewidth=0.8, label="chosen layer")
     ax.set(xlabel="layer", ylabel="AUROC", ylim=(0.3, 1.02), title=f"Linear probe AUROC per layer: {result['model']}")

@@ -31,8 +31,7 @@ DEFAULT_TRAINING_SET = "instructed-pairs"
 # Chosen by validation AUROC on Instructed-Pairs (never on Roleplaying): see `lens-evals probes sweep`.
 # Qwen2.5-Coder-0.5B: first layer at validation AUROC 1.000 (docs/results.md); the 1.5B's is the same
 # relative depth (8/24 of 28 layers), not swept yet.
-DEFAULT_LAYERS = {"smollm2-135m-instruct": 15, "tiny-llama": 1, "qwen2.5-coder-0.5b-instruct": 8,
-                  "qwen2.5-coder-1.5b-instruct": 9}
+DEFAULT_LAYERS = {"smollm2-135m-instruct": 15, "tiny-llama": 1, "qwen2.5-coder-0.5b-instruct": 8, "qwen2.5-coder-1.5b-instruct": 9}
 
 
 def probe_dir() -> Path:
@@ -51,8 +50,7 @@ def selection_for(training_set: str) -> tuple[TokenSelection, int]:
     return ("all", 0) if training_set == "coup" else ("last", 0)
 
 
-def fit_pipeline(features: Sequence[np.ndarray], labels: Sequence[int], C: float = 0.1,
-                 fit_intercept: bool = True) -> Pipeline:
+def fit_pipeline(features: Sequence[np.ndarray], labels: Sequence[int], C: float = 0.1, fit_intercept: bool = True) -> Pipeline:
     """Fit on per-token rows; every token of a dialogue carries the dialogue's label."""
     rows = np.concatenate(features)
     row_labels = np.concatenate([np.full(len(f), label) for f, label in zip(features, labels)])
@@ -132,15 +130,25 @@ def train_probe(
     control_features = capture(engine, control, [layer], "all", desc="control answers").at(layer)
     control_scores = dialogue_scores(pipeline, control_features)
     card = ProbeCard(
-        name=name or default_probe_name(model, training_set), model=Path(model).name, layer=layer,
-        hidden_size=int(features[0].shape[-1]), dtype=str(engine.llm_engine.model_config.dtype).removeprefix("torch."),
-        token_selection=selection, exclude_last_words=exclude,
-        training_set=training_set, n_train_dialogues=len(train_index), n_val_dialogues=len(val_index),
-        n_train_tokens=int(sum(len(features[i]) for i in train_index)), regularization_C=C,
-        validation_auroc=val_auroc, threshold=threshold_at_fpr(control_scores, 0.01),
+        name=name or default_probe_name(model, training_set),
+        model=Path(model).name,
+        layer=layer,
+        hidden_size=int(features[0].shape[-1]),
+        dtype=str(engine.llm_engine.model_config.dtype).removeprefix("torch."),
+        token_selection=selection,
+        exclude_last_words=exclude,
+        training_set=training_set,
+        n_train_dialogues=len(train_index),
+        n_val_dialogues=len(val_index),
+        n_train_tokens=int(sum(len(features[i]) for i in train_index)),
+        regularization_C=C,
+        validation_auroc=val_auroc,
+        threshold=threshold_at_fpr(control_scores, 0.01),
         control_set=f"lens_evals benign_requests.yaml answered by the model (greedy, {control_max_tokens} tokens)",
-        n_control=len(control_scores), control_scores=[round(float(s), 4) for s in control_scores],
-        versions=ProbeCard.current_versions(), created=ProbeCard.today(),
+        n_control=len(control_scores),
+        control_scores=[round(float(s), 4) for s in control_scores],
+        versions=ProbeCard.current_versions(),
+        created=ProbeCard.today(),
     )
     probe = Probe(pipeline=pipeline, card=card)
     saved = probe.save(out_dir if out_dir is not None else probe_dir())

@@ -27,13 +27,7 @@ from inspect_ai.model._providers.openai_compatible import OpenAICompatibleAPI  #
 
 from lens_evals.provider.logged_call import logged_extra_args, real_extra_args, split_xargs, wire_request
 from lens_evals.provider.lora_args import lora_server_args
-from lens_evals.provider.outputs import (
-    ACTIVATIONS_KEY,
-    HOOK_RESULTS_KEY,
-    PROMPT_TOKEN_IDS_KEY,
-    TOKEN_IDS_KEY,
-    decode_activations,
-)
+from lens_evals.provider.outputs import ACTIVATIONS_KEY, HOOK_RESULTS_KEY, PROMPT_TOKEN_IDS_KEY, TOKEN_IDS_KEY, decode_activations
 from lens_evals.provider.server import LensServer, acquire_server, release_server, stop_shared_servers
 from lens_evals.provider.xargs import to_vllm_xargs
 
@@ -158,16 +152,16 @@ class VLLMLensAPI(OpenAICompatibleAPI):
             output.metadata = {**(output.metadata or {}), HOOK_RESULTS_KEY: decode_activations(hook_results)}
         return result
 
-    async def tokenize(self, text: str | None = None, messages: list[dict[str, str]] | None = None,
-                       continue_final_message: bool = False) -> list[int]:
+    async def tokenize(
+        self, text: str | None = None, messages: list[dict[str, str]] | None = None, continue_final_message: bool = False
+    ) -> list[int]:
         """Token ids as this server makes them: ``text`` without special tokens, or ``messages``
         through the chat template with the generation prompt (what a chat request sends) or, with
         ``continue_final_message``, ending inside the final (assistant) message."""
         self._ensure_server()
         body: dict[str, Any] = {"model": self.model_name}
         if messages is not None:
-            body.update(messages=messages, add_generation_prompt=not continue_final_message,
-                        continue_final_message=continue_final_message)
+            body.update(messages=messages, add_generation_prompt=not continue_final_message, continue_final_message=continue_final_message)
         else:
             body.update(prompt=text, add_special_tokens=False)
         return [int(t) for t in (await self.server_json("post", "/tokenize", body))["tokens"]]
@@ -214,8 +208,12 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         if isinstance(ex, (httpx.ConnectError, ConnectionError)) or type(ex).__name__ == "APIConnectionError":
             process = self.server.process if self.server is not None else None
             if process is not None and process.poll() is not None:
-                logger.error("lens_evals: the vLLM server for %s exited (code %s); not retrying.\n%s",
-                             self.model_name, process.returncode, self.server.tail() if self.server else "")
+                logger.error(
+                    "lens_evals: the vLLM server for %s exited (code %s); not retrying.\n%s",
+                    self.model_name,
+                    process.returncode,
+                    self.server.tail() if self.server else "",
+                )
                 return False
             root = str(self.base_url).rstrip("/").removesuffix("/v1")
             try:
@@ -246,8 +244,12 @@ def _take_lens_fields(completion: Any) -> None:
         _RAW_HOOK_RESULTS.set(extra.pop(HOOK_RESULTS_KEY))
     if extra and extra.get(PROMPT_TOKEN_IDS_KEY) is not None:  # asked for with return_token_ids
         choices = [getattr(choice, "model_extra", None) or {} for choice in completion.choices]
-        _TOKEN_IDS.set({"prompt": list(extra.pop(PROMPT_TOKEN_IDS_KEY)),
-                        "completion": list(choices[0].pop("token_ids", None) or []) if choices else []})
+        _TOKEN_IDS.set(
+            {
+                "prompt": list(extra.pop(PROMPT_TOKEN_IDS_KEY)),
+                "completion": list(choices[0].pop("token_ids", None) or []) if choices else [],
+            }
+        )
 
 
 def _own_server_spec(model_name: str, model_args: dict[str, Any], timeout: float) -> tuple[str, str, dict[str, Any], float]:

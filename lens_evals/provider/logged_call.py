@@ -68,17 +68,18 @@ def logged_item(item: Any) -> Any:
 
 def logged_extra_args(extra_args: dict[str, Any]) -> dict[str, Any]:
     """``extra_args`` with every array-carrying item as a :class:`LoggedItem`."""
-    return {key: [logged_item(item) for item in value] if isinstance(value, list) else logged_item(value)
-            for key, value in extra_args.items()}
+    return {
+        key: [logged_item(item) for item in value] if isinstance(value, list) else logged_item(value) for key, value in extra_args.items()
+    }
 
 
 def real_extra_args(extra_args: dict[str, Any]) -> dict[str, Any]:
     """The objects to send: :class:`LoggedItem` entries unwrapped."""
+
     def real(item: Any) -> Any:
         return item.real if isinstance(item, LoggedItem) else item
 
-    return {key: [real(item) for item in value] if isinstance(value, list) else real(value)
-            for key, value in extra_args.items()}
+    return {key: [real(item) for item in value] if isinstance(value, list) else real(value) for key, value in extra_args.items()}
 
 
 def logged_form(item: str) -> str:

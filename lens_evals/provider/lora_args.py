@@ -58,9 +58,12 @@ def lora_server_args(model_args: Mapping[str, Any]) -> dict[str, Any]:
     args["enable_lora"] = True
     args.setdefault("max_loras", len(modules) + 1)
     if int(args["max_loras"]) < len(modules) + 1:
-        logger.warning("lens_evals: max_loras=%s leaves no free adapter slot for %d adapters; without the lens "
-                       "engine's LoRA ops (LENS_EVALS_DISABLE=1) vLLM's CPU build gives base rows an adapter",
-                       args["max_loras"], len(modules))
+        logger.warning(
+            "lens_evals: max_loras=%s leaves no free adapter slot for %d adapters; without the lens "
+            "engine's LoRA ops (LENS_EVALS_DISABLE=1) vLLM's CPU build gives base rows an adapter",
+            args["max_loras"],
+            len(modules),
+        )
     if "max_lora_rank" not in args:
         rank = max(adapter_rank(path) for path in modules.values())
         args["max_lora_rank"] = next((r for r in VLLM_LORA_RANKS if r >= rank), rank)

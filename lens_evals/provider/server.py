@@ -50,16 +50,26 @@ def server_flags(args: Mapping[str, Any]) -> list[str]:
 
 
 class LensServer:
-    def __init__(self, model: str, served_name: str, server_args: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, model: str, served_name: str, server_args: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
         self.model = model
         self.served_name = served_name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(tempfile.mkstemp(prefix="lens-evals-server-", suffix=".log")[1])
         self.command = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", model, "--served-model-name", served_name,
-            "--host", "127.0.0.1", "--port", str(self.port),
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model,
+            "--served-model-name",
+            served_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
             *server_flags(server_args or {}),
         ]
         self.env = {**os.environ, **(env or {})}
@@ -88,7 +98,9 @@ class LensServer:
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
-                raise RuntimeError(f"vLLM server exited with code {self.process.returncode} while starting.\nLast lines of its log ({self.log_path}):\n{self.tail()}")
+                raise RuntimeError(
+                    f"vLLM server exited with code {self.process.returncode} while starting.\nLast lines of its log ({self.log_path}):\n{self.tail()}"
+                )
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return

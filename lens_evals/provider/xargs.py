@@ -21,8 +21,9 @@ def _encoded(key: str, item: Any) -> Any:
     if isinstance(item, str):
         return item
     obj = _OBJECT_ARGS[key].from_wire(item)
-    encoded = lens_xargs(steering=[obj]) if key == STEERING_KEY else (
-        lens_xargs(probes=[obj]) if key == PROBE_KEY else lens_xargs(hooks=[obj]))
+    encoded = (
+        lens_xargs(steering=[obj]) if key == STEERING_KEY else (lens_xargs(probes=[obj]) if key == PROBE_KEY else lens_xargs(hooks=[obj]))
+    )
     return encoded[key][0]
 
 

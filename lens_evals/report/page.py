@@ -17,9 +17,18 @@ from lens_evals.report.reading import OracleSample, ProbeSection, ReportData
 from lens_evals.report.style import CSS
 from lens_evals.report.transcripts import transcripts_html, turns_html
 
-CARD_FIELDS = (("model", "model"), ("layer", "layer"), ("training_set", "training data"), ("n_train_dialogues", "training dialogues"),
-               ("validation_auroc", "validation AUROC"), ("threshold", "threshold"), ("threshold_fpr", "threshold FPR"),
-               ("control_set", "control set"), ("n_control", "control answers"), ("score", "score"))
+CARD_FIELDS = (
+    ("model", "model"),
+    ("layer", "layer"),
+    ("training_set", "training data"),
+    ("n_train_dialogues", "training dialogues"),
+    ("validation_auroc", "validation AUROC"),
+    ("threshold", "threshold"),
+    ("threshold_fpr", "threshold FPR"),
+    ("control_set", "control set"),
+    ("n_control", "control answers"),
+    ("score", "score"),
+)
 
 
 def _number(value: Any) -> str:
@@ -40,26 +49,29 @@ def confusion_html(section: ProbeSection) -> str:
     count = {(label, flagged): 0 for label in (0, 1, None) for flagged in (True, False)}
     for sample in section.samples:
         count[(sample.label if sample.label in (0, 1) else None, sample.flagged)] += 1
-    rows = [[f"{positive} (label 1)", count[(1, True)], count[(1, False)]],
-            [f"{negative} (label 0)", count[(0, True)], count[(0, False)]]]
+    rows = [[f"{positive} (label 1)", count[(1, True)], count[(1, False)]], [f"{negative} (label 0)", count[(0, True)], count[(0, False)]]]
     if count[(None, True)] + count[(None, False)]:
         rows.append(["no label", count[(None, True)], count[(None, False)]])
     flagged = sum(n for (_, is_flagged), n in count.items() if is_flagged)
-    return (f'<div class="confusion"><h3>Confusion matrix at the threshold</h3>'
-            f'{table(rows, ["", "flagged", "not flagged"], "confusion")}'
-            f'<p class="flag-count"><b>{flagged}</b> of {len(section.samples)} samples flagged</p></div>')
+    return (
+        f'<div class="confusion"><h3>Confusion matrix at the threshold</h3>'
+        f"{table(rows, ['', 'flagged', 'not flagged'], 'confusion')}"
+        f'<p class="flag-count"><b>{flagged}</b> of {len(section.samples)} samples flagged</p></div>'
+    )
 
 
 def section_metrics(section: ProbeSection) -> list[list[Any]]:
     labels, scores = section.labelled()
     y, s = np.asarray(labels), np.asarray(scores)
     negative, positive = section.classes
-    return [["AUROC", detection.auroc(labels, scores)],
-            ["recall at the threshold (1% FPR on control)", detection.recall_at_threshold(labels, scores, section.threshold)],
-            [f"false positive rate on {negative}", float((s[y == 0] > section.threshold).mean()) if (y == 0).any() else math.nan],
-            [f"mean score {positive}", float(s[y == 1].mean()) if (y == 1).any() else math.nan],
-            [f"mean score {negative}", float(s[y == 0].mean()) if (y == 0).any() else math.nan],
-            ["samples (labelled)", f"{len(section.samples)} ({len(labels)})"]]
+    return [
+        ["AUROC", detection.auroc(labels, scores)],
+        ["recall at the threshold (1% FPR on control)", detection.recall_at_threshold(labels, scores, section.threshold)],
+        [f"false positive rate on {negative}", float((s[y == 0] > section.threshold).mean()) if (y == 0).any() else math.nan],
+        [f"mean score {positive}", float(s[y == 1].mean()) if (y == 1).any() else math.nan],
+        [f"mean score {negative}", float(s[y == 0].mean()) if (y == 0).any() else math.nan],
+        ["samples (labelled)", f"{len(section.samples)} ({len(labels)})"],
+    ]
 
 
 def probe_html(section: ProbeSection, index: int) -> str:
@@ -68,26 +80,32 @@ def probe_html(section: ProbeSection, index: int) -> str:
     figures = ""
     if len(set(labels)) == 2:
         control = section.card.get("control_scores") or []
-        figures = (f'<div class="figures"><figure class="roc" id="roc-{index}">{plots.roc_svg(labels, scores, section.threshold, section.classes)}'
-                   f'<figcaption>ROC: {escape(section.classes[1])} against {escape(section.classes[0])}</figcaption></figure>'
-                   f'<figure class="histogram" id="hist-{index}">'
-                   f'{plots.histogram_svg(labels, scores, section.threshold, section.classes, control)}'
-                   f'<figcaption>score distributions, the threshold'
-                   f'{" and the control answers" if control else " (the probe card holds no control scores)"}</figcaption></figure></div>')
+        figures = (
+            f'<div class="figures"><figure class="roc" id="roc-{index}">{plots.roc_svg(labels, scores, section.threshold, section.classes)}'
+            f"<figcaption>ROC: {escape(section.classes[1])} against {escape(section.classes[0])}</figcaption></figure>"
+            f'<figure class="histogram" id="hist-{index}">'
+            f"{plots.histogram_svg(labels, scores, section.threshold, section.classes, control)}"
+            f"<figcaption>score distributions, the threshold"
+            f"{' and the control answers' if control else ' (the probe card holds no control scores)'}</figcaption></figure></div>"
+        )
     else:
         figures = '<p class="note">ROC and histograms need samples of both labels.</p>'
-    return (f'<section class="probe" data-probe="{escape(section.name)}"><h2>Probe {escape(section.name)}</h2>'
-            f'<div class="summary"><div><h3>Probe card</h3>{table(card, css="card")}</div>'
-            f'<div><h3>Detection</h3>{table(section_metrics(section), css="metrics")}</div>{confusion_html(section)}</div>'
-            f'{figures}<h3>Transcripts ({len(section.samples)})</h3>{transcripts_html(section)}</section>')
+    return (
+        f'<section class="probe" data-probe="{escape(section.name)}"><h2>Probe {escape(section.name)}</h2>'
+        f'<div class="summary"><div><h3>Probe card</h3>{table(card, css="card")}</div>'
+        f"<div><h3>Detection</h3>{table(section_metrics(section), css='metrics')}</div>{confusion_html(section)}</div>"
+        f"{figures}<h3>Transcripts ({len(section.samples)})</h3>{transcripts_html(section)}</section>"
+    )
 
 
 def tabs_html(names: Sequence[str], panels: Sequence[str]) -> str:
     """CSS-only tabs: a radio button per tab; the checked one shows its panel."""
     if len(panels) == 1:
         return panels[0]
-    inputs = "".join(f'<input type="radio" name="tabs" id="tab-{i}"{" checked" if i == 0 else ""}>'
-                     f'<label for="tab-{i}">{escape(name)}</label>' for i, name in enumerate(names))
+    inputs = "".join(
+        f'<input type="radio" name="tabs" id="tab-{i}"{" checked" if i == 0 else ""}><label for="tab-{i}">{escape(name)}</label>'
+        for i, name in enumerate(names)
+    )
     rules = " ".join(f"#tab-{i}:checked ~ #panel-{i}{{display:block}}" for i in range(len(panels)))
     body = "".join(f'<div class="panel" id="panel-{i}">{panel}</div>' for i, panel in enumerate(panels))
     return f'<style>{rules}</style><div class="tabs">{inputs}{body}</div>'
@@ -103,16 +121,23 @@ def oracle_html(samples: Sequence[OracleSample]) -> str:
     rows = [[f, len(by_family[f]), o, z] for f, o, z in zip(families, oracle, zero)]
     items = "".join(
         f'<article class="transcript oracle {"correct" if s.correct else "wrong"}" data-sample="{escape(s.id)}">'
-        f'<header><b>{escape(s.id)}</b> · {escape(s.family)} · target <b>{escape(s.target)}</b></header>{turns_html(s.prompt)}'
+        f"<header><b>{escape(s.id)}</b> · {escape(s.family)} · target <b>{escape(s.target)}</b></header>{turns_html(s.prompt)}"
         f'<div class="turn"><b>question</b> {escape(s.question)}</div>'
         f'<div class="turn assistant"><b>oracle</b> {escape(s.answer)} {"✓" if s.correct else "✗"}</div>'
-        + (f'<div class="turn zero"><b>zero vector</b> {escape(s.zero_vector_answer)} {"✓" if s.zero_vector_correct else "✗"}</div>'
-           if s.zero_vector_answer is not None else "") + "</article>"
-        for s in samples)
-    return (f'<section class="oracle"><h2>Activation oracle</h2>'
-            f'{table(rows, ["family", "samples", "oracle accuracy", "zero-vector accuracy"], "metrics")}'
-            f'<figure class="accuracy">{plots.accuracy_svg(families, oracle, zero)}</figure>'
-            f'<h3>Transcripts ({len(samples)})</h3>{items}</section>')
+        + (
+            f'<div class="turn zero"><b>zero vector</b> {escape(s.zero_vector_answer)} {"✓" if s.zero_vector_correct else "✗"}</div>'
+            if s.zero_vector_answer is not None
+            else ""
+        )
+        + "</article>"
+        for s in samples
+    )
+    return (
+        f'<section class="oracle"><h2>Activation oracle</h2>'
+        f"{table(rows, ['family', 'samples', 'oracle accuracy', 'zero-vector accuracy'], 'metrics')}"
+        f'<figure class="accuracy">{plots.accuracy_svg(families, oracle, zero)}</figure>'
+        f"<h3>Transcripts ({len(samples)})</h3>{items}</section>"
+    )
 
 
 def page_html(data: ReportData) -> str:
@@ -122,10 +147,11 @@ def page_html(data: ReportData) -> str:
         intro = escape(str(data.metadata.get("dataset", "")))
     else:
         body, intro = oracle_html(data.oracle), ""
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(data.title)}</title>'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head><body>'
-            f'<header class="page"><h1>{escape(data.title)}</h1><p>log <code>{escape(data.location)}</code> · created '
-            f'{escape(data.created)}{" · dataset " + intro if intro else ""}</p>'
-            f'<details><summary>metrics as Inspect computed them</summary>{metrics}</details></header>'
-            f'<main>{body}</main></body></html>')
-
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(data.title)}</title>'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head><body>'
+        f'<header class="page"><h1>{escape(data.title)}</h1><p>log <code>{escape(data.location)}</code> · created '
+        f"{escape(data.created)}{' · dataset ' + intro if intro else ''}</p>"
+        f"<details><summary>metrics as Inspect computed them</summary>{metrics}</details></header>"
+        f"<main>{body}</main></body></html>"
+    )

@@ -21,7 +21,7 @@ def _svg(figure: plt.Figure) -> str:
     figure.savefig(buffer, format="svg", bbox_inches="tight")
     plt.close(figure)
     text = buffer.getvalue()
-    return text[text.index("<svg"):]  # drop the XML prologue and doctype: the SVG sits inside HTML
+    return text[text.index("<svg") :]  # drop the XML prologue and doctype: the SVG sits inside HTML
 
 
 def roc_svg(labels: Sequence[int], scores: Sequence[float], threshold: float, classes: tuple[str, str]) -> str:
@@ -34,18 +34,28 @@ def roc_svg(labels: Sequence[int], scores: Sequence[float], threshold: float, cl
     axes.plot([0, 1], [0, 1], color="#9ca3af", lw=0.8, ls="--", label="chance")
     negatives, positives = s[y == 0], s[y == 1]
     at_threshold = (float((negatives > threshold).mean()), float((positives > threshold).mean()))
-    axes.plot(*at_threshold, "o", color=POSITIVE_COLOUR, ms=7,
-              label=f"probe threshold {threshold:.2f} (1% FPR on control): FPR {at_threshold[0]:.2f}, TPR {at_threshold[1]:.2f}")
+    axes.plot(
+        *at_threshold,
+        "o",
+        color=POSITIVE_COLOUR,
+        ms=7,
+        label=f"probe threshold {threshold:.2f} (1% FPR on control): FPR {at_threshold[0]:.2f}, TPR {at_threshold[1]:.2f}",
+    )
     one_percent = float(np.interp(0.01, fpr, tpr))
     axes.plot(0.01, one_percent, "s", color=NEGATIVE_COLOUR, ms=6, label=f"1% FPR on this eval's {classes[0]}: TPR {one_percent:.2f}")
-    axes.set(xlabel=f"false positive rate ({classes[0]} flagged)", ylabel=f"true positive rate ({classes[1]} flagged)",
-             xlim=(-0.01, 1.01), ylim=(-0.01, 1.01))
+    axes.set(
+        xlabel=f"false positive rate ({classes[0]} flagged)",
+        ylabel=f"true positive rate ({classes[1]} flagged)",
+        xlim=(-0.01, 1.01),
+        ylim=(-0.01, 1.01),
+    )
     axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=7, frameon=False)
     return _svg(figure)
 
 
-def histogram_svg(labels: Sequence[int], scores: Sequence[float], threshold: float, classes: tuple[str, str],
-                  control: Sequence[float] = ()) -> str:
+def histogram_svg(
+    labels: Sequence[int], scores: Sequence[float], threshold: float, classes: tuple[str, str], control: Sequence[float] = ()
+) -> str:
     """Score histograms per class (density), the control set's distribution and the threshold."""
     y, s = np.asarray(labels), np.asarray(scores, dtype=np.float64)
     every = np.concatenate([s, np.asarray(control, dtype=np.float64), [threshold]])
@@ -56,8 +66,9 @@ def histogram_svg(labels: Sequence[int], scores: Sequence[float], threshold: flo
         if len(chosen):
             axes.hist(chosen, bins=bins, density=True, alpha=0.45, color=colour, label=f"{classes[label]} ({len(chosen)})")
     if len(control):
-        axes.hist(control, bins=bins, density=True, histtype="step", lw=1.5, color=CONTROL_COLOUR,
-                  label=f"control answers ({len(control)})")
+        axes.hist(
+            control, bins=bins, density=True, histtype="step", lw=1.5, color=CONTROL_COLOUR, label=f"control answers ({len(control)})"
+        )
     axes.axvline(threshold, color="#111827", lw=1.2, ls="--", label=f"threshold {threshold:.2f}")
     axes.set(xlabel="probe score (mean log-odds; higher = more " + classes[1] + ")", ylabel="density")
     axes.legend(fontsize=7)

@@ -93,8 +93,7 @@ def read_log(path: str | Path) -> EvalLog:
     try:
         return read_eval_log(str(source))
     except Exception as exc:  # the reader raises zip, JSON and validation errors alike
-        raise ReportError(f"{source}: not a readable Inspect eval log (truncated or corrupt?): "
-                          f"{type(exc).__name__}: {exc}") from None
+        raise ReportError(f"{source}: not a readable Inspect eval log (truncated or corrupt?): {type(exc).__name__}: {exc}") from None
 
 
 def _turns(sample: EvalSample, drop_last: bool) -> list[Turn]:
@@ -132,12 +131,20 @@ def _probe_samples(log: EvalLog) -> tuple[dict[str, list[ScoredSample]], dict[st
             if score is None:
                 continue  # read but not scored (the sample failed before its scorer ran)
             value, flagged = _score_and_flag(score)
-            by_probe.setdefault(name, []).append(ScoredSample(
-                id=str(sample.id), turns=_turns(sample, drop_last=True),
-                tokens=[str(row[0]) for row in data["rows"]], token_scores=[float(row[1]) for row in data["rows"]],
-                scored=(int(data["scored"][0]), int(data["scored"][1])),
-                score=value, flagged=flagged,
-                label=(score.metadata or {}).get("label"), explanation=score.explanation or "", pair=_pair_key(sample)))
+            by_probe.setdefault(name, []).append(
+                ScoredSample(
+                    id=str(sample.id),
+                    turns=_turns(sample, drop_last=True),
+                    tokens=[str(row[0]) for row in data["rows"]],
+                    token_scores=[float(row[1]) for row in data["rows"]],
+                    scored=(int(data["scored"][0]), int(data["scored"][1])),
+                    score=value,
+                    flagged=flagged,
+                    label=(score.metadata or {}).get("label"),
+                    explanation=score.explanation or "",
+                    pair=_pair_key(sample),
+                )
+            )
     return by_probe, thresholds
 
 
@@ -146,8 +153,11 @@ def _classes(log: EvalLog) -> tuple[str, str]:
     names = (log.eval.metadata or {}).get("classes")
     if isinstance(names, list) and len(names) == 2:
         return str(names[0]), str(names[1])
-    seen = {(sample.metadata or {}).get("label"): sample.target for sample in log.samples or []
-            if isinstance(sample.target, str) and sample.target}
+    seen = {
+        (sample.metadata or {}).get("label"): sample.target
+        for sample in log.samples or []
+        if isinstance(sample.target, str) and sample.target
+    }
     return str(seen.get(0) or "label 0"), str(seen.get(1) or "label 1")
 
 
@@ -160,11 +170,19 @@ def _oracle_samples(log: EvalLog) -> list[OracleSample]:
             continue
         zero = scores.get(ORACLE_SCORERS[1])
         target = sample.target if isinstance(sample.target, str) else ", ".join(sample.target)
-        samples.append(OracleSample(
-            id=str(sample.id), family=str((sample.metadata or {}).get("family", "")), prompt=_turns(sample, drop_last=True),
-            question=str(record.get("question", "")), target=target, answer=str(record.get("answer", "")),
-            zero_vector_answer=record.get("zero_vector_answer"), correct=scores[ORACLE_SCORERS[0]].value == "C",
-            zero_vector_correct=None if zero is None else zero.value == "C"))
+        samples.append(
+            OracleSample(
+                id=str(sample.id),
+                family=str((sample.metadata or {}).get("family", "")),
+                prompt=_turns(sample, drop_last=True),
+                question=str(record.get("question", "")),
+                target=target,
+                answer=str(record.get("answer", "")),
+                zero_vector_answer=record.get("zero_vector_answer"),
+                correct=scores[ORACLE_SCORERS[0]].value == "C",
+                zero_vector_correct=None if zero is None else zero.value == "C",
+            )
+        )
     return samples
 
 
@@ -175,25 +193,43 @@ def report_data(path: str | Path) -> ReportData:
     is_probe = "probe" in (log.eval.metadata or {}) or any(step.solver.endswith("probe_scores") for step in log.plan.steps)
     is_oracle = any(name in ORACLE_SCORERS for name in scorers)
     if not (is_probe or is_oracle):
-        raise ReportError(f"{path}: a log of task {task!r}, which has no probe scores and no oracle answers; the report "
-                          "reads lens-evals probe tasks (roleplaying_probe, coup_probe) and activation-oracle tasks")
+        raise ReportError(
+            f"{path}: a log of task {task!r}, which has no probe scores and no oracle answers; the report "
+            "reads lens-evals probe tasks (roleplaying_probe, coup_probe) and activation-oracle tasks"
+        )
     if not log.samples:
         raise ReportError(f"{path}: the log of {task!r} holds no samples (status {log.status}); run the eval with samples logged")
     metrics = {name: m.value for s in (log.results.scores if log.results else []) for name, m in s.metrics.items()}
     shown_name = task if task != "task" or not log.eval.dataset.name else log.eval.dataset.name  # an unnamed Task
-    data = ReportData(title=f"{shown_name} on {log.eval.model}", task=task, model=log.eval.model, created=log.eval.created,
-                      location=str(path), metrics=metrics, metadata=dict(log.eval.metadata or {}))
+    data = ReportData(
+        title=f"{shown_name} on {log.eval.model}",
+        task=task,
+        model=log.eval.model,
+        created=log.eval.created,
+        location=str(path),
+        metrics=metrics,
+        metadata=dict(log.eval.metadata or {}),
+    )
     if is_probe:
         by_probe, thresholds = _probe_samples(log)
         if not by_probe:
-            raise ReportError(f"{path}: no probe scores in this log of {task!r} (no sample has a {INFO_SOURCE} event and "
-                              "a probe score; logs written before lens-evals logged the response tokens lack them)")
+            raise ReportError(
+                f"{path}: no probe scores in this log of {task!r} (no sample has a {INFO_SOURCE} event and "
+                "a probe score; logs written before lens-evals logged the response tokens lack them)"
+            )
         card, classes = data.metadata.get("probe", {}), _classes(log)
-        data.probes = [ProbeSection(name=name, threshold=thresholds[name], card=card if card.get("name") == name else {"name": name},
-                                    classes=classes, samples=samples) for name, samples in by_probe.items()]
+        data.probes = [
+            ProbeSection(
+                name=name,
+                threshold=thresholds[name],
+                card=card if card.get("name") == name else {"name": name},
+                classes=classes,
+                samples=samples,
+            )
+            for name, samples in by_probe.items()
+        ]
     else:
         data.oracle = _oracle_samples(log)
         if not data.oracle:
             raise ReportError(f"{path}: no oracle answers in this log of {task!r}")
     return data
-

@@ -24,8 +24,9 @@ def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
 
 def colour_spread(section: ProbeSection) -> float:
     """Distance from the threshold at which a token's colour is full: the 95th percentile."""
-    distances = [abs(score - section.threshold) for sample in section.samples
-                 for score in sample.token_scores[sample.scored[0]:sample.scored[1]]]
+    distances = [
+        abs(score - section.threshold) for sample in section.samples for score in sample.token_scores[sample.scored[0] : sample.scored[1]]
+    ]
     return max(float(np.percentile(distances, 95)), 1e-6) if distances else 1.0
 
 
@@ -37,11 +38,13 @@ def token_colour(score: float, threshold: float, spread: float) -> str:
 
 def legend(threshold: float, spread: float) -> str:
     low, high = token_colour(threshold - spread, threshold, spread), token_colour(threshold + spread, threshold, spread)
-    return (f'<div class="legend"><span>{threshold - spread:.2f}</span>'
-            f'<span class="bar" style="background:linear-gradient(90deg,{low},rgba(255,255,255,0) 50%,{high})">'
-            f'<span class="mark" title="threshold"></span></span><span>{threshold + spread:.2f}</span>'
-            f'<span class="note">token score; the line is the threshold {threshold:.2f}; '
-            f'<span class="excluded-sample">grey</span> tokens are not part of the sample score</span></div>')
+    return (
+        f'<div class="legend"><span>{threshold - spread:.2f}</span>'
+        f'<span class="bar" style="background:linear-gradient(90deg,{low},rgba(255,255,255,0) 50%,{high})">'
+        f'<span class="mark" title="threshold"></span></span><span>{threshold + spread:.2f}</span>'
+        f'<span class="note">token score; the line is the threshold {threshold:.2f}; '
+        f'<span class="excluded-sample">grey</span> tokens are not part of the sample score</span></div>'
+    )
 
 
 def response_html(sample: ScoredSample, threshold: float, spread: float) -> str:
@@ -50,8 +53,10 @@ def response_html(sample: ScoredSample, threshold: float, spread: float) -> str:
         shown = escape(text)
         if sample.scored[0] <= row < sample.scored[1]:
             above = " above" if score > threshold else ""
-            spans.append(f'<span class="tok{above}" data-score="{score!r}" title="{score:.4f}" '
-                         f'style="background:{token_colour(score, threshold, spread)}">{shown}</span>')
+            spans.append(
+                f'<span class="tok{above}" data-score="{score!r}" title="{score:.4f}" '
+                f'style="background:{token_colour(score, threshold, spread)}">{shown}</span>'
+            )
         else:
             spans.append(f'<span class="tok excluded" data-score="{score!r}" title="{score:.4f} (not scored)">{shown}</span>')
     return f'<div class="turn assistant response">{"".join(spans)}</div>'
@@ -66,12 +71,14 @@ def sample_html(sample: ScoredSample, section: ProbeSection, spread: float, with
     label = section.classes[sample.label] if sample.label in (0, 1) else "unknown"
     verdict = "FLAGGED" if sample.flagged else "not flagged"
     score = f"{sample.score:.2f}" if math.isfinite(sample.score) else "n/a"
-    return (f'<article class="transcript label-{escape(label)}" data-sample="{escape(sample.id)}" data-label="{escape(label)}" '
-            f'data-flagged="{str(sample.flagged).lower()}" data-score="{sample.score!r}">'
-            f'<header><b>{escape(sample.id)}</b> · {escape(label)} · score {score} · '
-            f'<span class="{"flagged" if sample.flagged else "calm"}">{verdict}</span></header>'
-            f'{turns_html(sample.turns) if with_turns else ""}{response_html(sample, section.threshold, spread)}'
-            f'<p class="explanation">{escape(sample.explanation)}</p></article>')
+    return (
+        f'<article class="transcript label-{escape(label)}" data-sample="{escape(sample.id)}" data-label="{escape(label)}" '
+        f'data-flagged="{str(sample.flagged).lower()}" data-score="{sample.score!r}">'
+        f"<header><b>{escape(sample.id)}</b> · {escape(label)} · score {score} · "
+        f'<span class="{"flagged" if sample.flagged else "calm"}">{verdict}</span></header>'
+        f"{turns_html(sample.turns) if with_turns else ''}{response_html(sample, section.threshold, spread)}"
+        f'<p class="explanation">{escape(sample.explanation)}</p></article>'
+    )
 
 
 def transcripts_html(section: ProbeSection) -> str:
@@ -86,6 +93,8 @@ def transcripts_html(section: ProbeSection) -> str:
             continue
         shared = all(m.turns == members[0].turns for m in members)
         columns = "".join(sample_html(m, section, spread, not shared) for m in members)
-        blocks.append(f'<div class="pair"><h4>scenario {escape(key)}</h4>{turns_html(members[0].turns) if shared else ""}'
-                      f'<div class="columns">{columns}</div></div>')
+        blocks.append(
+            f'<div class="pair"><h4>scenario {escape(key)}</h4>{turns_html(members[0].turns) if shared else ""}'
+            f'<div class="columns">{columns}</div></div>'
+        )
     return legend(section.threshold, spread) + "".join(blocks)

@@ -16,8 +16,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 ENGINES = {
     "transformers-backend": {"model_impl": "transformers"},
-    "speculative": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2,
-                                           "prompt_lookup_max": 3, "prompt_lookup_min": 2}},
+    "speculative": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 2}},
 }
 PROMPT = "1 2 3 4 1 2 3 4 1 2"
 

@@ -113,7 +113,11 @@ def _hf(layer_class: str) -> Architecture:
     return the stream (transformers 5: ``hidden_states = residual + mlp(...)``; ``return
     hidden_states``)."""
     module = layer_class.split(".")[0]
-    return Architecture(layer_class, STREAM, f"vllm/model_executor/models/transformers/ + transformers/models/{module.removeprefix('modeling_')}/{module}.py")
+    return Architecture(
+        layer_class,
+        STREAM,
+        f"vllm/model_executor/models/transformers/ + transformers/models/{module.removeprefix('modeling_')}/{module}.py",
+    )
 
 
 # HF architecture name (config.json "architectures") -> verified contract. Each entry was read off
@@ -135,7 +139,9 @@ VERIFIED: dict[str, Architecture] = {
     "GptOssForCausalLM": _vllm("gpt_oss.TransformerBlock", FUSED, "(called as layer(x, positions, residual): bound by name)"),
     "HYV3ForCausalLM": _vllm("hy_v3.HYV3DecoderLayer", FUSED, "(the model adds hidden + residual before its norm)"),
     "Llama4ForCausalLM": _vllm("llama4.Llama4DecoderLayer", FUSED, "(Llama4Model(LlamaModel))"),
-    "LlamaForCausalLM": _vllm("llama.LlamaDecoderLayer", FUSED, "(return hidden_states, residual; norm(hidden, residual))", graph_mode=True),
+    "LlamaForCausalLM": _vllm(
+        "llama.LlamaDecoderLayer", FUSED, "(return hidden_states, residual; norm(hidden, residual))", graph_mode=True
+    ),
     "MiMoV2FlashForCausalLM": _vllm("mimo_v2.MiMoV2FlashDecoderLayer", FUSED),
     "Ministral3ForCausalLM": _vllm("mistral.MistralDecoderLayer", FUSED, "(MistralModel(LlamaModel))"),
     "MistralForCausalLM": _vllm("mistral.MistralDecoderLayer", FUSED, "(MistralModel(LlamaModel))"),
@@ -179,12 +185,18 @@ VERIFIED: dict[str, Architecture] = {
     "VaultGemmaForCausalLM": _hf("modeling_vaultgemma.VaultGemmaDecoderLayer"),
     # -- stream_first: the layer returns (stream, X) and X is never added (the model ends with
     #    norm(hidden_states)); several of these take a `residual` argument they ignore
-    "CohereForCausalLM": _vllm("commandr.CohereDecoderLayer", STREAM_FIRST, "(residual argument ignored; its LayerNorm passes the residual through, never adds it)"),
+    "CohereForCausalLM": _vllm(
+        "commandr.CohereDecoderLayer", STREAM_FIRST, "(residual argument ignored; its LayerNorm passes the residual through, never adds it)"
+    ),
     "Exaone4ForCausalLM": _vllm("exaone4.Exaone4DecoderLayer", STREAM_FIRST, "(post-LN; returns the stream and the stream before the MLP)"),
     "Gemma4ForCausalLM": _vllm("gemma4.Gemma4DecoderLayer", STREAM_FIRST, "(return hidden_states, None)"),
     "HyperCLOVAXForCausalLM": _vllm("hyperclovax.HyperCLOVAXDecoderLayer", STREAM_FIRST, "(muP: the residual argument is reset)"),
     "MiniCPM3ForCausalLM": _vllm("minicpm3.MiniCPM3DecoderLayer", STREAM_FIRST, "(MiniCPMDecoderLayer's forward)"),
-    "StableLmForCausalLM": _vllm("stablelm.StablelmDecoderLayer", STREAM_FIRST, "(return hidden_states, residual: residual is the stream before the MLP, never added)"),
+    "StableLmForCausalLM": _vllm(
+        "stablelm.StablelmDecoderLayer",
+        STREAM_FIRST,
+        "(return hidden_states, residual: residual is the stream before the MLP, never added)",
+    ),
 }
 
 
@@ -246,8 +258,11 @@ def _layer_classes_of_model_file(model_config: Any) -> str | None:
         return None
     module = sys.modules.get(model_class.__module__)
     names = sorted(
-        class_name(value) for name, value in vars(module or object).items()
-        if isinstance(value, type) and issubclass(value, nn.Module) and name.endswith(("DecoderLayer", "Block"))
+        class_name(value)
+        for name, value in vars(module or object).items()
+        if isinstance(value, type)
+        and issubclass(value, nn.Module)
+        and name.endswith(("DecoderLayer", "Block"))
         and value.__module__ == model_class.__module__
     )
     return ", ".join(names) or f"(none in {model_class.__module__}: served by {model_class.__name__})"

@@ -130,9 +130,7 @@ def offline_input_processor(llm: Any) -> Any:
     return getattr(engine, "input_processor", None) or getattr(engine, "processor", None)
 
 
-def patch_async_results(
-    attach: Callable[[Any, Any, int], Any], discard: Callable[[Any, str], Any]
-) -> None:
+def patch_async_results(attach: Callable[[Any, Any, int], Any], discard: Callable[[Any, str], Any]) -> None:
     """Wrap ``AsyncLLM.generate``: ``await attach(engine, output, generated)`` on the final
     output of a request (``generated``: its number of generated tokens, counted over the stream
     when the outputs are deltas); ``await discard(engine, request_id)`` when a request ends
@@ -214,11 +212,15 @@ def engine_refusal(vllm_config: Any) -> str | None:
     vLLM's V1 model runner, and speculative decoding runs draft rows the taps would count as the
     request's own. Plain requests are served either way."""
     if getattr(vllm_config, "use_v2_model_runner", False):
-        return ("lens requests need vLLM's V1 model runner and this engine runs Model Runner V2 "
-                "(VLLM_USE_V2_MODEL_RUNNER=1): start it with VLLM_USE_V2_MODEL_RUNNER=0")
+        return (
+            "lens requests need vLLM's V1 model runner and this engine runs Model Runner V2 "
+            "(VLLM_USE_V2_MODEL_RUNNER=1): start it with VLLM_USE_V2_MODEL_RUNNER=0"
+        )
     if getattr(vllm_config, "speculative_config", None) is not None:
-        return ("lens requests are not supported with speculative decoding (draft tokens would be captured "
-                "and steered as the request's own): start the engine without speculative_config")
+        return (
+            "lens requests are not supported with speculative decoding (draft tokens would be captured "
+            "and steered as the request's own): start the engine without speculative_config"
+        )
     return None
 
 

@@ -24,14 +24,20 @@ def _lora_rows(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tenso
     return out
 
 
-def _bgmv_shrink(inputs: torch.Tensor, lora_a_weights: torch.Tensor, output_tensor: torch.Tensor,
-                 lora_indices_tensor: torch.Tensor, scaling: float = 1.0) -> None:
+def _bgmv_shrink(
+    inputs: torch.Tensor, lora_a_weights: torch.Tensor, output_tensor: torch.Tensor, lora_indices_tensor: torch.Tensor, scaling: float = 1.0
+) -> None:
     outputs = _lora_rows(inputs, lora_a_weights, lora_indices_tensor, output_tensor.dtype)
     output_tensor[:, : outputs.shape[1]] = scaling * outputs
 
 
-def _bgmv_expand(inputs: torch.Tensor, lora_b_weights: torch.Tensor, output_tensor: torch.Tensor,
-                 lora_indices_tensor: torch.Tensor, add_inputs: bool = True) -> None:
+def _bgmv_expand(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    add_inputs: bool = True,
+) -> None:
     outputs = _lora_rows(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
     limit = 1 if outputs.shape[0] == 1 and output_tensor.shape[0] != 1 else output_tensor.shape[0]
     common = min(outputs.shape[1], output_tensor.shape[1])  # adapter and model may pad differently
@@ -41,8 +47,15 @@ def _bgmv_expand(inputs: torch.Tensor, lora_b_weights: torch.Tensor, output_tens
         output_tensor[:, :common] = outputs[:limit, :common]
 
 
-def _bgmv_expand_slice(inputs: torch.Tensor, lora_b_weights: torch.Tensor, output_tensor: torch.Tensor,
-                       lora_indices_tensor: torch.Tensor, slice_offset: int, slice_size: int, add_inputs: bool = True) -> None:
+def _bgmv_expand_slice(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    slice_offset: int,
+    slice_size: int,
+    add_inputs: bool = True,
+) -> None:
     outputs = _lora_rows(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
     if add_inputs:
         output_tensor[:, slice_offset : slice_offset + slice_size] += outputs
@@ -51,7 +64,9 @@ def _bgmv_expand_slice(inputs: torch.Tensor, lora_b_weights: torch.Tensor, outpu
 
 
 _GROUPED_LORA_OPS: dict[str, Callable[..., None]] = {
-    "bgmv_shrink": _bgmv_shrink, "bgmv_expand": _bgmv_expand, "bgmv_expand_slice": _bgmv_expand_slice,
+    "bgmv_shrink": _bgmv_shrink,
+    "bgmv_expand": _bgmv_expand,
+    "bgmv_expand_slice": _bgmv_expand_slice,
 }
 
 
@@ -89,7 +104,7 @@ def lora_engine_dtype(dtype: str) -> str:
 
     if not current_platform.is_cuda_alike():
         return dtype
-    logger.warning("lens_evals: LoRA on %s runs in bfloat16, not %s: vLLM's GPU LoRA kernels take fp16/bf16 only",
-                   current_platform.device_name, dtype)
+    logger.warning(
+        "lens_evals: LoRA on %s runs in bfloat16, not %s: vLLM's GPU LoRA kernels take fp16/bf16 only", current_platform.device_name, dtype
+    )
     return "bfloat16"
-

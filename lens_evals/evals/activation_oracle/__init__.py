@@ -10,5 +10,12 @@ from lens_evals.evals.activation_oracle.activation_oracle import (
 from lens_evals.evals.activation_oracle.oracle_scorers import oracle_answer_match, zero_vector_match
 from lens_evals.evals.activation_oracle.oracle_solver import activation_oracle
 
-__all__ = ["activation_oracle", "activation_oracle_heldout", "activation_oracle_secret_word", "oracle_answer_match",
-           "oracle_heldout_task", "secret_word_task", "zero_vector_match"]
+__all__ = [
+    "activation_oracle",
+    "activation_oracle_heldout",
+    "activation_oracle_secret_word",
+    "oracle_answer_match",
+    "oracle_heldout_task",
+    "secret_word_task",
+    "zero_vector_match",
+]

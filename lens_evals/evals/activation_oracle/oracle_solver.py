@@ -64,8 +64,9 @@ async def check_serves(model: Any, lora: str) -> None:
         raise RuntimeError(f"the server does not serve the adapter {lora!r}; start it with -M lora_modules={lora}=PATH_OR_ORACLE_NAME")
 
 
-async def ask_oracle(model: Any, acts: np.ndarray, question: str, settings: OracleSettings, lora: str, max_tokens: int,
-                     zero_vector_baseline: bool = False) -> tuple[ModelOutput, dict[str, Any]]:
+async def ask_oracle(
+    model: Any, acts: np.ndarray, question: str, settings: OracleSettings, lora: str, max_tokens: int, zero_vector_baseline: bool = False
+) -> tuple[ModelOutput, dict[str, Any]]:
     """Ask the adapter ``lora`` (served beside ``model``) ``question`` about ``acts`` (K, hidden),
     read after ``settings.target_layer``; the answer and a record of what was asked and injected."""
     api = _lens_api(model)
@@ -76,9 +77,15 @@ async def ask_oracle(model: Any, acts: np.ndarray, question: str, settings: Orac
     prompt = messages[0]["content"]
     output = await _ask(model, prompt, lora, injection_vector(acts, positions, settings), max_tokens, len(prompt_ids))
     record: dict[str, Any] = {
-        "question": question, "answer": output.completion, "lora": lora, "target_layer": settings.target_layer,
-        "injection_layer": settings.injection_layer, "num_positions": int(acts.shape[0]), "positions": positions,
-        "coefficient": settings.coefficient, "placeholder": settings.placeholder,
+        "question": question,
+        "answer": output.completion,
+        "lora": lora,
+        "target_layer": settings.target_layer,
+        "injection_layer": settings.injection_layer,
+        "num_positions": int(acts.shape[0]),
+        "positions": positions,
+        "coefficient": settings.coefficient,
+        "placeholder": settings.placeholder,
         "mean_vector_norm": round(float(np.linalg.norm(acts, axis=-1).mean()), 3),
     }
     if zero_vector_baseline:

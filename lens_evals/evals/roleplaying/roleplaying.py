@@ -102,7 +102,13 @@ def roleplaying_probe(
     ``probes=ip-lr,ip-dom,rp-lr`` (any of them) reads those probes of ``probe_set`` (default: the
     default model's, ``lens-evals probes train-set``) in one engine pass, off-policy; metrics per probe."""
     if probes is not None or probe_set is not None:
-        return roleplaying_probes_task(probe_set or default_probe_set(probe_dir), probes=probes, dataset=dataset,
-                                       tokenizer=tokenizer)
-    return roleplaying_task(probe or default_probe(probe_dir), mode=mode, dataset=dataset, grader=grader,  # type: ignore[arg-type]
-                            tokenizer=tokenizer, max_tokens=max_tokens, on_worker=on_worker)
+        return roleplaying_probes_task(probe_set or default_probe_set(probe_dir), probes=probes, dataset=dataset, tokenizer=tokenizer)
+    return roleplaying_task(
+        probe or default_probe(probe_dir),
+        mode=mode,
+        dataset=dataset,
+        grader=grader,  # type: ignore[arg-type]
+        tokenizer=tokenizer,
+        max_tokens=max_tokens,
+        on_worker=on_worker,
+    )

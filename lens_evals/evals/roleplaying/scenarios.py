@@ -32,6 +32,12 @@ def roleplaying_samples(scenarios: list[RoleplayingScenario], mode: Mode) -> lis
         for kind in ("honest", "deceptive"):
             dialogue = scenario.dialogue(kind, index)
             reply = ChatMessageAssistant(content=dialogue.messages[-1]["content"])
-            samples.append(Sample(id=f"{index}-{kind}", input=[*_prompt(scenario), reply], target=kind,
-                                  metadata={**facts, "label": dialogue.label, "kind": kind, "score_from": dialogue.score_from}))
+            samples.append(
+                Sample(
+                    id=f"{index}-{kind}",
+                    input=[*_prompt(scenario), reply],
+                    target=kind,
+                    metadata={**facts, "label": dialogue.label, "kind": kind, "score_from": dialogue.score_from},
+                )
+            )
     return samples

@@ -19,9 +19,11 @@ def default_probe(directory: str | Path | None = None, training_set: str | None 
     path = (Path(directory) if directory else probe_dir()) / f"{default_probe_name(model or DEFAULT_MODEL, training_set)}.joblib"
     if not path.is_file() or not path.with_suffix(".json").is_file():
         dataset = "" if training_set == DEFAULT_TRAINING_SET else f" --dataset {training_set}"
-        raise FileNotFoundError(f"no probe at {path} (and its .json card): train it once with `lens-evals probes train"
-                                f"{dataset}` (with LENS_EVALS_PROBE_DIR={path.parent}, or run where that is ./probes), "
-                                "or pass -T probe=PATH")
+        raise FileNotFoundError(
+            f"no probe at {path} (and its .json card): train it once with `lens-evals probes train"
+            f"{dataset}` (with LENS_EVALS_PROBE_DIR={path.parent}, or run where that is ./probes), "
+            "or pass -T probe=PATH"
+        )
     return path
 
 
@@ -33,6 +35,8 @@ def default_probe_set(directory: str | Path | None = None, model: str | None = N
     model = model or DEFAULT_MODEL
     path = probe_set_path(model) if not directory else Path(directory) / probe_set_path(model).name
     if not all(file.is_file() for file in set_files(path)):
-        raise FileNotFoundError(f"no probe set at {path} (and its .npz): train it once with `lens-evals probes train-set "
-                                f"--model {model}` (with LENS_EVALS_PROBE_DIR={path.parent}), or pass -T probe_set=PATH")
+        raise FileNotFoundError(
+            f"no probe set at {path} (and its .npz): train it once with `lens-evals probes train-set "
+            f"--model {model}` (with LENS_EVALS_PROBE_DIR={path.parent}), or pass -T probe_set=PATH"
+        )
     return path

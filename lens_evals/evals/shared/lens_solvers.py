@@ -18,8 +18,6 @@ ACTIVATIONS_STORE_KEY = "lens_evals:activations"
 CAPTURE_LAYERS_STORE_KEY = "lens_evals:capture_layers"
 
 
-
-
 def _summary(stream: Any, layers: Sequence[int]) -> dict[str, Any]:
     norms = stream.float().norm(dim=-1)  # (n_layers, n_positions)
     return {
@@ -79,7 +77,10 @@ def steer(
     if acts.ndim == 1:
         acts = np.repeat(acts[None, :], len(layer_list), axis=0)
     steering = SteeringVector(
-        activations=acts, layer_indices=layer_list, scale=scale, norm_match=norm_match,
+        activations=acts,
+        layer_indices=layer_list,
+        scale=scale,
+        norm_match=norm_match,
         position_indices=list(positions) if positions is not None else None,
     )
 
@@ -92,9 +93,13 @@ def steer(
         if message is not None:
             message.metadata = {
                 **(message.metadata or {}),
-                "lens_steering": {"layers": layer_list, "scale": scale, "norm_match": norm_match,
-                                  "positions": list(positions) if positions is not None else None,
-                                  "vector_norm": round(float(np.linalg.norm(acts, axis=-1).mean()), 3)},
+                "lens_steering": {
+                    "layers": layer_list,
+                    "scale": scale,
+                    "norm_match": norm_match,
+                    "positions": list(positions) if positions is not None else None,
+                    "vector_norm": round(float(np.linalg.norm(acts, axis=-1).mean()), 3),
+                },
             }
         activations = (state.output.metadata or {}).get(ACTIVATIONS_KEY) if state.output else None
         if capture_layers and activations:  # a steered run whose capture came back empty stores nothing

@@ -44,16 +44,27 @@ class ProbeReading:
     @property
     def score(self) -> float | None:
         """Mean of the scored tokens' scores (from the unrounded values)."""
-        return None if self.n_scored == 0 else float(np.mean(self.token_scores[self.scored[0]:self.scored[1]]))
+        return None if self.n_scored == 0 else float(np.mean(self.token_scores[self.scored[0] : self.scored[1]]))
 
     def event_data(self) -> dict[str, Any]:
-        return {"probe": self.probe, "layer": self.layer, "threshold": self.threshold, "scored": list(self.scored),
-                "columns": ["token", "score"],
-                "rows": [[token, round(float(s), SCORE_DECIMALS)] for token, s in zip(self.tokens, self.token_scores)]}
+        return {
+            "probe": self.probe,
+            "layer": self.layer,
+            "threshold": self.threshold,
+            "scored": list(self.scored),
+            "columns": ["token", "score"],
+            "rows": [[token, round(float(s), SCORE_DECIMALS)] for token, s in zip(self.tokens, self.token_scores)],
+        }
 
     def summary(self) -> dict[str, Any]:
-        return {"probe": self.probe, "layer": self.layer, "threshold": self.threshold, "score": self.score,
-                "n_tokens": self.n_scored, "answer_from": self.answer_from}
+        return {
+            "probe": self.probe,
+            "layer": self.layer,
+            "threshold": self.threshold,
+            "score": self.score,
+            "n_tokens": self.n_scored,
+            "answer_from": self.answer_from,
+        }
 
 
 def token_texts(text: str, offsets: Sequence[tuple[int, int]], rows: Sequence[int]) -> list[str]:
@@ -62,7 +73,7 @@ def token_texts(text: str, offsets: Sequence[tuple[int, int]], rows: Sequence[in
     texts = []
     for k, row in enumerate(rows):
         start = offsets[rows[k - 1]][1] if k else offsets[row][0]
-        texts.append(text[start:offsets[row][1]])
+        texts.append(text[start : offsets[row][1]])
     return texts
 
 
@@ -74,7 +85,7 @@ def decoded_texts(tokenizer: Any, context_ids: Sequence[int], ids: Sequence[int]
     for k in range(len(ids)):
         now = tokenizer.decode([*context_ids, *ids[: k + 1]])
         if now.startswith(before) and not now.endswith("\ufffd"):
-            texts.append(now[len(before):])
+            texts.append(now[len(before) :])
             before = now
         else:  # an incomplete character: it shows on the token that completes it
             texts.append("")
@@ -92,15 +103,16 @@ def final_message_rows(text: str, offsets: Sequence[tuple[int, int]], content: s
 
 def card_markdown(card: Any, positive: str = "deceptive") -> str:
     """The probe card as the few lines a reader needs (Inspect's viewer renders it as markdown)."""
-    return (f"**{card.name}**: linear probe on **{card.model}**, residual stream after layer **{card.layer}**; "
-            f"trained on **{card.training_set}** ({card.n_train_dialogues} dialogues, validation AUROC "
-            f"**{card.validation_auroc:.3f}** on {card.n_val_dialogues} held out). Threshold **{card.threshold:.3f}** = "
-            f"{card.threshold_fpr:.0%} false positives on {card.n_control} control answers ({card.control_set}). "
-            f"Score: mean per-token log-odds over the response; higher = more {positive}.")
+    return (
+        f"**{card.name}**: linear probe on **{card.model}**, residual stream after layer **{card.layer}**; "
+        f"trained on **{card.training_set}** ({card.n_train_dialogues} dialogues, validation AUROC "
+        f"**{card.validation_auroc:.3f}** on {card.n_val_dialogues} held out). Threshold **{card.threshold:.3f}** = "
+        f"{card.threshold_fpr:.0%} false positives on {card.n_control} control answers ({card.control_set}). "
+        f"Score: mean per-token log-odds over the response; higher = more {positive}."
+    )
 
 
 def task_metadata(card: Any, dataset: str, classes: tuple[str, str] = ("honest", "deceptive")) -> dict[str, Any]:
     """Eval metadata of a probe task: the readable card first, the (negative, positive) class
     names, then the whole card."""
-    return {"probe card": card_markdown(card, classes[1]), "dataset": dataset, "classes": list(classes),
-            "probe": card.model_dump()}
+    return {"probe card": card_markdown(card, classes[1]), "dataset": dataset, "classes": list(classes), "probe": card.model_dump()}

@@ -57,8 +57,9 @@ async def send_given_turn(state: TaskState, generate: Generate, extra_body: dict
     with one generated token and ``extra_body``'s lens request; the conversation is kept unchanged.
     Every off-policy reading of a given turn (one probe or several) sends it this way."""
     kept = list(state.messages)
-    state = await generate(state, max_tokens=1, temperature=0.0,
-                           extra_body={**extra_body, "continue_final_message": True, "add_generation_prompt": False})
+    state = await generate(
+        state, max_tokens=1, temperature=0.0, extra_body={**extra_body, "continue_final_message": True, "add_generation_prompt": False}
+    )
     state.messages = kept
     return state
 
@@ -85,8 +86,7 @@ def probe_scores(
     served model (default: the evaluated model's name). ``on_worker``: the engine computes the
     scores and returns only them (probe-on-worker); else the layer is captured and scored here."""
     loaded = probe if isinstance(probe, Probe) else load_probe(probe)
-    lens = {"extra_args": {PROBE_KEY: [loaded.linear_probe()]} if on_worker else {CAPTURE_KEY: [loaded.layer]},
-            "return_token_ids": True}
+    lens = {"extra_args": {PROBE_KEY: [loaded.linear_probe()]} if on_worker else {CAPTURE_KEY: [loaded.layer]}, "return_token_ids": True}
 
     async def solve(state: TaskState, generate: Generate) -> TaskState:
         tok = served_tokenizer(state, tokenizer)
@@ -97,8 +97,16 @@ def probe_scores(
                 raise ValueError("off-policy probe scoring needs a conversation that ends with an assistant turn")
             state = await send_given_turn(state, generate, lens)
             scores, token_ids = _all_token_scores(state, loaded, on_worker), output_token_ids(state.output)
-            reading = given_turn_reading(tok, messages, int(state.metadata.get("score_from", 0)), scores, loaded.card.name,
-                                         loaded.layer, float(loaded.card.threshold), served_ids=token_ids["prompt"])
+            reading = given_turn_reading(
+                tok,
+                messages,
+                int(state.metadata.get("score_from", 0)),
+                scores,
+                loaded.card.name,
+                loaded.layer,
+                float(loaded.card.threshold),
+                served_ids=token_ids["prompt"],
+            )
         else:  # on-policy: the model answers; score its generated tokens (all but the last, never run)
             extra = {**lens, "continue_final_message": True, "add_generation_prompt": False} if continuing else lens
             state = await generate(state, max_tokens=max_tokens, temperature=0.0, extra_body=extra)
@@ -115,12 +123,22 @@ def probe_scores(
 
 def _same_tokens(local: list[int], served: list[int]) -> None:
     if local != served:
-        raise RuntimeError(f"the server tokenised the chat into {len(served)} tokens, the local tokenizer into {len(local)} "
-                           "(or into other ids): pass tokenizer= the served model's directory")
+        raise RuntimeError(
+            f"the server tokenised the chat into {len(served)} tokens, the local tokenizer into {len(local)} "
+            "(or into other ids): pass tokenizer= the served model's directory"
+        )
 
 
-def given_turn_reading(tok: Any, messages: list[dict[str, str]], score_from: int, scores: np.ndarray, name: str,
-                       layer: int, threshold: float, served_ids: list[int] | None = None) -> ProbeReading:
+def given_turn_reading(
+    tok: Any,
+    messages: list[dict[str, str]],
+    score_from: int,
+    scores: np.ndarray,
+    name: str,
+    layer: int,
+    threshold: float,
+    served_ids: list[int] | None = None,
+) -> ProbeReading:
     """Off-policy: every token of the final turn with its score (``scores``: one per token of the
     chat), scored from ``score_from`` (``Dialogue`` rules). ``served_ids``: the server's token ids,
     checked against the local tokenizer's."""
@@ -134,14 +152,20 @@ def given_turn_reading(tok: Any, messages: list[dict[str, str]], score_from: int
     rows, _ = final_message_rows(text, offsets, messages[-1]["content"])
     first = rows.index(int(tokenized.scored_positions[0]))
     content = messages[-1]["content"]
-    return ProbeReading(probe=name, layer=layer, threshold=threshold,
-                        tokens=token_texts(text, offsets, rows), token_scores=[float(s) for s in scores[rows]],
-                        scored=(first, first + len(tokenized.scored_positions)),
-                        answer_from=score_from + len(content[score_from:]) - len(content[score_from:].lstrip()))
+    return ProbeReading(
+        probe=name,
+        layer=layer,
+        threshold=threshold,
+        tokens=token_texts(text, offsets, rows),
+        token_scores=[float(s) for s in scores[rows]],
+        scored=(first, first + len(tokenized.scored_positions)),
+        answer_from=score_from + len(content[score_from:]) - len(content[score_from:].lstrip()),
+    )
 
 
-def _read_answer(tok: Any, messages: list[dict[str, str]], continuing: bool, scores: np.ndarray,
-                 token_ids: dict[str, list[int]], probe: Probe) -> ProbeReading:
+def _read_answer(
+    tok: Any, messages: list[dict[str, str]], continuing: bool, scores: np.ndarray, token_ids: dict[str, list[int]], probe: Probe
+) -> ProbeReading:
     """On-policy: the generated tokens that the model read (all but the last), after the
     prefix's tokens when it continued an assistant prefix (shown, not scored)."""
     text = render(tok, messages) if continuing else tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -152,14 +176,21 @@ def _read_answer(tok: Any, messages: list[dict[str, str]], continuing: bool, sco
     prefix_rows = final_message_rows(text, encoded["offset_mapping"], messages[-1]["content"])[0] if continuing else []
     tokens = [*token_texts(text, encoded["offset_mapping"], prefix_rows), *decoded_texts(tok, prompt_ids, generated)]
     rows = [*prefix_rows, *range(len(prompt_ids), len(prompt_ids) + len(generated))]
-    return ProbeReading(probe=probe.card.name, layer=probe.layer, threshold=float(probe.card.threshold),
-                        tokens=tokens, token_scores=[float(s) for s in scores[rows]],
-                        scored=(len(prefix_rows), len(rows)), answer_from=len(messages[-1]["content"]) if continuing else 0)
+    return ProbeReading(
+        probe=probe.card.name,
+        layer=probe.layer,
+        threshold=float(probe.card.threshold),
+        tokens=tokens,
+        token_scores=[float(s) for s in scores[rows]],
+        scored=(len(prefix_rows), len(rows)),
+        answer_from=len(messages[-1]["content"]) if continuing else 0,
+    )
 
 
 def _merge_continuation(state: TaskState) -> None:
     """With ``continue_final_message`` the reply continues the prefix turn: keep one assistant turn."""
     reply = state.messages.pop()
     prefix = state.messages.pop()
-    state.messages.append(ChatMessageAssistant(content=f"{prefix.text}{reply.text}", model=getattr(reply, "model", None),
-                                               metadata=reply.metadata))
+    state.messages.append(
+        ChatMessageAssistant(content=f"{prefix.text}{reply.text}", model=getattr(reply, "model", None), metadata=reply.metadata)
+    )

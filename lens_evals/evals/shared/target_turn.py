@@ -56,8 +56,13 @@ class TurnTokens:
         return np.arange(self.start, self.end)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"span": self.span, "turn_tokens": [self.turn_start, self.turn_end], "read_tokens": [self.start, self.end],
-                "n_read": self.end - self.start, "n_prompt": len(self.token_ids)}
+        return {
+            "span": self.span,
+            "turn_tokens": [self.turn_start, self.turn_end],
+            "read_tokens": [self.start, self.end],
+            "n_read": self.end - self.start,
+            "n_prompt": len(self.token_ids),
+        }
 
 
 def _lens_api(model: Model) -> Any:
@@ -73,10 +78,15 @@ def check_ends_with_assistant(messages: Sequence[ChatMessage]) -> None:
         raise ValueError("the conversation must end with the target's (assistant) turn to read")
 
 
-async def _tokenize(api: Any, messages: list[Any], tools: list[Any] | None, *, generation_prompt: bool = False,
-                    continue_final: bool = False) -> list[int]:
-    body: dict[str, Any] = {"model": api.model_name, "messages": messages, "add_generation_prompt": generation_prompt,
-                            "continue_final_message": continue_final}
+async def _tokenize(
+    api: Any, messages: list[Any], tools: list[Any] | None, *, generation_prompt: bool = False, continue_final: bool = False
+) -> list[int]:
+    body: dict[str, Any] = {
+        "model": api.model_name,
+        "messages": messages,
+        "add_generation_prompt": generation_prompt,
+        "continue_final_message": continue_final,
+    }
     if tools:
         body["tools"] = tools
     return [int(t) for t in (await api.server_json("post", "/tokenize", body))["tokens"]]
@@ -100,18 +110,21 @@ async def _closing_tokens(api: Any, earlier: list[Any], tools: list[Any] | None)
     opened = await _tokenize(api, probe_turn, tools, continue_final=True)
     if closed[: len(opened)] != opened:
         raise RuntimeError("this chat template writes an assistant turn differently when it is closed; cannot find its end")
-    return closed[len(opened):]
+    return closed[len(opened) :]
 
 
 async def _span_tokens(api: Any, ids: Sequence[int], start: int, end: int, quote: str) -> tuple[int, int]:
     """The fewest tokens in ``ids[start:end]`` whose text contains ``quote`` (two binary searches)."""
+
     async def holds(a: int, b: int) -> bool:
         return quote in await _detokenize(api, ids[a:b])
 
     if not await holds(start, end):
         turn_text = await _detokenize(api, ids[start:end])
-        raise TurnReadError(f"the span {quote!r} is not in the target's last turn; quote its text exactly. "
-                            f"The turn as the target wrote it: {turn_text[:600]!r}")
+        raise TurnReadError(
+            f"the span {quote!r} is not in the target's last turn; quote its text exactly. "
+            f"The turn as the target wrote it: {turn_text[:600]!r}"
+        )
     low, high = start + 1, end
     while low < high:  # the first end that contains the quote
         middle = (low + high) // 2
@@ -124,8 +137,7 @@ async def _span_tokens(api: Any, ids: Sequence[int], start: int, end: int, quote
     return low, span_end
 
 
-async def turn_tokens(model: Model, messages: Sequence[ChatMessage], tools: Sequence[ToolInfo] = (),
-                      span: str | None = None) -> TurnTokens:
+async def turn_tokens(model: Model, messages: Sequence[ChatMessage], tools: Sequence[ToolInfo] = (), span: str | None = None) -> TurnTokens:
     """Token positions of the final (assistant) turn of ``messages``, or of ``span`` within it."""
     check_ends_with_assistant(messages)
     api = _lens_api(model)
@@ -141,8 +153,10 @@ async def turn_tokens(model: Model, messages: Sequence[ChatMessage], tools: Sequ
         return TurnTokens(full, start, end, start, end)
     quote = span.strip()
     if not quote:
-        raise TurnReadError("the span is empty: quote a part of the target's last turn (its text or a tool call's "
-                            "arguments, as written), or leave span out to read the whole turn")
+        raise TurnReadError(
+            "the span is empty: quote a part of the target's last turn (its text or a tool call's "
+            "arguments, as written), or leave span out to read the whole turn"
+        )
     span_start, span_end = await _span_tokens(api, full, start, end, quote)
     return TurnTokens(full, start, end, span_start, span_end, quote)
 
@@ -152,12 +166,12 @@ def check_layer(layer: int) -> None:
         raise TurnReadError(f"layer {layer} is out of range: layers count from 0 (the first decoder layer)")
 
 
-async def _lens_request(model: Model, messages: Sequence[ChatMessage], tools: Sequence[ToolInfo],
-                        extra_args: dict[str, Any], wanted: str) -> dict[str, Any]:
+async def _lens_request(
+    model: Model, messages: Sequence[ChatMessage], tools: Sequence[ToolInfo], extra_args: dict[str, Any], wanted: str
+) -> dict[str, Any]:
     """One request over the closed conversation (one generated token); the decoded activations.
     A request the server refuses (a layer out of range) becomes a TurnReadError with its reason."""
-    config = GenerateConfig(max_tokens=1, temperature=0.0,
-                            extra_body={"extra_args": extra_args, "add_generation_prompt": False})
+    config = GenerateConfig(max_tokens=1, temperature=0.0, extra_body={"extra_args": extra_args, "add_generation_prompt": False})
     try:
         output = await model.generate(list(messages), tools=list(tools), config=config)
     except Exception as exc:  # the server's 400 (openai.BadRequestError): its message is the reason
@@ -184,12 +198,14 @@ def _server_message(exc: Exception) -> str:
 
 def _check_rows(rows: int, turn: TurnTokens) -> None:
     if rows != len(turn.token_ids):
-        raise RuntimeError(f"the request covered {rows} tokens, /tokenize counted {len(turn.token_ids)}: "
-                           "the server rendered the conversation differently")
+        raise RuntimeError(
+            f"the request covered {rows} tokens, /tokenize counted {len(turn.token_ids)}: the server rendered the conversation differently"
+        )
 
 
-async def capture_turn(model: Model, messages: Sequence[ChatMessage], tools: Sequence[ToolInfo], layer: int,
-                       turn: TurnTokens) -> np.ndarray:
+async def capture_turn(
+    model: Model, messages: Sequence[ChatMessage], tools: Sequence[ToolInfo], layer: int, turn: TurnTokens
+) -> np.ndarray:
     """The residual stream after ``layer`` at the turn's (or span's) tokens: (tokens, hidden)."""
     check_layer(layer)
     activations = await _lens_request(model, messages, tools, {CAPTURE_KEY: [layer]}, "residual_stream")
@@ -198,8 +214,9 @@ async def capture_turn(model: Model, messages: Sequence[ChatMessage], tools: Seq
     return np.ascontiguousarray(stream[turn.positions])
 
 
-async def probe_turn(model: Model, messages: Sequence[ChatMessage], tools: Sequence[ToolInfo], probe: Probe,
-                     turn: TurnTokens) -> np.ndarray:
+async def probe_turn(
+    model: Model, messages: Sequence[ChatMessage], tools: Sequence[ToolInfo], probe: Probe, turn: TurnTokens
+) -> np.ndarray:
     """The probe's per-token scores (computed on the worker) at the turn's (or span's) tokens."""
     activations = await _lens_request(model, messages, tools, {PROBE_KEY: [probe.linear_probe()]}, "probe_scores")
     scores = np.asarray(activations["probe_scores"][probe.card.name], dtype=np.float64)

@@ -37,9 +37,14 @@ class TurnScore:
     @classmethod
     def of(cls, probe: Probe, token_scores: np.ndarray) -> TurnScore:
         """The turn's score from the probe's per-token scores over it."""
-        return cls(probe=probe.card.name, layer=probe.layer, score=float(np.mean(token_scores)),
-                   threshold=float(probe.card.threshold), n_tokens=int(len(token_scores)),
-                   token_scores=[round(float(s), 4) for s in token_scores])
+        return cls(
+            probe=probe.card.name,
+            layer=probe.layer,
+            score=float(np.mean(token_scores)),
+            threshold=float(probe.card.threshold),
+            n_tokens=int(len(token_scores)),
+            token_scores=[round(float(s), 4) for s in token_scores],
+        )
 
     @property
     def flagged(self) -> bool:
@@ -52,8 +57,10 @@ class TurnScore:
 
     def summary(self) -> str:
         verdict = "FLAGGED" if self.flagged else "not flagged"
-        return (f"probe {self.probe} (layer {self.layer}) on the last turn ({self.n_tokens} tokens): score {self.score:.3f} "
-                f"log-odds, threshold {self.threshold:.3f} at 1% FPR on benign answers -> {verdict}")
+        return (
+            f"probe {self.probe} (layer {self.layer}) on the last turn ({self.n_tokens} tokens): score {self.score:.3f} "
+            f"log-odds, threshold {self.threshold:.3f} at 1% FPR on benign answers -> {verdict}"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "flagged": self.flagged}
