@@ -27,7 +27,7 @@ if __name__ == "__main__":
 
 # slow, not in CI: on an idle 2-core machine it passes; with another engine running beside it
 # (load 2-3) the warning came back 5 times in 5 runs on 2026-12-04 (also at 6770f90, before that
-# day's engine changes, and with a 60 s exit grace), so some exit path still leaks the ring under
+# day's engine changes; a 60 s exit grace instead of vLLM's 5 s did not help), so some exit path still leaks the ring under
 # load. Open: find that path; until then the test would fail CI at random.
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")

@@ -117,15 +117,10 @@ def shut_down_engines_at_exit() -> None:
     _patch(LLM, "__init__", make)
 
 
-# vLLM's own grace for an engine-core process to exit before it is killed is 5 s when no timeout
-# is given; a loaded 2-core machine took longer (2026-12-04: killed, and the ring leaked).
-EXIT_SHUTDOWN_TIMEOUT_S = 60.0
-
-
 def _shut_down_open_engines() -> None:
     for core in list(_open_engine_cores):
         try:
-            core.shutdown(timeout=EXIT_SHUTDOWN_TIMEOUT_S)
+            core.shutdown()
         except Exception as exc:  # at exit: report and go on with the other engines
             logger.warning("lens_evals: shutting down an engine at exit failed: %s", exc)
 
