@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from lens_evals.oracle.inference import OracleSettings, oracle_answers
+from lens_evals.probing.probe import Probe, ProbeCard
 from lens_evals.spec import CAPTURE_KEY
 
 TOOL_TEMPLATE = Path(__file__).resolve().parents[1] / "lens_evals" / "data" / "chat_templates" / "chatml_tools.jinja"
@@ -66,3 +67,33 @@ def offline_oracle(llm: Any, tokenizer: Any, lora: Any, settings: OracleSettings
     tokenizer.chat_template = TOOL_TEMPLATE.read_text(encoding="utf-8")
     [answer] = oracle_answers(llm, tokenizer, lora, settings, [acts], [question], max_tokens=max_tokens)
     return answer
+
+
+def random_probe(name: str, model: str, layer: int, hidden_size: int) -> Probe:
+    """A probe fitted to random features (seed 0, 64 rows): only where its scores land is checked."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    rng = np.random.default_rng(0)
+    features, labels = rng.normal(size=(64, hidden_size)), np.arange(64) % 2
+    pipeline = make_pipeline(StandardScaler(), LogisticRegression(C=0.1)).fit(features, labels)
+    card = ProbeCard(
+        name=name,
+        model=model,
+        layer=layer,
+        hidden_size=hidden_size,
+        token_selection="all",
+        training_set="random",
+        n_train_dialogues=64,
+        n_val_dialogues=0,
+        n_train_tokens=64,
+        regularization_C=0.1,
+        validation_auroc=0.5,
+        threshold=0.0,
+        control_set="none",
+        n_control=0,
+        versions={},
+        created="2026-12-03",
+    )
+    return Probe(pipeline=pipeline, card=card)

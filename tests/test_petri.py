@@ -20,19 +20,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
 
 from lens_evals.oracle.adapters import RECIPES, SMALL_ORACLE, oracle_path, read_card
 from lens_evals.oracle.inference import OracleSettings
-from lens_evals.probing.probe import Probe, ProbeCard
+from lens_evals.probing.probe import Probe
 from lens_evals.provider.lora_args import lora_server_args
 from lens_evals.provider.server import LensServer
 from tests.conftest import make_llm
-from tests.petri_reference import TOOL_TEMPLATE, capture_ids, offline_oracle, turn_by_characters
+from tests.petri_reference import TOOL_TEMPLATE, capture_ids, offline_oracle, random_probe, turn_by_characters
 
 ROOT = Path(__file__).resolve().parents[1]
 PETRI_PYTHON = ROOT / ".venv-petri" / "bin" / "python"
@@ -54,27 +50,7 @@ def trained_oracle() -> tuple[Path, float]:
 
 def quick_probe(directory: Path) -> Probe:
     """A probe fitted to random features: only the alignment of its scores is checked here."""
-    rng = np.random.default_rng(0)
-    pipeline = make_pipeline(StandardScaler(), LogisticRegression(C=0.1)).fit(rng.normal(size=(64, 576)), np.arange(64) % 2)
-    card = ProbeCard(
-        name="random-576",
-        model="smollm2-135m-instruct",
-        layer=PROBE_LAYER,
-        hidden_size=576,
-        token_selection="all",
-        training_set="random",
-        n_train_dialogues=64,
-        n_val_dialogues=0,
-        n_train_tokens=64,
-        regularization_C=0.1,
-        validation_auroc=0.5,
-        threshold=0.0,
-        control_set="none",
-        n_control=0,
-        versions={},
-        created="2026-12-03",
-    )
-    probe = Probe(pipeline=pipeline, card=card)
+    probe = random_probe("random-576", "smollm2-135m-instruct", PROBE_LAYER, 576)
     probe.save(directory)
     return probe
 

@@ -17,23 +17,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import numpy as np
 import pytest
 from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageTool, ChatMessageUser, get_model
 from inspect_ai.model._openai import messages_to_openai, openai_chat_tools
 from inspect_ai.tool import ToolCall, ToolError, ToolInfo, ToolParam, ToolParams
-from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
 
 from lens_evals.integrations.petri import OracleInspector, ProbeInspector, inspect_turn
 from lens_evals.oracle.inference import OracleSettings
-from lens_evals.probing.probe import Probe, ProbeCard
+from lens_evals.probing.probe import Probe
 from lens_evals.provider.lora_args import lora_server_args
 from lens_evals.provider.server import LensServer
 from tests.conftest import make_llm
 from tests.lora_helpers import random_adapter
-from tests.petri_reference import TOOL_TEMPLATE, capture_ids, offline_oracle, turn_by_characters
+from tests.petri_reference import TOOL_TEMPLATE, capture_ids, offline_oracle, random_probe, turn_by_characters
 
 SETTINGS = OracleSettings(target_layer=2, injection_layer=1, num_tokens=None, placeholder=" cat", coefficient=1.0)
 MAX_TOKENS, MAX_POSITIONS = 6, 48
@@ -58,28 +54,7 @@ MESSAGES = [
 
 
 def tiny_probe(layer: int) -> Probe:
-    rng = np.random.default_rng(0)
-    features, labels = rng.normal(size=(64, 128)), np.arange(64) % 2
-    pipeline = make_pipeline(StandardScaler(), LogisticRegression(C=0.1)).fit(features, labels)
-    card = ProbeCard(
-        name="tiny-probe",
-        model="tiny-llama",
-        layer=layer,
-        hidden_size=128,
-        token_selection="all",
-        training_set="random",
-        n_train_dialogues=64,
-        n_val_dialogues=0,
-        n_train_tokens=64,
-        regularization_C=0.1,
-        validation_auroc=0.5,
-        threshold=0.0,
-        control_set="none",
-        n_control=0,
-        versions={},
-        created="2026-12-03",
-    )
-    return Probe(pipeline=pipeline, card=card)
+    return random_probe("tiny-probe", "tiny-llama", layer, 128)
 
 
 @pytest.fixture(scope="module")
