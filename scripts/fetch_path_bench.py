@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from lens_evals.engine import handoff, handoff_pool  # noqa: E402
 from lens_evals.engine.host_copy import host_copier  # noqa: E402
-from lens_evals.engine.host_store import Piece, PieceStore, row_blocks  # noqa: E402
+from lens_evals.engine.host_store import Piece, PieceStore  # noqa: E402
 from lens_evals.engine.protocol import PackedRows  # noqa: E402
 from lens_evals.engine.results import THREADS_ENV, TakenResult, write_results  # noqa: E402
 
@@ -50,7 +50,7 @@ def fetch(store: PieceStore, requests: int, sink: handoff.Sink, threads: int) ->
     taken = {}
     for index in range(requests):
         pieces = store.release(f"k{index}")
-        taken[f"k{index}"] = TakenResult({}, [("residual_stream", "layers", [16], row_blocks(pieces))])
+        taken[f"k{index}"] = TakenResult({}, [("residual_stream", "layers", [16], pieces)])
     released = time.perf_counter()
     results = write_results(taken, sink, threads)
     written = time.perf_counter()

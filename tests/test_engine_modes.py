@@ -56,6 +56,13 @@ def test_multiprocess_engine_matches_in_process(tiny_path, tmp_path, in_process,
     # 3 captures and 2 probe-score blocks (the offline lambda-hook request fails without rows)
     assert int(metadata(result["_path"], "handoff_files")) == (5 if handoff else 0)
     assert int(metadata(in_process["_path"], "handoff_files")) == 0  # same process: nothing to hand off
+    # requests 1 and 2 finish before the last step: their rows are written before the fetch (into
+    # the pool; in-process as inline bytes), request 0's at the fetch, or (multiprocess: the engine
+    # core tells the worker of the last step's finished requests in a step of their own) perhaps
+    # just before; without the hand-off, none
+    assert int(metadata(in_process["_path"], "early_written")) == 2
+    if mode == "offline":
+        assert int(metadata(result["_path"], "early_written")) in ((2, 3) if handoff else (0,))
     assert list(handoff_dir.iterdir()) == []  # claimed files unlinked, the marker removed at exit
     if mode == "offline":  # a lambda hook works in-process only, and says why elsewhere
         assert metadata(in_process["_path"], "lambda_hook") == "ok"

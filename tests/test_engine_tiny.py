@@ -21,15 +21,16 @@ def vector(seed: int, layers: list[int], scale: float = 2.0, **kw) -> SteeringVe
 
 
 def mixed_params(i: int):
-    """Request i of the mixed batch: plain, capture, steer, or both."""
-    kind = i % 4
+    """Request i of the mixed batch: plain, capture, steer, or both; 6, 6, 5, 5, ... 3 tokens
+    (so the batch's requests finish at different steps)."""
+    kind, tokens = i % 4, 6 - i // 2
     if kind == 0:
-        return greedy(6)
+        return greedy(tokens)
     if kind == 1:
-        return greedy(6, output_residual_stream=[i % 4, 3])
+        return greedy(tokens, output_residual_stream=[i % 4, 3])
     if kind == 2:
-        return greedy(6, apply_steering_vectors=[vector(i, [1])])
-    return greedy(6, output_residual_stream=[0, 2], apply_steering_vectors=[vector(i, [2], norm_match=True, scale=0.5)])
+        return greedy(tokens, apply_steering_vectors=[vector(i, [1])])
+    return greedy(tokens, output_residual_stream=[0, 2], apply_steering_vectors=[vector(i, [2], norm_match=True, scale=0.5)])
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,16 @@ def llm(tiny_path):
 
 
 def test_mixed_batch_equals_each_request_alone(llm) -> None:
+    """In the batch, the capture requests that finish before the last step (3, 5 and 7) have
+    their rows written while the others still run (``early_write``: inline bytes, the frontend
+    being in this process); alone, each finishes at the last step and is written at the fetch."""
+    from lens_evals.engine.protocol import MEMORY_METHOD
+
+    (before,) = llm.collective_rpc(MEMORY_METHOD)
     together = llm.generate(PROMPTS, [mixed_params(i) for i in range(8)])
+    (after,) = llm.collective_rpc(MEMORY_METHOD)
+    assert after["early_written"] - before["early_written"] == 3
+    assert after["early_unfetched"] == 0 and after["held_bytes"] == 0
     for i, prompt in enumerate(PROMPTS):
         alone = llm.generate([prompt], mixed_params(i))[0]
         assert together[i].outputs[0].token_ids == alone.outputs[0].token_ids, f"request {i} tokens differ"

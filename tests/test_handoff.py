@@ -228,3 +228,98 @@ def test_files_of_dead_processes_are_swept_when_a_frontend_starts(tmp_path) -> N
     left = {p.name for p in tmp_path.iterdir()}
     assert left == {name for name, (_, kept) in made.items() if kept} | {os.path.basename(new.marker)}
     assert (tmp_path / os.path.basename(new.marker)).read_text() == str(live_pid)
+
+
+def _core_with_rows(address: dict, requests: int = 3, steps: int = 3, hidden: int = 300):
+    """A worker core (no engine) whose requests' specs name ``address`` for their rows; each
+    request captures layer 1 over a 2-token prefill and decode steps. (core, rows by key)."""
+    from lens_evals.engine.compat import BatchLayout
+    from lens_evals.engine.requests import WorkerRequest
+    from lens_evals.engine.taps import run_layer
+    from lens_evals.engine.worker_core import WorkerCore
+
+    core = WorkerCore(torch.device("cpu"), torch.float32, {0, 1, 2})
+    names = [f"r{i}" for i in range(requests)]
+    for i, name in enumerate(names):
+        core.ledger.track(name, WorkerRequest(key=f"k{i}", capture_layers=[1], handoff=dict(address)))
+    streams: dict[str, list[torch.Tensor]] = {f"k{i}": [] for i in range(requests)}
+    generator = torch.Generator().manual_seed(3)
+    for step in range(steps):
+        rows = [2 if step == 0 else 1] * requests
+        hidden_rows, residual = (torch.randn(sum(rows), hidden, generator=generator) for _ in range(2))
+        context = core.begin_step(core.plan_step(BatchLayout(names, rows, [0 if step == 0 else step + 1] * requests), None))
+        run_layer(context, 1, hidden_rows, residual)
+        core.store_step(context)
+        for i, block in enumerate((hidden_rows + residual).split(rows)):
+            streams[f"k{i}"].append(block)
+    return core, {key: torch.cat(blocks)[None] for key, blocks in streams.items()}
+
+
+def _wait_early(core, *keys: str) -> None:
+    for key in keys:
+        core.early.entries[key].done.result(timeout=60)
+
+
+def test_finished_rows_are_in_the_pool_before_the_fetch_and_come_back_equal(tmp_path, target) -> None:
+    """A request vLLM finished is written into the frontend's pool at once (``early_write``); the
+    fetch replies with that region, and the rows equal those of a request fetched the old way."""
+    core, want = _core_with_rows(target)
+    core.finish("r0")
+    _wait_early(core, "k0")
+    written = [(s.name, offset) for s in handoff._files.pools[target["token"]].segments.values() for offset in s.used]
+    assert core.early.written == 1 and len(written) == 1  # in the pool, nothing fetched yet
+    reply = core.fetch_results(["k0", "k1", "k2"], sent())
+    assert [(reply["k0"]["residual_stream"]["pool"], reply["k0"]["residual_stream"]["offset"])] == written
+    assert all("pool" in reply[key]["residual_stream"] for key in ("k1", "k2"))  # written by the fetch
+    claim_all([reply])
+    for key in want:
+        assert torch.equal(result_tensors(reply[key])["residual_stream"], want[key]), key
+    assert core.held_bytes == 0 and len(core.early) == 0 and core.early.written == 1
+    for name in ("r1", "r2"):  # fetched before vLLM finished them: nothing more to write
+        core.finish(name)
+    assert len(core.early) == 0
+
+
+def test_rows_written_early_for_an_aborted_or_dropped_request_free_their_region(tmp_path, target, monkeypatch) -> None:
+    """An abort's fetch sends no target: rows already in the pool come back inline and their
+    region is free again. A request whose rows wait for the fetch (here: below the hand-off's
+    minimum size) is dropped for the memory bound like any unfetched one."""
+    from lens_evals.engine.compat import BatchLayout
+
+    core, want = _core_with_rows(target)
+    core.finish("r0")
+    _wait_early(core, "k0")
+    pool = handoff._files.pools[target["token"]]
+    assert sum(len(s.used) for s in pool.segments.values()) == 1
+    reply = core.fetch_results(["k0"], None)
+    assert "data" in reply["k0"]["residual_stream"] and "pool" not in reply["k0"]["residual_stream"]
+    assert torch.equal(result_tensors(reply["k0"])["residual_stream"], want["k0"])
+    assert sum(len(s.used) for s in pool.segments.values()) == 0
+    monkeypatch.setenv(handoff.MIN_BYTES_ENV, str(10**9))  # too small for the pool: held for the fetch
+    core.finish("r1")
+    _wait_early(core, "k1")
+    core.early.reap()
+    assert core.held_bytes > 0 and "k1" in core.early.entries and core.early.written == 1
+    core.stores.max_held_bytes = 0
+    core.store_step(core.begin_step(core.plan_step(BatchLayout(["r2"], [1], [4]), None)))  # a step of r2 only
+    assert "k1" not in core.early.entries and core.held_bytes == 0
+
+
+def test_a_frontend_in_this_process_gets_inline_bytes_early_counted_until_fetched(target) -> None:
+    """Same process: the early write is the inline copy the fetch would make; those bytes count
+    against the worker's memory bound until fetched, and an unfetched one is dropped for it."""
+    from lens_evals.engine.compat import BatchLayout
+
+    core, want = _core_with_rows({**target, "pid": os.getpid()})
+    core.finish("r0")
+    core.finish("r1")
+    _wait_early(core, "k0", "k1")
+    core.early.reap()
+    assert core.early.written == 2 and core.early.inline_bytes == 2 * want["k0"].numel() * 4
+    assert core.held_bytes == core.stores.held_bytes + core.early.inline_bytes
+    reply = core.fetch_results(["k1"], {**target, "pid": os.getpid()})
+    assert "data" in reply["k1"]["residual_stream"] and torch.equal(result_tensors(reply["k1"])["residual_stream"], want["k1"])
+    core.stores.max_held_bytes = core.held_bytes - 1  # k0's bytes are over the bound now
+    core.store_step(core.begin_step(core.plan_step(BatchLayout(["r2"], [1], [4]), None)))
+    assert "k0" not in core.early.entries and core.early.inline_bytes == 0
+    assert core.fetch_results(["k0"], None) == {"k0": None}  # dropped: nothing comes back

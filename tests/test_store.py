@@ -61,6 +61,42 @@ def test_a_long_request_does_not_keep_a_whole_batch_alive() -> None:
     assert store.held_bytes == 0
 
 
+def test_held_pieces_keep_their_arena_region_until_unheld() -> None:
+    """A request written on another thread (``early_write``) is released with ``hold``: while
+    the rest of its step buffer is released and compacted and later steps take arena memory, its
+    rows stay as they were (without the hold the chunk would be reused at offset 0)."""
+    from lens_evals.engine.host_copy import PinnedArena
+
+    store = PieceStore()
+    store.arena = PinnedArena(chunk_bytes=4096, pin=False, max_spare_bytes=2**20)  # bookkeeping only: no pinning on a CPU machine
+
+    def step_buffer(step: torch.Tensor):
+        region, chunk = store.arena.take(step.numel() * step.element_size())
+        data = region.view(step.dtype).view(step.shape)
+        data.copy_(step)
+        return store.new_buffer(data, None, step.shape[1], chunk)
+
+    first = _steps(1, 8, torch.float32)[0]  # (2 layers, 8 requests, hidden 8): 512 bytes
+    buffer = step_buffer(first)
+    for request in range(8):
+        store.add(f"k{request}", Piece(buffer, request, 1, 0, None))
+    held = store.release("k0", hold=True)
+    for request in range(1, 7):
+        store.release(f"k{request}")
+    store.compact()  # k7's row copied out of the mostly-empty buffer; the buffer stays for k0
+    assert store.held_bytes == buffer.nbytes + 2 * 8 * 4
+    for later in _steps(12, 8, torch.float32):  # 6 KB more than the 4 KB chunk: would wrap onto it
+        store.add("other", Piece(step_buffer(later + 100), 0, 8, 0, None))
+        store.release("other")
+        store.compact()
+    rows = PackedRows.decode(assemble(held)[0])
+    assert torch.equal(rows, first[:, :1])
+    store.unhold(held)
+    assert store.held_bytes == 2 * 8 * 4  # k7's own copy only
+    store.release("k7")
+    assert store.held_bytes == 0 and store.arena.used_bytes == 0
+
+
 def test_recomputed_rows_overwrite_and_missing_positions_are_reported() -> None:
     data = torch.arange(2 * 6 * 3, dtype=torch.float32).reshape(2, 6, 3)
     store = PieceStore()

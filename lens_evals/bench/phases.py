@@ -5,7 +5,8 @@ Each fetch logs its phases (``lens_evals timing (worker)`` then ``(frontend)``);
 fetch nothing, so the logged fetches follow the non-plain features in the order they ran (one
 warm-up each, then the rotated rounds). Prints the median over rounds of each phase in ms, and
 our total (the phases that do not nest: the forward itself and the round trip around the
-worker's phases are left out) as a share of the median plain round."""
+worker's phases are left out, and so are the early writes on the worker's writer thread, which
+run beside the steps) as a share of the median plain round."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from lens_evals.bench.systems import ALL_SYSTEMS
 
 _LINE = re.compile(r"lens_evals timing \((worker|frontend)\): (.*)")
 _PART = re.compile(r"(.*) ([0-9.]+) ms / (\d+)$")
-NESTED = ("forward with taps (queued)", "forward (queued)", "fetch: worker round trip")
+NESTED = ("forward with taps (queued)", "forward (queued)", "fetch: worker round trip", "fetch: wait for early writes")
+OVERLAPPED = ("early: write rows",)  # on the worker's writer thread, beside the steps (``early_write``)
 
 
 def fetches(log: Path) -> list[dict[str, float]]:
@@ -60,7 +62,7 @@ def per_feature(out_dir: Path, system: str = "lens-mixed") -> dict[str, dict[str
         runs = [phases for name, phases in zip(order[warm:], logged[warm:]) if name == feature]
         names = sorted({name for phases in runs for name in phases})
         medians = {name: statistics.median(p.get(name, 0.0) for p in runs) for name in names}
-        own = sum(v for name, v in medians.items() if name not in NESTED)
+        own = sum(v for name, v in medians.items() if name not in NESTED + OVERLAPPED)
         table[feature] = {**medians, "ours (not nested)": own, "share of plain round": own / plain_ms}
     return table
 

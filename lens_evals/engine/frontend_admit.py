@@ -13,6 +13,7 @@ from lens_evals import settings, wire
 from lens_evals.engine import compat
 from lens_evals.engine.frontend_hooks import encode_hooks
 from lens_evals.engine.graph_taps import configured_layers, refusal
+from lens_evals.engine.handoff import HandoffTarget
 from lens_evals.engine.hook_sets import UnknownHookSet, store_of
 from lens_evals.engine.probe_cache import encode_probe
 from lens_evals.engine.protocol import LensSpecWire
@@ -121,6 +122,10 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
         "hooks": hooks,
         "hook_set": lens.hook_set,
     }
+    if lens.capture_layers or lens.probes:
+        address = HandoffTarget.address()
+        if address is not None:  # the worker may write the rows here as soon as they are final
+            spec["handoff"] = address
     normalised[INTERNAL_KEY] = spec
     params.extra_args = normalised  # a fresh dict: the caller's params stay untouched
     compat.set_request_cache_salt(request, key)

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from lens_evals import settings
 from lens_evals.engine.handoff_pool import SEGMENT_PREFIX, PoolViews, SharedPool, map_and_unlink
-from lens_evals.engine.protocol import HandoffTargetWire
+from lens_evals.engine.protocol import HandoffAddressWire, HandoffTargetWire
 
 logger = logging.getLogger("lens_evals")
 HANDOFF_ENV = settings.HANDOFF.name
@@ -61,6 +61,8 @@ class Rows(Protocol):
 # Puts rows where the reply can find them and returns what the reply says about them:
 # ``{"data": bytearray}`` inline, ``{"pool": ...}`` or ``{"file": ...}`` shared.
 Sink = Callable[[Rows], dict[str, Any]]
+# The same, or None: not written (``early_sink_for``: the rows stay for the fetch's sink)
+PartialSink = Callable[[Rows], dict[str, Any] | None]
 
 
 def inline(rows: Rows) -> dict[str, Any]:
@@ -114,6 +116,15 @@ class HandoffTarget:
     def for_this_process(cls, source: int = 0) -> HandoffTargetWire | None:
         """What a fetch call to the workers of engine ``source`` sends them (None: hand-off off
         or no usable directory)."""
+        address = cls.address()
+        if address is None:
+            return None
+        assert cls._current is not None
+        return address | {"free": cls._current.pool_views.take_freed(source)}  # type: ignore[return-value]
+
+    @classmethod
+    def address(cls) -> HandoffAddressWire | None:
+        """Where this process takes rows (each request's spec names it, see ``early_write``)."""
         if not _enabled():
             return None
         if cls._current is None:
@@ -125,8 +136,7 @@ class HandoffTarget:
                     f"lens_evals: cannot use {directory!r} for the row hand-off ({exc}); "
                     f"set {DIR_ENV} to a writable directory or {HANDOFF_ENV}=0"
                 ) from exc
-        target = cls._current
-        return {"dir": target.directory, "token": target.token, "pid": os.getpid(), "free": target.pool_views.take_freed(source)}
+        return {"dir": cls._current.directory, "token": cls._current.token, "pid": os.getpid()}
 
 
 def claim(packed: dict[str, Any], source: int = 0) -> dict[str, Any]:
@@ -231,26 +241,64 @@ def _cleanup_unclaimed() -> None:
 atexit.register(_cleanup_unclaimed)
 
 
-def sink_for(target: HandoffTargetWire | dict[str, Any] | None) -> Sink:
-    """Where a worker puts the reply's row blocks for a frontend described by ``target``. Called
-    once per fetch on the worker's main thread; the sink itself may run on several threads."""
+def _pool_for(target: HandoffAddressWire | dict[str, Any] | None) -> SharedPool | None:
+    """The pool for the frontend at ``target`` (None: rows go inline: hand-off off, the same
+    process, or a directory this worker does not share). Worker's main thread only."""
     if not target or not _enabled() or target.get("pid") == os.getpid():
-        return inline
+        return None
     directory, token = str(target.get("dir")), str(target.get("token"))
     if not re.fullmatch(r"[0-9a-f]{32}", token):
-        return inline
+        return None
     seen = _files.seen.get((directory, token))
     if seen is None:
         seen = _files.seen[(directory, token)] = os.path.exists(os.path.join(directory, MARKER_PREFIX + token))
     if not seen:
-        return inline
-    min_bytes = settings.HANDOFF_MIN_BYTES.get()
+        return None
     for other, old_pool in list(_files.pools.items()):  # frontends that exited: their pools go
         if other != token and not os.path.exists(old_pool.marker):
             _cleanup_pool(_files.pools.pop(other))
     pool = _files.pools.get(token)
     if pool is None:
         pool = _files.pools[token] = SharedPool(directory, os.path.join(directory, MARKER_PREFIX + token))
+    return pool
+
+
+def early_sink_for(address: HandoffAddressWire | dict[str, Any] | None) -> PartialSink | None:
+    """Where a worker may write a finished request's rows before the fetch (``early_write``):
+    the frontend's pool (blocks of at least ``LENS_EVALS_HANDOFF_MIN_BYTES`` while it has room,
+    never a file of their own: a request never fetched leaves nothing behind but its region),
+    or inline bytes for a frontend in this process (the copy its fetch would make). None: the
+    rows wait for the fetch."""
+    if not address or not _enabled():
+        return None
+    if address.get("pid") == os.getpid():
+        return inline
+    pool = _pool_for(address)
+    if pool is None:
+        return None
+    min_bytes = settings.HANDOFF_MIN_BYTES.get()
+    return lambda rows: pool.write(rows) if rows.nbytes >= min_bytes else None
+
+
+def recall(packed: dict[str, Any], address: HandoffAddressWire | dict[str, Any]) -> dict[str, Any]:
+    """Rows written early into the pool of the frontend at ``address``, for a fetch that wants
+    them elsewhere (an abort's fetch sends no target): the bytes inline, the region free again."""
+    if "pool" not in packed:
+        return packed
+    pool = _files.pools.get(str(address.get("token")))
+    if pool is None:
+        raise ValueError("rows written early into a hand-off pool that is gone (its frontend exited)")
+    return {key: value for key, value in packed.items() if key not in ("pool", "offset", "nbytes")} | {"data": pool.read_back(packed)}
+
+
+def sink_for(target: HandoffTargetWire | dict[str, Any] | None) -> Sink:
+    """Where a worker puts the reply's row blocks for a frontend described by ``target``. Called
+    once per fetch on the worker's main thread; the sink itself may run on several threads."""
+    pool = _pool_for(target)
+    if pool is None or target is None:
+        return inline
+    directory = str(target.get("dir"))
+    min_bytes = settings.HANDOFF_MIN_BYTES.get()
     pool.release(target.get("free"))
     if len(_files.made) >= _files.prune_at:  # forget the files frontends have claimed
         _files.made = {path for path in _files.made if os.path.exists(path)}

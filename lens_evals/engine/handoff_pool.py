@@ -130,6 +130,18 @@ class SharedPool:
             view.release()
         return {"pool": segment.name, "offset": offset, "nbytes": rows.nbytes}
 
+    def read_back(self, packed: dict[str, Any]) -> bytearray:
+        """The bytes of a region this worker wrote (``write``'s reply) and no frontend will
+        claim; the region is free again."""
+        name, offset, nbytes = packed.get("pool"), int(packed.get("offset", -1)), int(packed.get("nbytes", -1))
+        segment = self.segments.get(str(name))
+        if segment is None or offset < 0 or offset + nbytes > segment.size:
+            raise ValueError(f"no region {offset}+{nbytes} in hand-off pool segment {name!r}")
+        data = bytearray(segment.map[offset : offset + nbytes])
+        with self.lock:
+            segment.give(offset)
+        return data
+
     def _allocate(self, nbytes: int) -> tuple[_Segment, int] | None:
         for segment in self.segments.values():
             offset = segment.take(nbytes)

@@ -15,6 +15,7 @@ short ones does not keep the whole batch's rows alive.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ class StepBuffer:
     host. ``ready`` is the CUDA event of the copy (None on CPU or once waited for); ``chunk``
     the arena chunk its pinned memory belongs to (None: memory of its own)."""
 
-    __slots__ = ("data", "ready", "units", "live_units", "live_pieces", "pieces", "_array", "chunk")
+    __slots__ = ("data", "ready", "units", "live_units", "live_pieces", "holds", "pieces", "_array", "chunk")
 
     def __init__(self, data: torch.Tensor, ready: Any, units: int, chunk: Any = None) -> None:
         self.data = data
@@ -42,6 +43,7 @@ class StepBuffer:
         self.units = units
         self.live_units = 0
         self.live_pieces = 0
+        self.holds = 0  # released pieces still being written on another thread (``PieceStore.unhold``)
         self.pieces: list[Piece] = []  # every piece ever added (see ``alive``)
         self._array: np.ndarray | None = None
 
@@ -52,8 +54,9 @@ class StepBuffer:
     def array(self) -> np.ndarray:
         """The host data as numpy (bfloat16 viewed as int16: numpy has no bfloat16)."""
         if self._array is None:
-            if self.ready is not None:
-                self.ready.synchronize()
+            ready = self.ready  # read once: a writer thread may read the same buffer
+            if ready is not None:
+                ready.synchronize()
                 self.ready = None
             data = self.data.view(torch.int16) if self.data.dtype == torch.bfloat16 else self.data
             self._array = data.numpy()
@@ -75,6 +78,15 @@ class Piece:
         self.slots = slots
         self.alive = True
         self.units = num_rows if slots is None or buffer.data.dim() > 1 else num_rows * len(slots)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of this piece's rows (read from nothing: no wait for the step's copy)."""
+        data = self.buffer.data
+        if data.dim() > 1:
+            ids = data.shape[0] if self.slots is None else len(self.slots)
+            return ids * self.num_rows * math.prod(data.shape[2:]) * data.element_size()
+        return self.units * data.element_size()
 
     def rows(self) -> np.ndarray:
         """Captures ``(n_layers, num_rows, hidden)``; scores ``(n_probes, num_rows)``."""
@@ -133,23 +145,35 @@ class PieceStore:
     def keys(self) -> set[str]:
         return set(self.by_key)
 
-    def release(self, key: str) -> list[Piece]:
+    def release(self, key: str, hold: bool = False) -> list[Piece]:
         """Forget a request's pieces (returned, still readable). A buffer left empty is freed;
         one left mostly empty is compacted at the next step (``compact``), so a bulk fetch of
-        a whole batch copies nothing."""
+        a whole batch copies nothing. ``hold``: the pieces are read on another thread, so their
+        buffers are not freed (their pinned memory not reused) until ``unhold``."""
         pieces = self.by_key.pop(key, [])
         for piece in pieces:
             piece.alive = False
             buffer = piece.buffer
             buffer.live_units -= piece.units
             buffer.live_pieces -= 1
+            buffer.holds += hold
             if not buffer.live_pieces:
-                self._free(buffer)
-                buffer.pieces = []
+                if not buffer.holds:
+                    self._free(buffer)
+                    buffer.pieces = []
                 self._sparse.pop(id(buffer), None)
             elif buffer.live_units < COMPACT_BELOW * buffer.units:
                 self._sparse[id(buffer)] = buffer
         return pieces
+
+    def unhold(self, pieces: list[Piece]) -> None:
+        """Pieces released with ``hold`` are read no more: free the buffers nothing else uses."""
+        for piece in pieces:
+            buffer = piece.buffer
+            buffer.holds -= 1
+            if not buffer.holds and not buffer.live_pieces and buffer.pieces:
+                self._free(buffer)
+                buffer.pieces = []
 
     def compact(self) -> None:
         """Copy the remaining pieces of mostly-empty buffers into buffers of their own."""
@@ -171,9 +195,10 @@ class PieceStore:
             piece.slots = None if data.dim() > 1 else tuple(range(0, rows.size, piece.num_rows))
             own.pieces.append(piece)
             own.live_units, own.live_pieces = piece.units, 1
-        buffer.pieces = []
         buffer.live_pieces = 0
-        self._free(buffer)
+        if not buffer.holds:  # else freed by ``unhold``
+            buffer.pieces = []
+            self._free(buffer)
 
 
 @dataclass

@@ -48,14 +48,22 @@ class LensSpecWire(TypedDict):
     probe_digests: list[str]  # each probe's digest (``probe_cache``): the worker decodes a probe once
     hooks: list[HookWire]
     hook_set: str | None
+    # where the worker may write the request's rows as soon as it finishes, before the fetch
+    # (``early_write``); absent: the hand-off is off, the rows are written at the fetch
+    handoff: NotRequired[HandoffAddressWire]
 
 
-class HandoffTargetWire(TypedDict):
-    """What a fetch tells the workers about the frontend's hand-off directory (``handoff``)."""
+class HandoffAddressWire(TypedDict):
+    """The frontend's hand-off directory (``handoff``)."""
 
     dir: str
     token: str  # names the frontend's marker file, which proves the directory is shared
     pid: int
+
+
+class HandoffTargetWire(HandoffAddressWire):
+    """What a fetch tells the workers: the hand-off directory and the pool regions freed."""
+
     free: list[list[Any]]  # pool regions the frontend's tensors no longer use
 
 
@@ -97,6 +105,8 @@ class MemoryReport(TypedDict):
     held_bytes: int
     requests: int  # requests with rows held
     tracked: int  # vLLM requests the worker follows
+    early_written: int  # requests whose rows were written before their fetch (``early_write``), so far
+    early_unfetched: int  # ... of them not fetched yet
 
 
 class CopyReport(TypedDict):

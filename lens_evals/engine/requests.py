@@ -50,6 +50,7 @@ class WorkerRequest:
     hook_set: str | None = None  # a persistent hook set the request opted into
     set_hooks: list[WorkerHook] = field(default_factory=list)
     set_saved: dict[str, Any] = field(default_factory=dict)  # the same for the set's hooks
+    handoff: dict[str, Any] | None = None  # the frontend's ``HandoffAddressWire`` (``early_write``)
 
 
 def decode_worker_request(
@@ -77,6 +78,7 @@ def decode_worker_request(
         hooks=decode_hooks(spec.get("hooks", []), device),
         hook_set=hook_set,
         set_hooks=list(hook_sets.get(hook_set, [])) if hook_set else [],
+        handoff=dict(spec["handoff"]) if spec.get("handoff") else None,
     )
 
 

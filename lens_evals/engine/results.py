@@ -1,6 +1,6 @@
 """A fetch's results on the worker: each released request's result and where its rows are
 (``TakenResult``, made by ``worker_core.Fetch``), then the rows written out (optionally on several
-threads)."""
+threads; a finished request's rows perhaps before the fetch, ``early_write``)."""
 
 from __future__ import annotations
 
@@ -9,26 +9,49 @@ from dataclasses import dataclass, field
 
 from lens_evals import settings
 from lens_evals.engine import handoff
-from lens_evals.engine.host_store import RowBlocks
+from lens_evals.engine.host_store import Piece, row_blocks
 from lens_evals.engine.protocol import FetchResult
+
+# (name, ids name, ids, pieces): one part of a result's rows, not yet written
+RowPart = tuple[str, str, list[int], list[Piece]]
 
 
 @dataclass
 class TakenResult:
-    """A released request's result and its row parts (name, ids name, ids, rows) to write."""
+    """A released request's result and its row parts still to write. The rows are read out of
+    the pieces only when written (``row_blocks``: on a CUDA host that waits for the step's copy),
+    so the writing may happen on another thread. ``held``: pieces released with ``hold`` (their
+    buffers are kept until ``PieceStore.unhold``)."""
 
     result: FetchResult
-    parts: list[tuple[str, str, list[int], RowBlocks]] = field(default_factory=list)
+    parts: list[RowPart] = field(default_factory=list)
+    held: tuple[list[Piece], list[Piece]] | None = None
 
     @property
     def nbytes(self) -> int:
-        return sum(rows.nbytes for *_, rows in self.parts)
+        return sum(piece.nbytes for *_, pieces in self.parts for piece in pieces)
 
     def write(self, sink: handoff.Sink) -> FetchResult | None:
-        for name, ids_name, ids, rows in self.parts:
-            self.result[name] = rows.write(sink)  # type: ignore[literal-required]  # a ROW_PARTS name
-            self.result[ids_name] = ids  # type: ignore[literal-required]
+        self.write_some(sink)
         return self.result or None
+
+    def write_some(self, sink: handoff.PartialSink) -> None:
+        """Write the parts ``sink`` takes (returns where it put them; None: not here, the part
+        stays for a later sink); a part with gaps turns the whole result into an error."""
+        pending = []
+        for part in self.parts:
+            name, ids_name, ids, pieces = part
+            rows = row_blocks(pieces)
+            if rows.gaps:
+                self.result, self.parts = {"error": f"{name} has gaps at positions {rows.gaps} (prefix cache or scheduling defect)"}, []
+                return
+            where = sink(rows)
+            if where is None:
+                pending.append(part)
+                continue
+            self.result[name] = rows.header | where  # type: ignore[literal-required]  # a ROW_PARTS name
+            self.result[ids_name] = ids  # type: ignore[literal-required]
+        self.parts = pending
 
 
 _writers: dict[int, ThreadPoolExecutor] = {}

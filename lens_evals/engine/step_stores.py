@@ -30,9 +30,10 @@ class StepStores:
         """Every request key with rows held."""
         return self.captures.keys() | self.scores.keys()
 
-    def release(self, key: str) -> tuple[list[Piece], list[Piece]]:
-        """Forget a request's (captured, scored) pieces and return them (still readable)."""
-        return self.captures.release(key), self.scores.release(key)
+    def release(self, key: str, hold: bool = False) -> tuple[list[Piece], list[Piece]]:
+        """Forget a request's (captured, scored) pieces and return them (still readable;
+        ``hold``: their buffers kept until ``PieceStore.unhold``)."""
+        return self.captures.release(key, hold), self.scores.release(key, hold)
 
     def store(
         self,

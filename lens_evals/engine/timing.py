@@ -5,6 +5,7 @@ process logs its totals when results are fetched, then starts again from zero.""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from lens_evals import settings
 ENABLED = settings.TIMING.get()  # read once, when the process imports the engine
 _seconds: dict[str, float] = defaultdict(float)
 _calls: dict[str, int] = defaultdict(int)
+_lock = threading.Lock()  # the worker's early writes are timed on a thread of their own
 
 
 _OFF = nullcontext()
@@ -31,15 +33,20 @@ def _timed(name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        _seconds[name] += time.perf_counter() - started
-        _calls[name] += 1
+        elapsed = time.perf_counter() - started
+        with _lock:
+            _seconds[name] += elapsed
+            _calls[name] += 1
 
 
 def log_and_reset(where: str) -> None:
-    if not ENABLED or not _seconds:
+    if not ENABLED:
         return
-    parts = ", ".join(f"{name} {_seconds[name] * 1e3:.1f} ms / {_calls[name]}" for name in sorted(_seconds))
+    with _lock:
+        if not _seconds:
+            return
+        parts = ", ".join(f"{name} {_seconds[name] * 1e3:.1f} ms / {_calls[name]}" for name in sorted(_seconds))
+        _seconds.clear()
+        _calls.clear()
     # straight to stderr: the engine process may route or filter library loggers
     print(f"lens_evals timing ({where}): {parts}", file=sys.stderr, flush=True)
-    _seconds.clear()
-    _calls.clear()

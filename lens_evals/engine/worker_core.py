@@ -14,13 +14,13 @@ import torch
 
 from lens_evals import settings, wire
 from lens_evals.engine import compat, handoff, timing
+from lens_evals.engine.early_write import EarlyWrites
 from lens_evals.engine.host_copy import host_copier
-from lens_evals.engine.host_store import row_blocks
 from lens_evals.engine.ledger import RequestLedger
 from lens_evals.engine.plan import StepPlan
 from lens_evals.engine.planners import StepPlanner
 from lens_evals.engine.protocol import FetchResult
-from lens_evals.engine.results import TakenResult
+from lens_evals.engine.results import RowPart, TakenResult, write_results
 from lens_evals.engine.step_stores import StepStores
 from lens_evals.engine.taps import StepContext
 from lens_evals.engine.worker_hooks import HookCall, HookContext
@@ -43,13 +43,15 @@ class Fetch:
         self.local_layers = local_layers
         self.max_saved_chars = max_saved_chars
 
-    def take(self, key: str) -> TakenResult:
+    def take(self, key: str, hold: bool = False) -> TakenResult:
         """Release one request: its result without the rows, and where the rows are (the
-        writing may happen on another thread: nothing here is touched by it)."""
-        captured, scored = self.stores.release(key)
+        writing may happen on another thread: nothing here is touched by it; ``hold``: then
+        their buffers stay until ``EarlyWrites.done_with``)."""
+        captured, scored = self.stores.release(key, hold)
+        held = (captured, scored) if hold else None
         req, error = self.ledger.take(key)
         if error is not None:
-            return TakenResult({"error": error})
+            return TakenResult({"error": error}, held=held)
         result: FetchResult = {}
         if req is not None and self.capture_here:
             try:
@@ -58,8 +60,8 @@ class Fetch:
                 if req.hook_set:
                     result["set_saved"] = self._encode_saved(req.set_saved, "hook set saved")
             except ValueError as exc:
-                return TakenResult({"error": str(exc)})
-        parts = []
+                return TakenResult({"error": str(exc)}, held=held)
+        parts: list[RowPart] = []
         for pieces, name, ids_name, ids in (
             (captured, "residual_stream", "layers", [layer for layer in (req.capture_layers if req else []) if layer in self.local_layers]),
             (
@@ -69,13 +71,9 @@ class Fetch:
                 [probe.index for probe in (req.probes if req else []) if probe.layer in self.local_layers],
             ),
         ):
-            if not pieces:
-                continue
-            rows = row_blocks(pieces)
-            if rows.gaps:
-                return TakenResult({"error": f"{name} has gaps at positions {rows.gaps} (prefix cache or scheduling defect)"})
-            parts.append((name, ids_name, ids, rows))
-        return TakenResult(result, parts)
+            if pieces:
+                parts.append((name, ids_name, ids, pieces))
+        return TakenResult(result, parts, held)
 
     def _encode_saved(self, saved: dict[str, Any], what: str) -> dict[str, Any]:
         encoded = wire.encode_tree(saved, "saved")
@@ -100,10 +98,16 @@ class WorkerCore:
         self.stores = StepStores(settings.MAX_HELD_CAPTURE_GIB.in_bytes(), host_copier(device))
         max_saved_chars = settings.MAX_SAVED_MIB.in_bytes()
         self.fetch = Fetch(self.ledger, self.stores, capture_here, local_layers, max_saved_chars)
+        self.early = EarlyWrites(self.stores)
 
     @property
     def held_bytes(self) -> int:
-        return self.stores.held_bytes
+        """Host bytes of rows not fetched yet: the step buffers, and rows written early as
+        inline bytes (a frontend in this process)."""
+        return self.stores.held_bytes + self.early.inline_bytes
+
+    def _over_bound(self) -> bool:
+        return self.held_bytes > self.stores.max_held_bytes
 
     # ----------------------------------------------------------------- one step
     def plan_step(self, layout: compat.BatchLayout, input_ids: torch.Tensor | None) -> StepPlan | None:
@@ -122,7 +126,8 @@ class WorkerCore:
             self._enforce_memory_bound()
 
     def _enforce_memory_bound(self) -> None:
-        while self.stores.over_bound() and (key := self.ledger.oldest_unfetched()) is not None:
+        self.early.reap()
+        while self._over_bound() and (key := self.ledger.oldest_unfetched() or self.early.drop_oldest()) is not None:
             logger.warning("lens_evals: dropping unfetched capture %s to stay under the host memory bound", key)
             self._drop(key)
         if self.stores.over_bound():
@@ -133,20 +138,49 @@ class WorkerCore:
 
     # ----------------------------------------------------------------- finishing and fetching
     def finish(self, req_id: str) -> None:
-        """vLLM finished the request: drop it if fetched already, else keep its rows for the fetch."""
+        """vLLM finished the request: drop it if fetched already, else its rows are final: write
+        them for the frontend now if its spec says where (``early_write``), or keep them for the
+        fetch."""
+        req = self.ledger.requests.get(req_id)
         key = self.ledger.finish(req_id)
         if key is not None:
             self._drop(key)
+        elif (
+            req is not None and req.handoff is not None and (req.key in self.stores.captures.by_key or req.key in self.stores.scores.by_key)
+        ):
+            sink = handoff.early_sink_for(req.handoff)
+            if sink is not None:
+                self.early.submit(req.key, self.fetch.take(req.key, hold=True), sink, req.handoff)
 
     def _drop(self, key: str) -> None:
         self.stores.release(key)
         self.ledger.forget(key)
 
-    def take_result(self, key: str) -> TakenResult:
-        """Release one request (see ``Fetch.take``)."""
-        return self.fetch.take(key)
+    def take_result(self, key: str, target: dict[str, Any] | None = None) -> TakenResult:
+        """Release one request (see ``Fetch.take``), or take what was written of it early for
+        the frontend at ``target`` (``EarlyWrites.take``)."""
+        early = self.early.take(key, target)
+        return early if early is not None else self.fetch.take(key)
+
+    def fetch_results(self, keys: list[str], target: dict[str, Any] | None = None) -> dict[str, FetchResult | None]:
+        """A fetch: release the requests and write their rows (what was not written early) for
+        the frontend at ``target`` (None: inline)."""
+        sink = handoff.sink_for(target)
+        with timing.phase("fetch: release"):
+            taken = {key: self.take_result(key, target) for key in keys}
+        try:
+            with timing.phase("fetch: write rows"):
+                return write_results(taken, sink)
+        finally:
+            for result in taken.values():
+                self.early.done_with(result)
+            self.early.reap()
 
     def pop_result(self, key: str, sink: handoff.Sink = handoff.inline) -> FetchResult | None:
         """Release one request and return its capture, probe scores and hook results (rows
         placed by absolute position, written by ``sink``; ``saved`` JSON-safe, arrays encoded)."""
-        return self.fetch.take(key).write(sink)
+        taken = self.take_result(key)
+        try:
+            return taken.write(sink)
+        finally:
+            self.early.done_with(taken)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lens_evals.engine import compat, handoff, timing
+from lens_evals.engine import compat, timing
 from lens_evals.engine.protocol import (
     CLEAR_SET_METHOD,
     COPY_METHOD,
@@ -19,7 +19,6 @@ from lens_evals.engine.protocol import (
     HookWire,
     MemoryReport,
 )
-from lens_evals.engine.results import write_results
 from lens_evals.engine.worker_hooks import decode_hooks
 from lens_evals.engine.worker_state import STATE_ATTR, get_state
 
@@ -30,11 +29,7 @@ def fetch_results(worker: Any, keys: list[str], target: HandoffTargetWire | None
     state = getattr(compat.runner_from_worker(worker), STATE_ATTR, None)
     if state is None:  # e.g. a model runner the plugin does not hook: fail the requests, not the engine
         return {key: {"error": "lens_evals is not active in this worker's model runner"} for key in keys}
-    sink = handoff.sink_for(target)
-    with timing.phase("fetch: release"):
-        taken = {key: state.core.take_result(key) for key in keys}
-    with timing.phase("fetch: write rows"):
-        written = write_results(taken, sink)
+    written = state.core.fetch_results(keys, dict(target) if target else None)
     results = {key: result for key, result in written.items() if result is not None}
     timing.log_and_reset("worker")
     return results
@@ -43,7 +38,13 @@ def fetch_results(worker: Any, keys: list[str], target: HandoffTargetWire | None
 def worker_memory(worker: Any) -> MemoryReport:
     state = get_state(compat.runner_from_worker(worker))
     core = state.core
-    return {"held_bytes": core.held_bytes, "requests": len(core.stores.keys()), "tracked": len(core.ledger.requests)}
+    return {
+        "held_bytes": core.held_bytes,
+        "requests": len(core.stores.keys()),
+        "tracked": len(core.ledger.requests),
+        "early_written": core.early.written,
+        "early_unfetched": len(core.early),
+    }
 
 
 def copy_mode(worker: Any, overlap: bool | None = None) -> CopyReport:

@@ -33,15 +33,16 @@ def params(i: int):
     if i >= 1:
         weights = np.random.default_rng(5).normal(size=128).astype(np.float32)
         extra["output_probe_scores"] = [LinearProbe(name="p", layer=2, weights=weights, bias=1.0)]
-    return SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, extra_args=extra)
+    return SamplingParams(max_tokens=5 - i, temperature=0.0, ignore_eos=True, extra_args=extra)  # finishing at 3 steps
 
 
 def gpu_options() -> dict:
     return {"gpu_memory_utilization": 0.2} if torch.cuda.is_available() else {}
 
 
-def offline(model: str) -> tuple[list, str]:
-    """The outputs, and what a lambda hook gives ("ok" in-process, the error text otherwise)."""
+def offline(model: str) -> tuple[list, str, int]:
+    """The outputs, what a lambda hook gives ("ok" in-process, the error text otherwise), and
+    how many requests' rows the worker wrote before the fetch (``early_write``)."""
     from vllm import LLM, SamplingParams
 
     from lens_evals.engine.frontend_attach import LensRequestError
@@ -49,12 +50,13 @@ def offline(model: str) -> tuple[list, str]:
 
     llm = LLM(model, dtype="float32", max_model_len=512, seed=0, **gpu_options())
     outputs = llm.generate(PROMPTS, [params(i) for i in range(len(PROMPTS))])
+    (memory,) = llm.collective_rpc("lens_evals_memory")
     try:
         llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2, extra_args={"apply_hooks": [Hook(lambda ctx, h: None, [0])]}))
         lambda_result = "ok"
     except LensRequestError as exc:
         lambda_result = str(exc)
-    return outputs, lambda_result
+    return outputs, lambda_result, memory["early_written"]
 
 
 async def run_async(model: str) -> list:
@@ -77,7 +79,7 @@ async def run_async(model: str) -> list:
 
 def main() -> None:
     model, out_path, mode = sys.argv[1:4]
-    outputs, lambda_result = offline(model) if mode == "offline" else (asyncio.run(run_async(model)), "not run")
+    outputs, lambda_result, early = offline(model) if mode == "offline" else (asyncio.run(run_async(model)), "not run", -1)
     tensors = {}
     for i, out in enumerate(outputs):
         tensors[f"capture_{i}"] = out.activations["residual_stream"].contiguous()
@@ -88,7 +90,9 @@ def main() -> None:
             tensors[f"saved_{name}_{i}"] = value.contiguous()
     from lens_evals.engine.handoff import HandoffTarget
 
-    save_file(tensors, out_path, metadata={"lambda_hook": lambda_result, "handoff_files": str(HandoffTarget.claimed)})
+    save_file(
+        tensors, out_path, metadata={"lambda_hook": lambda_result, "handoff_files": str(HandoffTarget.claimed), "early_written": str(early)}
+    )
 
 
 if __name__ == "__main__":
