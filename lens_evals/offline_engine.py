@@ -8,6 +8,8 @@ override at its call. vllm is imported only by :func:`open_offline_engine`.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 from typing import Any
 
@@ -54,3 +56,28 @@ def open_offline_engine(model: str, *, kv_cache_gib: int = KV_CACHE_GIB, in_proc
 def close_offline_engine(llm: Any) -> None:
     """Shut the engine down now (its engine core, workers and their memory), not at exit."""
     llm.llm_engine.engine_core.shutdown()
+
+
+def add_engine_arg_option(parser: argparse.ArgumentParser) -> None:
+    """``--engine-arg KEY=VALUE`` (repeatable), read by :func:`parse_engine_args`."""
+    parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra vLLM engine argument, e.g. gpu_memory_utilization=0.5 (repeatable; JSON values)",
+    )
+
+
+def parse_engine_args(pairs: list[str]) -> dict[str, Any]:
+    """``["gpu_memory_utilization=0.5", "enforce_eager=true"]`` -> ``{"gpu_memory_utilization": 0.5, "enforce_eager": True}``."""
+    parsed: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--engine-arg {pair!r}: expected KEY=VALUE")
+        try:
+            parsed[key] = json.loads(value)
+        except json.JSONDecodeError:
+            parsed[key] = value
+    return parsed

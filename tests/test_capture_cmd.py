@@ -168,6 +168,29 @@ def random_token_prompts(path: Path, n_prompts: int, n_tokens: int, vocab: int, 
     return write_jsonl(path, [{"prompt_token_ids": rng.integers(10, vocab, n_tokens).tolist()} for _ in range(n_prompts)])
 
 
+def test_token_id_prompts_need_no_tokenizer(llm: Any, tiny_path: Path, tmp_path: Path) -> None:
+    """A model directory without tokenizer files, opened with ``--engine-arg
+    skip_tokenizer_init=true`` (how the GPU host's 44 GB capture runs): token-id prompts are
+    captured as the tokenizer-backed engine captures them."""
+    import shutil
+
+    model = tmp_path / "no-tokenizer"
+    model.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copy(tiny_path / name, model / name)
+    prompts = random_token_prompts(tmp_path / "p.jsonl", 3, 20, len(llm.get_tokenizer()))
+    out = tmp_path / "out"
+    args = ["capture", str(prompts), "--model", str(model), "--layers", ",".join(map(str, LAYERS)), "--out", str(out)]
+    assert cli_main([*args, "--dtype", "float32", "--engine-arg", "skip_tokenizer_init=true"]) == 0
+    reference = reference_streams(llm, [json.loads(line) for line in prompts.read_text().splitlines()])
+    rows = list(CaptureReader(out).rows())
+    assert [row.token_ids for row in rows] == [token_ids for token_ids, _ in reference]
+    for row, (_, stream) in zip(rows, reference, strict=True):
+        assert_stream_close(row.activations, stream, f"prompt {row.prompt_index}")
+    with pytest.raises(SystemExit, match="expected KEY=VALUE"):
+        cli_main([*args, "--engine-arg", "skip_tokenizer_init"])
+
+
 def test_disk_full_keeps_what_was_written(llm: Any, tmp_path: Path) -> None:
     """A real full disk: a 1 MiB tmpfs; each 1-prompt shard is ~400 KiB, so the third does not fit."""
     mount = tmp_path / "small_disk"

@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
+
 MIB = 1 << 20
 
 
@@ -31,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-shards", type=int, default=None, help="stop after this many shards (resume later)")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--dtype", default=None, help="engine dtype (default: float32 for embedded models, else the model's)")
+    add_engine_arg_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     settings = CaptureSettings(
         batch_size=args.batch_size, shard_rows=args.shard_rows, shard_bytes=int(args.shard_mib * MIB), max_shards=args.max_shards
     )
-    engine_args = {"dtype": args.dtype} if args.dtype else {}
+    engine_args = {**({"dtype": args.dtype} if args.dtype else {}), **parse_engine_args(args.engine_arg)}
     try:
         manifest = run_capture(
             args.prompts, args.model, args.layers, args.out, settings=settings, max_model_len=args.max_model_len, engine_args=engine_args

@@ -79,7 +79,8 @@ def _tokenize(llm: Any, items: Sequence[PromptItem], layers: list[int]) -> list[
     bad_layers = [layer for layer in layers if n_layers is not None and not 0 <= layer < n_layers]
     if bad_layers and n_layers is not None:
         raise CaptureError(f"layers {bad_layers} are outside the model's {n_layers} layers (0..{n_layers - 1})")
-    tokenizer = llm.get_tokenizer()
+    # token-id prompts need no tokenizer (an engine may run without one: skip_tokenizer_init)
+    tokenizer = llm.get_tokenizer() if any(item.token_ids is None for item in items) else None
     limit = llm.llm_engine.model_config.max_model_len - 1  # one token is generated (max_tokens=1)
     token_ids = []
     for item in items:

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
+
 
 def add_probe_commands(probes_sub: Any) -> None:
     train_set = probes_sub.add_parser("train-set", help="train ip-lr, ip-dom and rp-lr at one layer (probes/MODEL__probe-set)")
@@ -16,13 +18,7 @@ def add_probe_commands(probes_sub: Any) -> None:
     science.add_argument("--dtype", default=None, help="engine dtype (default: float32 for embedded models)")
     science.add_argument("--out", default="docs/results")
     science.add_argument("--roleplaying-limit", type=int, default=None, help="first N Roleplaying scenarios (checks only)")
-    science.add_argument(
-        "--engine-arg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an extra vLLM engine argument, e.g. gpu_memory_utilization=0.5 (repeatable; JSON values)",
-    )
+    add_engine_arg_option(science)
     for command in (train_set, science):
         command.add_argument("--model", default="smollm2-135m-instruct")
         command.add_argument("--limit", type=int, default=None, help="about this many Instructed-Pairs dialogues")
@@ -51,7 +47,7 @@ def run_probes_command(args: argparse.Namespace) -> int:
             control_limit=args.control_limit,
             control_max_tokens=args.control_max_tokens,
             roleplaying_limit=args.roleplaying_limit,
-            engine_args=engine_args(args.engine_arg),
+            engine_args=parse_engine_args(args.engine_arg),
         )
         print(json.dumps({k: result[k] for k in ("model", "dtype", "chosen_layer", "probes", "thresholds", "timings_s")}, indent=2))
     else:
@@ -69,17 +65,3 @@ def run_probes_command(args: argparse.Namespace) -> int:
             )
         )
     return 0
-
-
-def engine_args(pairs: list[str]) -> dict[str, Any]:
-    """``["gpu_memory_utilization=0.5", "enforce_eager=true"]`` -> ``{"gpu_memory_utilization": 0.5, "enforce_eager": True}``."""
-    parsed: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--engine-arg {pair!r}: expected KEY=VALUE")
-        try:
-            parsed[key] = json.loads(value)
-        except json.JSONDecodeError:
-            parsed[key] = value
-    return parsed
