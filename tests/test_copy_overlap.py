@@ -103,6 +103,10 @@ def test_the_next_steps_kernels_do_not_wait_for_the_copy(overlap: bool) -> None:
     arena = PinnedArena(chunk_bytes=2**20)
     rows = torch.ones(2**28, device=device, dtype=torch.bfloat16)
     small = torch.ones(1024, device=device)  # allocated now: an allocation later could wait for the device
+    # the kernel loaded now: CUDA loads a kernel at its first launch (lazy loading), and that load
+    # waits for the device, copies included (the likely cause of this test's one failure on the H200,
+    # 2026-12-04: the [True] case ran first, before any add kernel had been loaded)
+    small.add_(0)
     warm = copier.to_host(rows, arena)  # pins the region once; the measured copy reuses it
     warm[1].synchronize()
     arena.give_back(warm[2])

@@ -12,7 +12,9 @@ Run by `PART=ray bash scripts/gpu_suite.sh` on the lent GPU machine (docs/testin
 vLLM 0.26's Ray executor kills its workers at shutdown but keeps the placement group it made, so
 a second Ray engine in the same driver waits for the GPU forever (2026-12-04: the second engine of
 the first test waited past the 240 s timeout, "Waiting for creating a placement group of specs
-[{'GPU': 1.0}]"). Each Ray engine here runs in a Ray instance of its own (:func:`ray_session`)."""
+[{'GPU': 1.0}]"). A Ray instance per engine instead (the next run) stalled 4 minutes in the second
+`ray.init` of the process. So the local tests share one Ray instance (:func:`local_ray`) and each
+engine's placement group is removed after it (:func:`ray_engine`)."""
 
 from __future__ import annotations
 
@@ -96,40 +98,53 @@ def ray_cli(*args: str, env: dict[str, str] | None = None) -> None:
     assert done.returncode == 0, f"ray {' '.join(args)}: {done.stderr[-2000:]}"
 
 
-@contextmanager
-def ray_session() -> Iterator[None]:
-    """A local Ray instance for one engine (see the module's note on placement groups)."""
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """One local Ray instance for the single-node tests (the GPU as its one resource)."""
     import ray
 
     ray.init(include_dashboard=False, num_gpus=1)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    yield
+    ray.shutdown()
 
 
-def test_ray_executor_equals_default(tiny_path, reference) -> None:
-    with ray_session(), make_llm(tiny_path, distributed_executor_backend="ray") as llm:
+@contextmanager
+def ray_engine(path: Any) -> Iterator[Any]:
+    """A Ray-executor engine whose placement group is removed after its shutdown (see the module's
+    note): the next engine of this driver can take the GPU."""
+    import ray
+
+    with make_llm(path, distributed_executor_backend="ray") as llm:
+        group = llm.llm_engine.vllm_config.parallel_config.placement_group
+        yield llm
+    if group is not None:
+        ray.util.remove_placement_group(group)
+
+
+def test_ray_executor_equals_default(tiny_path, reference, local_ray) -> None:
+    with ray_engine(tiny_path) as llm:
         assert_same(run(llm), reference, "Ray, one node")
 
 
-def test_settings_on_the_driver_reach_the_ray_worker(tiny_path, reference, monkeypatch) -> None:
-    """Ray starts first, then the setting is set on the driver: only vLLM's executor can carry it
+def test_settings_on_the_driver_reach_the_ray_worker(tiny_path, reference, local_ray, monkeypatch) -> None:
+    """Ray has started before the setting is set on the driver: only vLLM's executor can carry it
     to the worker (the raylet's own environment does not have it). A capture bound of ~1 KiB
     trips there."""
-    with ray_session():
-        monkeypatch.setenv("LENS_EVALS_MAX_HELD_CAPTURE_GIB", str(1 / 2**20))
-        with make_llm(tiny_path, distributed_executor_backend="ray") as llm:
-            with pytest.raises(LensRequestError, match="LENS_EVALS_MAX_HELD_CAPTURE_GIB"):
-                llm.generate(PROMPTS[:1], greedy(6, output_residual_stream=[0, 1, 2, 3]), use_tqdm=False)
-            plain = llm.generate(PROMPTS[:1], greedy(6), use_tqdm=False)[0]
-            assert plain.outputs[0].token_ids == reference[0].outputs[0].token_ids  # the engine goes on
+    monkeypatch.setenv("LENS_EVALS_MAX_HELD_CAPTURE_GIB", str(1 / 2**20))
+    with ray_engine(tiny_path) as llm:
+        with pytest.raises(LensRequestError, match="LENS_EVALS_MAX_HELD_CAPTURE_GIB"):
+            llm.generate(PROMPTS[:1], greedy(6, output_residual_stream=[0, 1, 2, 3]), use_tqdm=False)
+        plain = llm.generate(PROMPTS[:1], greedy(6), use_tqdm=False)[0]
+        assert plain.outputs[0].token_ids == reference[0].outputs[0].token_ids  # the engine goes on
 
 
 @pytest.fixture
 def two_nodes(request) -> Iterator[str]:
     """A head node without GPUs and a second raylet that holds the GPU; `request.param` says
     whether the plugin is enabled on the second node."""
+    import ray
+
+    ray.shutdown()  # the driver joins this cluster (RAY_ADDRESS), not the local instance of the tests before
     with_plugin: bool = request.param
     env = dict(os.environ)
     if not with_plugin:
@@ -146,7 +161,7 @@ def two_nodes(request) -> Iterator[str]:
 @pytest.mark.parametrize("two_nodes", [True], indirect=True)
 def test_worker_on_a_second_node_equals_default(tiny_path, reference, two_nodes, monkeypatch) -> None:
     monkeypatch.setenv("RAY_ADDRESS", two_nodes)
-    with make_llm(tiny_path, distributed_executor_backend="ray") as llm:
+    with ray_engine(tiny_path) as llm:
         assert_same(run(llm), reference, "Ray, worker on the second node")
 
 
@@ -156,7 +171,7 @@ def test_a_node_without_the_plugin_fails_loudly(tiny_path, two_nodes, monkeypatc
     the plugin. (Which one happened is printed for the record.)"""
     monkeypatch.setenv("RAY_ADDRESS", two_nodes)
     try:
-        with make_llm(tiny_path, distributed_executor_backend="ray") as llm:
+        with ray_engine(tiny_path) as llm:
             with pytest.raises(Exception) as failure:
                 llm.generate(PROMPTS[:1], greedy(4, output_residual_stream=[0]), use_tqdm=False)
             message = f"lens request failed: {type(failure.value).__name__}: {failure.value}"
