@@ -31,6 +31,7 @@ from lens_evals.engine.results import TakenResult
 from lens_evals.engine.step_stores import StepStores
 
 logger = logging.getLogger("lens_evals")
+_thread: ThreadPoolExecutor | None = None  # the process's one writer thread (in order: ``reap`` relies on it)
 
 
 @dataclass
@@ -59,13 +60,13 @@ class EarlyWrites:
         self._writing: deque[_Entry] = deque()  # submitted, not reaped yet (written in this order)
         self.written = 0  # requests whose rows were all written early (counted on the writer thread only)
         self.inline_bytes = 0  # rows written early as inline bytes and not fetched yet (reaped entries)
-        self._thread: ThreadPoolExecutor | None = None
 
     def submit(self, key: str, taken: TakenResult, sink: handoff.PartialSink, address: dict[str, Any]) -> None:
         """Write ``taken`` (released with its pieces held) on the writer thread."""
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lens_evals-early")
-        entry = self.entries[key] = _Entry(taken, address, self._thread.submit(self._write, taken, sink))
+        global _thread
+        if _thread is None:
+            _thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lens_evals-early")
+        entry = self.entries[key] = _Entry(taken, address, _thread.submit(self._write, taken, sink))
         self._writing.append(entry)
 
     def _write(self, taken: TakenResult, sink: handoff.PartialSink) -> None:
