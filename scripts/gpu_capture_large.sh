@@ -12,7 +12,12 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 out=${OUT:-/tmp}
 work=${CAPTURE_WORK:-/tmp/capture-large}
 report=$out/capture-large.txt
-rm -rf /tmp/w /tmp/w.tar "$work"  # the wheels' install leftovers: disk for the capture
+rm -rf /tmp/w /tmp/w.tar /tmp/whl "$work"  # the wheels' install leftovers (installed in /tmp/site): disk for the capture
+# the benchmark's 16 GB model (scripts/gpu_bench.sh; rebuilt in ~25 s when needed) if the disk
+# cannot hold the capture beside it
+if [ -d /tmp/lens-evals-bench-llama8b ] && [ "$(df --output=avail -B1G /tmp | tail -1)" -lt 52 ]; then
+  echo "removing /tmp/lens-evals-bench-llama8b: the capture needs ~45 GB" && rm -rf /tmp/lens-evals-bench-llama8b
+fi
 mkdir -p "$work/model"
 {
   echo "gpu_capture_large.sh at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%FT%TZ)"
