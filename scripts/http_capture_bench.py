@@ -1,0 +1,255 @@
+"""Over-HTTP capture against the offline capture of the same prompts, in one run (issue #21: "over
+HTTP within 1.3x of offline").
+
+(a) offline: ``vllm.LLM`` (``lens_evals.offline_engine``) generates N token-id prompts (the prefill
+bench's lengths and ids) with ``max_tokens=1`` capturing one layer, all in one ``generate`` call;
+wall time from submit until every capture is on the host (torch, native dtype); the engine is
+then shut down. (b) a lens server on the same model and engine arguments gets the same prompts as
+``/v1/completions`` with ``prompt`` = the token ids over ``--concurrency`` connections, once per
+response encoding of ``lens_evals.wire.RESPONSE_ENCODINGS`` per round (rotated order); wall time
+until every response is decoded into tensors. Every HTTP capture is checked against the offline
+one (dtype, shape = prompt length, bit-equal or else the per-token relative error of
+tests/tolerance.py within its bound). Writes a JSON report.
+
+    cd /tmp && PYTHONPATH=/work/main /work/main/.venv/bin/python /work/main/scripts/http_capture_bench.py \\
+        --model tiny-llama --prompts 64 --rounds 1 --out /tmp/http_capture.json
+
+Run it from a directory without a ``lens_evals`` package (the server's ``python -m`` puts the
+working directory first on its path). Token-id prompts need no tokenizer: with
+``--engine-arg skip_tokenizer_init=true`` neither engine loads one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import resource
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+from tqdm import tqdm
+
+from lens_evals import wire
+from lens_evals.bench.prefill import prefill_lengths
+from lens_evals.bench.prompts import make_prompts
+from lens_evals.client import decode_activations, lens_xargs
+from lens_evals.models import resolve_model
+from lens_evals.offline_engine import add_engine_arg_option, close_offline_engine, open_offline_engine, parse_engine_args
+from lens_evals.provider.server import LensServer
+
+# tests/tolerance.py's per-token bounds (max over tokens of ||got_t - ref_t|| / ||ref_t||) for two
+# runs of one model with different batch shapes: measured floor x ~10 on CPU, TF32 estimate on GPU.
+CPU_BOUND, GPU_BOUND = 1e-4, 2e-2
+WARMUP_PROMPTS = 8
+MAX_MODEL_LEN = 1024  # prompts are 40-400 tokens
+
+
+def reset_peak_rss(pid: int | str = "self") -> None:
+    """Reset a process's VmHWM (Linux: ``clear_refs`` 5), so each phase reports its own peak."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError as exc:
+        print(f"peak RSS of {pid} not resettable ({exc}); later phases report the process-wide peak")
+
+
+def peak_rss_gib(pid: int | str = "self") -> float:
+    """A process's peak RSS since its last reset (VmHWM); for this process ru_maxrss where unreadable."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20
+    except OSError as exc:
+        if pid != "self":
+            print(f"peak RSS of {pid} unreadable ({exc})")
+            return float("nan")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def offline_capture(
+    model: str, prompts: list[list[int]], layer: int, engine: dict[str, Any], rounds: int
+) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    """(captures, report row): the median of ``rounds`` timed ``generate`` calls after a warm-up."""
+    from vllm import SamplingParams
+
+    reset_peak_rss()
+    started = time.perf_counter()
+    llm = open_offline_engine(model, **engine)
+    start_seconds = time.perf_counter() - started
+    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, extra_args=lens_xargs([layer]))
+    inputs = [{"prompt_token_ids": ids} for ids in prompts]
+    llm.generate(inputs[:WARMUP_PROMPTS], params, use_tqdm=False)
+    walls: list[float] = []
+    captures: list[torch.Tensor] = []
+    try:
+        for _ in range(rounds):
+            captures = []
+            gc.collect()
+            began = time.perf_counter()
+            outputs = llm.generate(inputs, params, use_tqdm=True)
+            captures = [output.activations["residual_stream"] for output in outputs]
+            walls.append(time.perf_counter() - began)
+            del outputs
+    finally:
+        close_offline_engine(llm)
+        del llm
+        gc.collect()
+    row = {
+        "wall_seconds": round(sorted(walls)[len(walls) // 2], 3),
+        "all_wall_seconds": [round(w, 3) for w in walls],
+        "engine_start_seconds": round(start_seconds, 1),
+        "dtype": str(captures[0].dtype).removeprefix("torch."),
+        "capture_bytes": sum(c.numel() * c.element_size() for c in captures),
+        "peak_rss_gib": round(peak_rss_gib(), 2),
+    }
+    return captures, row
+
+
+def http_capture(
+    server: LensServer, prompts: list[list[int]], layer: int, encoding: str, concurrency: int
+) -> tuple[list[Any], dict[str, Any]]:
+    """(captures, report row) for one pass over the prompts in one response encoding."""
+    assert server.pid is not None, "the server is running"
+    url, name, server_pid = server.url, server.served_name, server.pid
+    reset_peak_rss()
+    reset_peak_rss(server_pid)
+    xargs = lens_xargs([layer], encoding=encoding)
+    captures: list[Any] = [None] * len(prompts)
+    sizes, decode_seconds = 0, 0.0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    with httpx.Client(timeout=1800, limits=limits) as client:
+
+        def one(ids: list[int]) -> bytes:
+            body = {"model": name, "prompt": ids, "max_tokens": 1, "temperature": 0, "vllm_xargs": xargs}
+            response = client.post(f"{url}/v1/completions", json=body)
+            if response.status_code != 200:
+                raise RuntimeError(f"HTTP {response.status_code}: {response.text[:500]}")
+            return response.content
+
+        gc.collect()
+        began = time.perf_counter()
+        with ThreadPoolExecutor(concurrency) as pool:
+            futures = {pool.submit(one, ids): i for i, ids in enumerate(prompts)}
+            for future in tqdm(as_completed(futures), total=len(prompts), desc=encoding):
+                content = future.result()
+                sizes += len(content)
+                decode_began = time.perf_counter()
+                activations = decode_activations(json.loads(content))
+                assert isinstance(activations, dict), "one prompt per request gives one activations dict"
+                captures[futures[future]] = activations["residual_stream"]
+                decode_seconds += time.perf_counter() - decode_began
+        wall = time.perf_counter() - began
+    row = {
+        "encoding": encoding,
+        "wall_seconds": round(wall, 3),
+        "response_bytes": sizes,
+        "client_decode_seconds": round(decode_seconds, 3),
+        "dtype": str(captures[0].dtype).removeprefix("torch."),
+        "peak_rss_gib": round(peak_rss_gib(), 2),
+        "server_peak_rss_gib": round(peak_rss_gib(server_pid), 2),  # the API server process (not its engine core)
+    }
+    return captures, row
+
+
+def compare(got: list[Any], ref: list[torch.Tensor], prompts: list[list[int]], bound: float) -> dict[str, Any]:
+    """Dtype, shapes (one row per prompt token) and values of the HTTP captures against offline."""
+    bit_equal, worst = 0, 0.0
+    for i, (g, r, ids) in enumerate(zip(got, ref, prompts)):
+        g = torch.as_tensor(g)
+        if g.dtype != r.dtype or tuple(g.shape) != tuple(r.shape) or g.shape[1] != len(ids):
+            raise AssertionError(f"prompt {i}: HTTP {g.dtype} {tuple(g.shape)} vs offline {r.dtype} {tuple(r.shape)}, {len(ids)} tokens")
+        if torch.equal(g, r):
+            bit_equal += 1
+            continue
+        g64, r64 = g.double(), r.double()
+        error = ((g64 - r64).norm(dim=-1) / r64.norm(dim=-1).clamp_min(1e-30)).max().item()
+        worst = max(worst, error)
+    if worst > bound:
+        raise AssertionError(f"HTTP captures differ from offline: max per-token relative error {worst:.3g} > {bound}")
+    return {"bit_equal_prompts": bit_equal, "max_token_relative_error": worst, "bound": bound}
+
+
+def model_config(model: str) -> dict[str, Any]:
+    return dict(json.loads((Path(resolve_model(model)) / "config.json").read_text()))
+
+
+def server_value(value: Any) -> Any:
+    """An engine argument as the server's command line takes it (dicts as JSON)."""
+    return json.dumps(value) if isinstance(value, dict) else value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-llama", help="an embedded model's name or a model directory")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--prompts", type=int, default=1000)
+    parser.add_argument("--layer", type=int, help="the layer captured (default: the middle one)")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, required=True)
+    add_engine_arg_option(parser)
+    args = parser.parse_args()
+    config = model_config(args.model)
+    layer = config["num_hidden_layers"] // 2 if args.layer is None else args.layer
+    engine = {"dtype": args.dtype, "max_model_len": MAX_MODEL_LEN, "seed": 0, **parse_engine_args(args.engine_arg)}
+    lengths = prefill_lengths(args.prompts)
+    prompts = make_prompts(args.prompts, Path(resolve_model(args.model)), config["vocab_size"], lengths=lengths)
+
+    reference, offline = offline_capture(args.model, prompts, layer, engine, args.rounds)
+    bound = GPU_BOUND if torch.cuda.is_available() else CPU_BOUND  # after the engine: CUDA untouched before it
+    print(f"offline: {offline['wall_seconds']} s (median of {offline['all_wall_seconds']}), {offline['dtype']}")
+    name = "bench"
+    server_args = {key: server_value(value) for key, value in engine.items()}
+    server = LensServer(resolve_model(args.model), served_name=name, server_args=server_args).start(timeout=1800)
+    rows = []
+    try:
+        warmup = prompts[: 2 * args.concurrency]  # every connection busy at least once
+        http_capture(server, warmup, layer, wire.DEFAULT_RESPONSE_ENCODING, args.concurrency)
+        encodings = list(wire.RESPONSE_ENCODINGS)
+        for round_index in range(args.rounds):
+            for encoding in encodings[round_index:] + encodings[:round_index]:
+                captures, row = http_capture(server, prompts, layer, encoding, args.concurrency)
+                row.update(compare(captures, reference, prompts, bound), round=round_index)
+                row["ratio_http_offline"] = round(row["wall_seconds"] / offline["wall_seconds"], 3)
+                rows.append(row)
+                del captures
+    finally:
+        server.stop()
+    report = {
+        "date": str(date.today()),
+        "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "model": args.model,
+        "engine_args": engine,
+        "prompts": args.prompts,
+        "prompt_tokens": sum(lengths),
+        "layer": layer,
+        "concurrency": args.concurrency,
+        "offline": offline,
+        "http": rows,
+        "check": "HTTP captures equal offline: same dtype, one row per prompt token, bit-equal or within `bound` "
+        "(max per-token relative error, tests/tolerance.py)",
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"offline: {offline['wall_seconds']:.2f} s, peak RSS {offline['peak_rss_gib']} GiB ({sum(lengths)} tokens, layer {layer})")
+    for encoding in encodings:
+        runs = sorted((r for r in rows if r["encoding"] == encoding), key=lambda r: r["wall_seconds"])
+        mid = runs[len(runs) // 2]
+        print(
+            f"{encoding:>17}: wall {mid['wall_seconds']:7.2f} s (median of {[r['wall_seconds'] for r in runs]}) "
+            f"= {mid['ratio_http_offline']:.2f}x offline, {mid['response_bytes'] / 2**20:8.1f} MiB, decode "
+            f"{mid['client_decode_seconds']:.2f} s, {mid['dtype']} on the wire, peak RSS {mid['peak_rss_gib']} GiB (server {mid['server_peak_rss_gib']}), "
+            f"bit-equal {mid['bit_equal_prompts']}/{args.prompts}, max err {mid['max_token_relative_error']:.2g}"
+        )
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
