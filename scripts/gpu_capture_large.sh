@@ -32,7 +32,7 @@ from lens_evals.bench.prefill import prefill_lengths
 from lens_evals.bench.prompts import make_prompts
 
 work, n = Path(sys.argv[1]), int(sys.argv[2])
-LlamaConfig(**LLAMA_8B, torch_dtype="bfloat16").save_pretrained(work / "model")
+LlamaConfig(**LLAMA_8B, torch_dtype="bfloat16", architectures=["LlamaForCausalLM"]).save_pretrained(work / "model")
 lengths = prefill_lengths(n)
 with open(work / "prompts.jsonl", "w") as f:
     for ids in make_prompts(n, work / "model", LLAMA_8B["vocab_size"], lengths=lengths):
