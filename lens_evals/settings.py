@@ -182,20 +182,25 @@ HANDOFF_DIR = optional_path(
     "frontend",
     "where hand-off files and pool segments are made",
 )
+# A request's rows of one layer for a 170-token prompt of an 8B model are 1.4 MB; a third of the
+# prefill workload's prompts are under 128 tokens (< 1 MiB), and its whole capture (1.37 GB) is
+# held twice by a caller that keeps one call's outputs while the next runs (H200, 2026-12-04:
+# a 1 MiB minimum and a 1 GiB pool sent 20 % of the bytes inline and, in the second call, every
+# block to a file of its own, all at the fetch: docs/benchmarks.md)
 HANDOFF_MIN_BYTES = integer(
     "LENS_EVALS_HANDOFF_MIN_BYTES",
-    2**20,
+    2**16,
     "bytes",
     "worker",
-    "smaller blocks go inline (a file costs more than copying them)",
-    "1048576 (1 MiB)",
+    "smaller blocks go inline (sharing them costs more than copying them)",
+    "65536 (64 KiB)",
 )
 HANDOFF_POOL_MIB = number(
     "LENS_EVALS_HANDOFF_POOL_MIB",
-    1024.0,
+    4096.0,
     "MiB",
     "worker",
-    "reused shared segments per frontend; past it blocks go to files of their own (0: no pool)",
+    "reused shared segments per frontend, made as needed; past it blocks go to files of their own (0: no pool)",
 )
 COPY_OVERLAP = flag(
     "LENS_EVALS_COPY_OVERLAP",

@@ -12,7 +12,7 @@ pattern.
 
 The frontend proves it shares the directory with a marker file made once per process
 (``HandoffTarget``). A worker that cannot see the marker, a frontend in the worker's own process
-(nothing is copied there), a block under 1 MiB and a full directory keep the inline bytes.
+(nothing is copied there), a block under ``LENS_EVALS_HANDOFF_MIN_BYTES`` (64 KiB) and a full directory keep the inline bytes.
 ``LENS_EVALS_HANDOFF=0`` turns the hand-off off, ``LENS_EVALS_HANDOFF_DIR`` picks the directory.
 Files a frontend never claimed (it died first) are deleted when the worker exits.
 """

@@ -8,7 +8,7 @@ each block into a free region of one; the reply names the segment and offset. Th
 each segment once (and deletes its name: only the two mappings remain), returns tensors that are
 views of their region, and when such a tensor is freed (``weakref.finalize`` on the region's
 array) reports the region free with its next fetch; the worker then reuses it. A tensor the user
-keeps keeps its region; beyond ``LENS_EVALS_HANDOFF_POOL_MIB`` (default 1024) of segments per
+keeps keeps its region; beyond ``LENS_EVALS_HANDOFF_POOL_MIB`` (default 4096) of segments per
 frontend, blocks go to files of their own (``handoff``). A frontend's pool is dropped when its
 marker file is gone (the frontend exited).
 """
