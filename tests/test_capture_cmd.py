@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -172,7 +173,6 @@ def test_token_id_prompts_need_no_tokenizer(llm: Any, tiny_path: Path, tmp_path:
     """A model directory without tokenizer files, opened with ``--engine-arg
     skip_tokenizer_init=true`` (how the GPU host's 44 GB capture runs): token-id prompts are
     captured as the tokenizer-backed engine captures them."""
-    import shutil
 
     model = tmp_path / "no-tokenizer"
     model.mkdir()
@@ -181,7 +181,11 @@ def test_token_id_prompts_need_no_tokenizer(llm: Any, tiny_path: Path, tmp_path:
     prompts = random_token_prompts(tmp_path / "p.jsonl", 3, 20, len(llm.get_tokenizer()))
     out = tmp_path / "out"
     args = ["capture", str(prompts), "--model", str(model), "--layers", ",".join(map(str, LAYERS)), "--out", str(out)]
-    assert cli_main([*args, "--dtype", "float32", "--engine-arg", "skip_tokenizer_init=true"]) == 0
+    # in a process of its own: a second in-process engine would tear down vLLM's parallel groups,
+    # which this module's engine (``llm``) still uses
+    command = [sys.executable, "-m", "lens_evals.cli", *args, "--dtype", "float32", "--engine-arg", "skip_tokenizer_init=true"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
     reference = reference_streams(llm, [json.loads(line) for line in prompts.read_text().splitlines()])
     rows = list(CaptureReader(out).rows())
     assert [row.token_ids for row in rows] == [token_ids for token_ids, _ in reference]
@@ -299,7 +303,6 @@ def test_sigkill_then_resume_from_the_command_line(tiny_path: Path, tmp_path: Pa
     prompt once, every shard intact."""
     import os
     import signal
-    import sys
 
     from transformers import AutoTokenizer
 
