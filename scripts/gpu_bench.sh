@@ -38,12 +38,19 @@
 #
 # WORKLOAD=prefill (issue #21): 1,000 Alpaca-like token-id prompts (40-400 tokens), max_tokens=1,
 # every token of the layer captured, best of 2 after a warm-up, results in its own BENCH_DIR
-# (/tmp/lens-evals-bench-prefill). SYSTEMS may be left out: the issue's table and the paired
-# eager rounds (plain / capture 1 layer / 8 layers / steering / 3 probes on one engine), planned
-# to fit one device call (graphs ~170 s with compilation, the graph-mode systems ~60 s each,
-# eager ones ~25 s, HF forward ~45 s); the rest in a second call (same BENCH_DIR, --resume):
-#   WORKLOAD=prefill bash scripts/gpu_bench.sh
-#   WORKLOAD=prefill bash scripts/gpu_bench.sh lens-graphs-mixed,lens-capture-8,lens-graphs-capture-8
+# (/tmp/lens-evals-bench-prefill). SYSTEMS left out: the issue's table and the paired eager rounds
+# (plain / capture 1 layer / 8 layers / steering / 3 probes on one engine). That list does NOT fit
+# one device call (2026-12-04: vLLM with graphs took 188 s to start, every other 8B system ~60 s
+# of process; the call was cut after four systems), so run it as calls of a few systems each
+# (same BENCH_DIR: --resume keeps what is done; wrap each in `timeout 540` and copy $BENCH_DIR out
+# after, as a cut call writes no report):
+#   WORKLOAD=prefill bash scripts/gpu_bench.sh vllm-eager,lens-capture-1,lens-steer-1,lens-mixed
+#   WORKLOAD=prefill bash scripts/gpu_bench.sh vllm-graphs,lens-graphs-capture-1,lens-graphs-probe
+#   WORKLOAD=prefill bash scripts/gpu_bench.sh hf-forward,lens-graphs-mixed,lens-capture-8,lens-graphs-capture-8
+# The hand-off settings' effect (their defaults changed after the 2026-12-04 run): the old ones
+# in a BENCH_DIR of their own, e.g.
+#   BENCH_DIR=/tmp/prefill-old-handoff LENS_EVALS_HANDOFF_MIN_BYTES=1048576 LENS_EVALS_HANDOFF_POOL_MIB=1024 \
+#     WORKLOAD=prefill bash scripts/gpu_bench.sh vllm-eager,lens-capture-1
 # The step copies' overlap (LENS_EVALS_COPY_OVERLAP, engine/host_copy.py): on the GPU the prefill
 # lens-mixed / lens-graphs-mixed systems add capture-1-sync (and capture-8-sync, eager) rounds, the
 # same captures with that round's copies on the compute stream, so the side stream's gain is a
