@@ -9,9 +9,10 @@ import torch
 
 from lens_evals.engine.compat import BatchLayout
 from lens_evals.engine.planners import build_plan
-from lens_evals.engine.requests import WorkerRequest, WorkerSteering
+from lens_evals.engine.requests import WorkerRequest, WorkerSteering, _decode_steering, steering_digest
 from lens_evals.engine.step_stores import StepStores
 from lens_evals.engine.taps import StepContext, _apply_steering, read_step
+from lens_evals.spec import SteeringVector
 from tests.tolerance import assert_stream_close
 
 CPU = torch.device("cpu")
@@ -25,8 +26,11 @@ def _plan(requests: dict[str, WorkerRequest]):
     return plan
 
 
-def _steered(vector: torch.Tensor, scale: float, norm_match: bool = False) -> WorkerSteering:
-    return WorkerSteering({1: vector.clone()}, None, scale, norm_match)  # each request its own copy
+def _steered(vector: torch.Tensor, scale: float, norm_match: bool = False, digest: bool = True) -> WorkerSteering:
+    """Each request its own copy of ``vector`` at layer 1, named by its content as the worker
+    names a decoded vector (``digest``)."""
+    named = steering_digest(vector.numpy()[None], [1], None, norm_match) if digest else None
+    return WorkerSteering({1: vector.clone()}, None, scale, norm_match, named)
 
 
 def test_capture_layers_are_gathered_into_one_block_kept_by_the_store() -> None:
@@ -90,3 +94,35 @@ def test_different_vectors_or_scales_keep_one_row_per_token() -> None:
         expected[8:] += steering_c.scale * steering_c.vectors[1]
         _apply_steering(hidden, None, steer)
         assert torch.equal(hidden, expected)
+
+
+def test_equal_copies_without_a_digest_keep_one_row_per_token() -> None:
+    """Copies the planner cannot name (no digest) are never compared on the device: each request
+    keeps its own rows, and the sum is the same."""
+    torch.manual_seed(4)
+    vector = torch.randn(1, HIDDEN)
+    requests = {r: WorkerRequest(key=f"k{r}", capture_layers=[], steering=[_steered(vector, 0.5, digest=False)]) for r in ("a", "b", "c")}
+    steer = _plan(requests).steer[1]
+    assert steer.vectors.shape == (15, HIDDEN)
+    hidden = torch.randn(15, HIDDEN)
+    expected = hidden + 0.5 * vector
+    _apply_steering(hidden, None, steer)
+    assert torch.equal(hidden, expected)
+
+
+def test_requests_sending_one_vector_share_its_device_tensor() -> None:
+    """The worker decodes a vector once per content: requests that send the same vector share
+    the tensor (and its digest); another vector, norm matching or position gets its own."""
+    array = torch.randn(1, HIDDEN).numpy()
+    one, two = (
+        _decode_steering(SteeringVector(activations=array.copy(), layer_indices=[1], scale=s), CPU, torch.float32) for s in (0.5, 2.0)
+    )
+    assert one.vectors[1].data_ptr() == two.vectors[1].data_ptr() and one.digest == two.digest
+    others = [
+        SteeringVector(activations=array + 1, layer_indices=[1]),
+        SteeringVector(activations=array.copy(), layer_indices=[2]),
+        SteeringVector(activations=array.copy(), layer_indices=[1], norm_match=True),
+        SteeringVector(activations=array.copy(), layer_indices=[1], position_indices=[3]),
+    ]
+    digests = {_decode_steering(vec, CPU, torch.float32).digest for vec in others}
+    assert len(digests) == 4 and one.digest not in digests

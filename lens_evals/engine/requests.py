@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,12 +20,15 @@ from lens_evals.spec import INTERNAL_KEY, LinearProbe, SteeringVector
 @dataclass
 class WorkerSteering:
     """One steering vector: per layer a (n_vectors, hidden) device tensor, where n_vectors is 1
-    (every position) or one row per entry of ``positions`` (sorted)."""
+    (every position) or one row per entry of ``positions`` (sorted). ``digest`` names the
+    vectors' content (:func:`steering_digest`), so the step planner sees that requests share a
+    vector without comparing device tensors (a comparison on a GPU waits for the device)."""
 
     vectors: dict[int, torch.Tensor]
     positions: np.ndarray | None
     scale: float
     norm_match: bool
+    digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,16 +105,36 @@ def _decode_probe(index: int, item: dict[str, Any], digest: str | None, device: 
     return WorkerProbe(index=index, layer=int(item["layer"]), digest=digest, weights=weights, bias=bias)
 
 
+def steering_digest(acts: np.ndarray, layers: list[int], positions: np.ndarray | None, norm_match: bool) -> str:
+    """What identifies a steering vector's additions (its scale aside): the float32 vectors per
+    layer, the layers, the positions and norm matching."""
+    digest = hashlib.sha256(np.ascontiguousarray(acts, dtype=np.float32).tobytes())
+    digest.update(np.asarray(layers, dtype=np.int64).tobytes() + bytes([norm_match]))
+    if positions is not None:
+        digest.update(b"positions" + np.asarray(positions, dtype=np.int64).tobytes())
+    return digest.hexdigest()
+
+
+_device_steering: LRU[tuple[str, str, str], torch.Tensor] = LRU()  # (digest, device, dtype) -> vectors
+
+
 def _decode_steering(vec: SteeringVector, device: torch.device, dtype: torch.dtype) -> WorkerSteering:
+    """A steering vector of the request, on the device once per content (an eval sends the same
+    vector with every request: they then share one tensor)."""
     acts = vec.per_position()  # (n_layers, n_pos or 1, hidden)
     positions = None
     if vec.position_indices is not None:
         order = np.argsort(vec.position_indices)
         positions = np.asarray(vec.position_indices, dtype=np.int64)[order]
         acts = acts[:, order, :]
-    tensor = to_device(np.asarray(acts, dtype=np.float32), device)
-    if vec.norm_match:
-        tensor = tensor / tensor.norm(dim=-1, keepdim=True)
-    tensor = tensor.to(dtype)
+    digest = steering_digest(acts, list(vec.layer_indices), positions, vec.norm_match)
+
+    def decode() -> torch.Tensor:
+        tensor = to_device(np.asarray(acts, dtype=np.float32), device)
+        if vec.norm_match:
+            tensor = tensor / tensor.norm(dim=-1, keepdim=True)
+        return tensor.to(dtype)
+
+    tensor = _device_steering.get_or_make((digest, str(device), str(dtype)), decode)
     vectors = {layer: tensor[i] for i, layer in enumerate(vec.layer_indices)}
-    return WorkerSteering(vectors=vectors, positions=positions, scale=float(vec.scale), norm_match=vec.norm_match)
+    return WorkerSteering(vectors=vectors, positions=positions, scale=float(vec.scale), norm_match=vec.norm_match, digest=digest)
