@@ -112,7 +112,7 @@ MIN_SPEEDUP_VS_HF = 10.0  # ours capture 1 layer vs HF generate + hook
 # The prefill workload (issue #21): capture costs against the copy it must make. PREFILL_ONLY:
 # not in the decode workload's default systems (the -sync rows: named when wanted).
 PREFILL_ONLY = ("lens-capture-8", "lens-graphs-capture-8", "lens-capture-1-sync", "lens-graphs-capture-1-sync", HF_FORWARD)
-PREFILL_CPU = ("vllm-eager", "lens-capture-1", "lens-mixed", HF_FORWARD)
+PREFILL_CPU = ("vllm-eager", "lens-capture-1", "lens-mixed", HF_FORWARD, "nnsight-hf", "tl-bridge")  # the last two: where installed
 PREFILL_GPU = (
     "vllm-graphs",
     "vllm-eager",
