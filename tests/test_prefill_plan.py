@@ -9,7 +9,7 @@ import torch
 
 from lens_evals.engine.compat import BatchLayout
 from lens_evals.engine.planners import build_plan
-from lens_evals.engine.requests import WorkerRequest, WorkerSteering, _decode_steering, steering_digest
+from lens_evals.engine.requests import CACHED_STEERING_BYTES, WorkerRequest, WorkerSteering, _decode_steering, steering_digest
 from lens_evals.engine.step_stores import StepStores
 from lens_evals.engine.taps import StepContext, _apply_steering, read_step
 from lens_evals.spec import SteeringVector
@@ -126,3 +126,7 @@ def test_requests_sending_one_vector_share_its_device_tensor() -> None:
     ]
     digests = {_decode_steering(vec, CPU, torch.float32).digest for vec in others}
     assert len(digests) == 4 and one.digest not in digests
+    # a vector too large to keep on the device for later requests: decoded per request, one digest
+    large = torch.randn(1, CACHED_STEERING_BYTES // 4 + 1).numpy()
+    big = [_decode_steering(SteeringVector(activations=large.copy(), layer_indices=[1]), CPU, torch.float32) for _ in range(2)]
+    assert big[0].vectors[1].data_ptr() != big[1].vectors[1].data_ptr() and big[0].digest == big[1].digest

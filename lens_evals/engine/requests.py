@@ -115,7 +115,10 @@ def steering_digest(acts: np.ndarray, layers: list[int], positions: np.ndarray |
     return digest.hexdigest()
 
 
-_device_steering: LRU[tuple[str, str, str], torch.Tensor] = LRU()  # (digest, device, dtype) -> vectors
+# (digest, device, dtype) -> vectors. Kept: small vectors only (a vector per position and layer
+# can be tens of MiB), at most 32 of them: <= 128 MiB of device memory besides the requests' own.
+_device_steering: LRU[tuple[str, str, str], torch.Tensor] = LRU(32)
+CACHED_STEERING_BYTES = 4 << 20
 
 
 def _decode_steering(vec: SteeringVector, device: torch.device, dtype: torch.dtype) -> WorkerSteering:
@@ -135,6 +138,7 @@ def _decode_steering(vec: SteeringVector, device: torch.device, dtype: torch.dty
             tensor = tensor / tensor.norm(dim=-1, keepdim=True)
         return tensor.to(dtype)
 
-    tensor = _device_steering.get_or_make((digest, str(device), str(dtype)), decode)
+    small = acts.size * 4 <= CACHED_STEERING_BYTES
+    tensor = _device_steering.get_or_make((digest, str(device), str(dtype)), decode) if small else decode()
     vectors = {layer: tensor[i] for i, layer in enumerate(vec.layer_indices)}
     return WorkerSteering(vectors=vectors, positions=positions, scale=float(vec.scale), norm_match=vec.norm_match, digest=digest)
