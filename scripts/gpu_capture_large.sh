@@ -20,7 +20,7 @@ if [ -d /tmp/lens-evals-bench-llama8b ] && [ "$(df --output=avail -B1G /tmp | ta
 fi
 mkdir -p "$work/model"
 {
-  echo "gpu_capture_large.sh at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%FT%TZ)"
+  echo "gpu_capture_large.sh at $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%FT%TZ)"
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   df -h /tmp | tail -1
   python3 - "$work" "${N_PROMPTS:-1000}" <<'EOF'

@@ -2,14 +2,15 @@
 # The default test suite on the lent GPU machine (vLLM 0.26, one H200), in device calls of at most
 # 10 minutes. Set-up, on this machine:
 #   GPU_EXTRA_PKGS="$(cat scripts/gpu_extra_pkgs.txt)" bash ../shared/tools/gpu-wheelhouse
-#   mkdir -p .gpu-src && git archive --format=tar.gz -o .gpu-src/src.tar.gz HEAD
+#   mkdir -p .gpu-src && git archive --format=tar.gz --add-virtual-file=COMMIT:"$(git rev-parse HEAD)" -o .gpu-src/src.tar.gz HEAD
 # then, in ONE message, the device calls back to back (the machine is released after 30 s idle):
 #   the chunk calls .gpu/c00 ... as the wheelhouse's header says, the last one carrying
 #   .gpu/install.sh and .gpu-src too and running
 #   `. .gpu/install.sh && mkdir -p /tmp/src && tar xzf .gpu-src/src.tar.gz -C /tmp/src && PART=prepare bash /tmp/src/scripts/gpu_suite.sh`
 #   (the committed code, not the working tree), then one call per PART (1, 2, 3a, 3b, ray, overlap; fix re-runs the last run's failures):
 #   `PART=1 bash /tmp/src/scripts/gpu_suite.sh`.
-# The code runs from /tmp/src (a git archive of one commit), so what ran is named by that commit.
+# The code runs from /tmp/src (a git archive of one commit), so what ran is named by that commit
+# (its COMMIT file, printed at the head of every log).
 # One pytest process at a time: vLLM's start-up memory profiling fails when another process on
 # the device allocates or frees meanwhile. Logs and junit XML go to $OUT.
 set -uo pipefail
@@ -19,10 +20,11 @@ out=${OUT:-/tmp}
 cd /tmp/src || exit 1
 run() {  # run NAME pytest-args...: one pytest process, junit XML and the log to $OUT
   local name=$1; shift
+  echo "code $(cat COMMIT 2>/dev/null || echo 'unknown: an archive without COMMIT')" > "$out/$name.log"
   # -v: each test's name and outcome in the log as it ends, so a call cut at its limit still says
   # what ran (2026-12-03: a part cut at 600 s left only its progress dots)
   timeout --kill-after=15 "${LIMIT:-540}" python3 -m pytest -p no:cacheprovider -v --timeout 240 -o addopts="" \
-    -m "${MARK:-not slow and not gpu}" -ra --durations=15 --junitxml "$out/$name.xml" "$@" > "$out/$name.log" 2>&1
+    -m "${MARK:-not slow and not gpu}" -ra --durations=15 --junitxml "$out/$name.xml" "$@" >> "$out/$name.log" 2>&1
   echo "$name: exit $?"
   grep -hE "^(FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|error)|(PASSED|FAILED|ERROR) +\[" "$out/$name.log" | cut -c1-200 | tail -60
 }
