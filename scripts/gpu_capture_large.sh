@@ -7,6 +7,7 @@
 # 64 GiB disk next to the 44 GB capture; what is measured is memory and disk, not the numbers).
 # Run after the wheels' install (scripts/gpu_suite.sh's header), from the repository:
 #   N_PROMPTS=1000 bash scripts/gpu_capture_large.sh      (the report goes to $OUT/capture-large.txt)
+# CONFIG_ONLY=1 writes the model config and the prompts only (for scripts/http_capture_bench.py).
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false VLLM_USE_V2_MODEL_RUNNER=0
 out=${OUT:-/tmp}
@@ -15,7 +16,7 @@ report=$out/capture-large.txt
 rm -rf /tmp/w /tmp/w.tar /tmp/whl "$work"  # the wheels' install leftovers (installed in /tmp/site): disk for the capture
 # the benchmark's 16 GB model (scripts/gpu_bench.sh; rebuilt in ~25 s when needed) if the disk
 # cannot hold the capture beside it
-if [ -d /tmp/lens-evals-bench-llama8b ] && [ "$(df --output=avail -B1G /tmp | tail -1)" -lt 52 ]; then
+if [ -z "${CONFIG_ONLY:-}" ] && [ -d /tmp/lens-evals-bench-llama8b ] && [ "$(df --output=avail -B1G /tmp | tail -1)" -lt 52 ]; then
   echo "removing /tmp/lens-evals-bench-llama8b: the capture needs ~45 GB" && rm -rf /tmp/lens-evals-bench-llama8b
 fi
 mkdir -p "$work/model"
@@ -40,6 +41,7 @@ with open(work / "prompts.jsonl", "w") as f:
 tokens = sum(lengths)
 print(f"{n} prompts, {tokens} tokens; capture of 32 layers x 4096 x bf16: {tokens * 32 * 4096 * 2 / 1e9:.1f} GB")
 EOF
+  if [ -n "${CONFIG_ONLY:-}" ]; then echo "CONFIG_ONLY: the model config and prompts are in $work"; exit 0; fi
   layers=$(python3 -c "print(','.join(map(str, range(32))))")
   # peak RSS of the capture process, from the kernel's accounting of the finished child
   python3 - "$work" "$layers" <<'EOF'
