@@ -230,18 +230,20 @@ def test_files_of_dead_processes_are_swept_when_a_frontend_starts(tmp_path) -> N
     assert (tmp_path / os.path.basename(new.marker)).read_text() == str(live_pid)
 
 
-def _core_with_rows(address: dict, requests: int = 3, steps: int = 3, hidden: int = 300):
+def _core_with_rows(address: dict, requests: int = 3, steps: int = 3, hidden: int = 300, probe: bool = False):
     """A worker core (no engine) whose requests' specs name ``address`` for their rows; each
-    request captures layer 1 over a 2-token prefill and decode steps. (core, rows by key)."""
+    request captures layer 1 over a 2-token prefill and decode steps (``probe``: and scores a
+    probe there). (core, rows by key)."""
     from lens_evals.engine.compat import BatchLayout
-    from lens_evals.engine.requests import WorkerRequest
+    from lens_evals.engine.requests import WorkerProbe, WorkerRequest
     from lens_evals.engine.taps import run_layer
     from lens_evals.engine.worker_core import WorkerCore
 
     core = WorkerCore(torch.device("cpu"), torch.float32, {0, 1, 2})
     names = [f"r{i}" for i in range(requests)]
+    probes = [WorkerProbe(0, 1, "p", torch.ones(hidden), 0.0)] if probe else []
     for i, name in enumerate(names):
-        core.ledger.track(name, WorkerRequest(key=f"k{i}", capture_layers=[1], handoff=dict(address)))
+        core.ledger.track(name, WorkerRequest(key=f"k{i}", capture_layers=[1], probes=probes, handoff=dict(address)))
     streams: dict[str, list[torch.Tensor]] = {f"k{i}": [] for i in range(requests)}
     generator = torch.Generator().manual_seed(3)
     for step in range(steps):
@@ -303,6 +305,24 @@ def test_rows_written_early_for_an_aborted_or_dropped_request_free_their_region(
     core.stores.max_held_bytes = 0
     core.store_step(core.begin_step(core.plan_step(BatchLayout(["r2"], [1], [4]), None)))  # a step of r2 only
     assert "k1" not in core.early.entries and core.held_bytes == 0
+
+
+def test_a_request_dropped_for_the_memory_bound_frees_its_pool_region(target, monkeypatch) -> None:
+    """Its capture in the pool, its probe scores (below the hand-off's minimum) held for the
+    fetch: dropped for the memory bound, the region is free again and nothing comes back."""
+    from lens_evals.engine.compat import BatchLayout
+
+    monkeypatch.setenv(handoff.MIN_BYTES_ENV, "1000")  # captures (4,800 bytes) go to the pool, scores (16) wait
+    core, _ = _core_with_rows(target, probe=True)
+    core.finish("r0")
+    _wait_early(core, "k0")
+    core.early.reap()
+    pool = handoff._files.pools[target["token"]]
+    assert sum(len(s.used) for s in pool.segments.values()) == 1 and core.early.entries["k0"].taken.held is not None
+    core.stores.max_held_bytes = 0
+    core.store_step(core.begin_step(core.plan_step(BatchLayout(["r1"], [1], [4]), None)))  # a step of r1 only
+    assert "k0" not in core.early.entries and sum(len(s.used) for s in pool.segments.values()) == 0
+    assert core.fetch_results(["k0"], sent()) == {"k0": None}
 
 
 def test_a_frontend_in_this_process_gets_inline_bytes_early_counted_until_fetched(target) -> None:

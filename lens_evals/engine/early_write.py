@@ -120,12 +120,13 @@ class EarlyWrites:
         entry.gone = True
         self.inline_bytes -= entry.inline_bytes
 
-    def _recall(self, entry: _Entry) -> None:
+    def _recall(self, entry: _Entry, keep: bool = True) -> None:
+        """Rows of ``entry`` in the frontend's pool back inline (``keep=False``: freed unread)."""
         result = entry.taken.result
         for name in ("residual_stream", "probe_scores"):
             packed = result.get(name)
             if isinstance(packed, dict):
-                result[name] = handoff.recall(packed, entry.address)  # type: ignore[literal-required]
+                result[name] = handoff.recall(packed, entry.address, keep)  # type: ignore[literal-required]
 
     def drop_oldest(self) -> str | None:
         """For the memory bound: forget the oldest entry that still holds rows here, in its
@@ -135,7 +136,7 @@ class EarlyWrites:
                 del self.entries[key]
                 self._forget(entry)
                 entry.done.exception()  # wait: the writer may be reading its rows
-                self._recall(entry)
+                self._recall(entry, keep=False)  # dropped: reading the pooled rows back would only add memory
                 self.done_with(entry.taken)
                 return key
         return None

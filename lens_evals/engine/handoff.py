@@ -280,15 +280,18 @@ def early_sink_for(address: HandoffAddressWire | dict[str, Any] | None) -> Parti
     return lambda rows: pool.write(rows) if rows.nbytes >= min_bytes else None
 
 
-def recall(packed: dict[str, Any], address: HandoffAddressWire | dict[str, Any]) -> dict[str, Any]:
+def recall(packed: dict[str, Any], address: HandoffAddressWire | dict[str, Any], keep: bool = True) -> dict[str, Any]:
     """Rows written early into the pool of the frontend at ``address``, for a fetch that wants
-    them elsewhere (an abort's fetch sends no target): the bytes inline, the region free again."""
+    them elsewhere (an abort's fetch sends no target): the bytes inline, the region free again.
+    ``keep=False``: the rows are dropped (the memory bound): the region is freed unread."""
     if "pool" not in packed:
         return packed
     pool = _files.pools.get(str(address.get("token")))
     if pool is None:
         raise ValueError("rows written early into a hand-off pool that is gone (its frontend exited)")
-    return {key: value for key, value in packed.items() if key not in ("pool", "offset", "nbytes")} | {"data": pool.read_back(packed)}
+    rest = {key: value for key, value in packed.items() if key not in ("pool", "offset", "nbytes")}
+    data = pool.read_back(packed, keep)
+    return rest if data is None else rest | {"data": data}
 
 
 def sink_for(target: HandoffTargetWire | dict[str, Any] | None) -> Sink:

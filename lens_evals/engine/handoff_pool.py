@@ -130,14 +130,14 @@ class SharedPool:
             view.release()
         return {"pool": segment.name, "offset": offset, "nbytes": rows.nbytes}
 
-    def read_back(self, packed: dict[str, Any]) -> bytearray:
+    def read_back(self, packed: dict[str, Any], keep: bool = True) -> bytearray | None:
         """The bytes of a region this worker wrote (``write``'s reply) and no frontend will
-        claim; the region is free again."""
+        claim (``keep=False``: the rows are dropped, nothing is read); the region is free again."""
         name, offset, nbytes = packed.get("pool"), int(packed.get("offset", -1)), int(packed.get("nbytes", -1))
         segment = self.segments.get(str(name))
         if segment is None or offset < 0 or offset + nbytes > segment.size:
             raise ValueError(f"no region {offset}+{nbytes} in hand-off pool segment {name!r}")
-        data = bytearray(segment.map[offset : offset + nbytes])
+        data = bytearray(segment.map[offset : offset + nbytes]) if keep else None
         with self.lock:
             segment.give(offset)
         return data
