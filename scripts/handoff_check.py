@@ -24,16 +24,18 @@ def main() -> None:
     parser.add_argument("--layer", type=int, default=2)
     parser.add_argument("--calls", type=int, default=3)
     args = parser.parse_args()
-    import numpy as np
+    from pathlib import Path
+
     from vllm import SamplingParams
 
     from lens_evals.bench.prefill import prefill_lengths
+    from lens_evals.bench.prompts import make_prompts
     from lens_evals.offline_engine import open_offline_engine
 
     llm = open_offline_engine(args.model, max_model_len=512, enable_prefix_caching=False, max_num_batched_tokens=16384)
-    vocab = llm.llm_engine.model_config.get_vocab_size()
-    rng = np.random.default_rng(0)
-    prompts = [{"prompt_token_ids": rng.integers(10, vocab, size=n).tolist()} for n in prefill_lengths(args.prompts)]
+    config = llm.llm_engine.model_config
+    ids = make_prompts(args.prompts, Path(config.model), config.get_vocab_size(), lengths=prefill_lengths(args.prompts))  # the bench's
+    prompts = [{"prompt_token_ids": prompt} for prompt in ids]
     capture = SamplingParams(max_tokens=1, temperature=0, extra_args={"output_residual_stream": [args.layer]})
     llm.generate(prompts[:8], capture, use_tqdm=False)  # warm-up
     held = None
