@@ -15,7 +15,7 @@
 # the device allocates or frees meanwhile. Logs and junit XML go to $OUT.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:/tmp/src PYTHONUNBUFFERED=1 LENS_EVALS_MODEL_DIR=/tmp/gm
-export VLLM_USE_V2_MODEL_RUNNER=0 TOKENIZERS_PARALLELISM=false
+export VLLM_USE_V2_MODEL_RUNNER=0 TOKENIZERS_PARALLELISM=false LENS_EVALS_TEST_FAILURES_AT_ONCE=1
 out=${OUT:-/tmp}
 cd /tmp/src || exit 1
 run() {  # run NAME pytest-args...: one pytest process, junit XML and the log to $OUT

@@ -151,3 +151,14 @@ def servers_share_the_gpu() -> Iterator[None]:
         patch.setattr(LensServer, "__init__", sharing_init)
         patch.setattr(LensServer, "start", settled_start)
         yield
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With ``LENS_EVALS_TEST_FAILURES_AT_ONCE=1`` (``scripts/gpu_suite.sh``) a failure's traceback
+    is written as it happens, not only in pytest's summary: a device call cut at its time limit
+    still says why a test failed (2026-12-04: a part cut at 560 s named a failed test, no reason)."""
+    if report.failed and os.environ.get("LENS_EVALS_TEST_FAILURES_AT_ONCE") == "1":
+        import sys
+
+        sys.__stderr__.write(f"\n--- {report.nodeid} failed ({report.when}) ---\n{report.longreprtext[-6000:]}\n")
+        sys.__stderr__.flush()

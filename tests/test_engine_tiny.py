@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lens_evals import SteeringVector
-from tests.conftest import TINY_PROMPTS, capture, greedy, make_llm
+from tests.conftest import TINY_PROMPTS, capture, greedy, make_llm, on_gpu
 from tests.tolerance import assert_stream_close, stream_bound
 
 PROMPTS = TINY_PROMPTS
@@ -151,15 +151,24 @@ def test_capture_size_cap(llm, monkeypatch) -> None:
         llm.generate([PROMPTS[0]], greedy(4, output_residual_stream=[0, 1, 2, 3]))
 
 
-def test_step_copies_on_cpu_are_counted_and_never_overlapped(llm) -> None:
-    """``lens_evals_copy`` (the bench's paired rounds use it on a GPU): on CPU the step's rows are
-    kept as they are, nothing is pinned, and asking for the overlap changes nothing."""
+def test_step_copies_are_counted_and_overlapped_only_on_a_gpu(llm) -> None:
+    """``lens_evals_copy`` (the bench's paired rounds use it): one copy per forward pass. On CPU the
+    step's rows are kept as they are, nothing is pinned, and asking for the overlap changes nothing;
+    on a GPU each copy goes into pinned memory on the side stream once the overlap is asked for."""
     from lens_evals.engine.protocol import COPY_METHOD
 
+    (mode,) = llm.collective_rpc(COPY_METHOD, args=(None,))
     (before,) = llm.collective_rpc(COPY_METHOD, args=(True,))
-    out = llm.generate([PROMPTS[0]], greedy(4, output_residual_stream=[1]))[0]
-    (after,) = llm.collective_rpc(COPY_METHOD, args=(None,))
+    try:
+        out = llm.generate([PROMPTS[0]], greedy(4, output_residual_stream=[1]))[0]
+        (after,) = llm.collective_rpc(COPY_METHOD, args=(None,))
+    finally:
+        llm.collective_rpc(COPY_METHOD, args=(mode["overlap"],))  # the module's engine as it was
     assert capture(out).shape == (1, len(out.prompt_token_ids) + 3, HIDDEN)
-    assert before["overlap"] is False and after["overlap"] is False
     assert after["copies"] - before["copies"] == 4  # one per forward pass: the prompt, then 3 decode steps
-    assert after["overlapped"] == 0 and after["pinned_bytes"] == 0
+    if on_gpu():
+        assert before["overlap"] is True and after["overlap"] is True
+        assert after["overlapped"] - before["overlapped"] == 4 and after["pinned_bytes"] > 0
+    else:
+        assert before["overlap"] is False and after["overlap"] is False
+        assert after["overlapped"] == 0 and after["pinned_bytes"] == 0

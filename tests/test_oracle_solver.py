@@ -90,7 +90,12 @@ def test_zero_vector_oracle_equals_plain_lora_generation(tiny_path, adapter, tok
     from vllm import SamplingParams
 
     prompts = [oracle_prompt_ids(tokenizer, SETTINGS, acts.shape[0], QUESTION)[0] for acts in real]
-    with make_llm(tiny_path, enable_lora=True, max_loras=2, max_lora_rank=8, dtype=lora_dtype()) as llm:
+    # Without the prefix cache each call computes the same batch from its first token. With it, the
+    # later calls computed only the uncached tail, in a smaller batch whose bf16 kernels (GPU)
+    # round otherwise: enough to flip a near-tie greedy token of the random model. The likely cause
+    # of this test's one failure on the H200 (2026-12-04, details cut with the call; it passes in
+    # bf16 on CPU); what is equal here must be equal by what the engine computes, not by chance.
+    with make_llm(tiny_path, enable_lora=True, max_loras=2, max_lora_rank=8, dtype=lora_dtype(), enable_prefix_caching=False) as llm:
         with_zeros = oracle_answers(llm, tokenizer, lora, SETTINGS, zeros, [QUESTION] * 2, max_tokens=6)
         baseline = oracle_answers(llm, tokenizer, lora, SETTINGS, real, [QUESTION] * 2, max_tokens=6, inject=False)
         injected = oracle_answers(llm, tokenizer, lora, SETTINGS, real, [QUESTION] * 2, max_tokens=6)
