@@ -7,7 +7,8 @@
 #   the chunk calls .gpu/c00 ... as the wheelhouse's header says, the last one carrying
 #   .gpu/install.sh and .gpu-src too and running
 #   `. .gpu/install.sh && mkdir -p /tmp/src && tar xzf .gpu-src/src.tar.gz -C /tmp/src && PART=prepare bash /tmp/src/scripts/gpu_suite.sh`
-#   (the committed code, not the working tree), then one call per PART (1, 2, 3a, 3b, ray, overlap; fix re-runs the last run's failures):
+#   (the committed code, not the working tree), then one call per PART (1, 2a, 2b, 3a, 3b, 3c, 3d, ray, overlap; files
+#   runs FILES, e.g. the last run's failures):
 #   `PART=1 bash /tmp/src/scripts/gpu_suite.sh`.
 # The code runs from /tmp/src (a git archive of one commit), so what ran is named by that commit
 # (its COMMIT file, printed at the head of every log).
@@ -28,29 +29,40 @@ run() {  # run NAME pytest-args...: one pytest process, junit XML and the log to
   echo "$name: exit $?"
   grep -hE "^(FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|error)|(PASSED|FAILED|ERROR) +\[" "$out/$name.log" | cut -c1-200 | tail -60
 }
-case ${PART:?PART=prepare|1|2|3a|3b|fix|ray|overlap} in
+case ${PART:?PART=prepare|1|2a|2b|3a|3b|3c|3d|files|ray|overlap} in
   prepare)
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site . || exit 1
     python3 -c "import torch, vllm, transformers, inspect_ai, ray; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__, 'inspect', inspect_ai.__version__, 'ray', ray.__version__, 'gpus', torch.cuda.device_count())"
     python3 -c "from lens_evals.models import model_path; [print(model_path(n)) for n in ('tiny-llama', 'tiny-moe', 'smollm2-135m-instruct')]"
     ;;
-  1|2|3a|3b|fix)
+  1|2a|2b|3a|3b|3c|3d|files)
+    # Parts sized to finish well inside one call on a warm machine (the first engine of a fresh
+    # machine adds ~3 min of kernel compilation to the first part run). Measured on the H200,
+    # 2026-12-04: part 1 492 s (with that first engine); 2a+2b ran past 575 s as one part, so
+    # they are two; the GPU takes ~1.5-2x the 2-core CPU's time on these tiny models (compilation
+    # and CUDA graphs per engine), so part 3 is four (CPU times: architectures 181 s, bench 98 s,
+    # roleplaying 76 s, coup 69 s, the rest < 35 s each).
     P1="tests/test_engine_tiny.py tests/test_positions.py tests/test_capture_hf.py tests/test_hooks.py tests/test_hook_sets.py
         tests/test_probes.py tests/test_graph_mode.py tests/test_failures_and_disable.py tests/test_store.py tests/test_handoff.py
         tests/test_wire_spec.py tests/test_engine_modes.py"
-    P2="tests/test_server.py tests/test_server_auth.py tests/test_provider.py tests/test_hardening_inputs.py
-        tests/test_hardening_fuzz.py tests/test_hardening_load.py tests/test_lora_engine.py tests/test_oracle_solver.py"
-    # part 3 ran past one call's 10 minutes (2026-12-03): 3a the architectures, bench, capture and
-    # layout; 3b every other test file (new test files land there)
-    P3A="tests/test_architectures.py tests/test_bench.py tests/test_capture_cmd.py tests/test_coup.py
-         tests/test_docs_links.py tests/test_gguf_models.py tests/test_layout.py"
+    P2A="tests/test_server.py tests/test_server_auth.py tests/test_provider.py tests/test_hardening_inputs.py
+         tests/test_hardening_fuzz.py tests/test_hardening_load.py"
+    P2B="tests/test_lora_engine.py tests/test_oracle_solver.py"
+    P3A="tests/test_architectures.py tests/test_docs_links.py tests/test_gguf_models.py tests/test_layout.py"
+    P3B="tests/test_bench.py tests/test_capture_cmd.py tests/test_coup.py"
+    P3C="tests/test_roleplaying_eval.py tests/test_roleplaying_file.py tests/test_petri_inspectors.py tests/test_parallel.py
+         tests/test_report.py"
     case $PART in
       1) files=$P1 ;;
-      2) files=$P2 ;;
+      2a) files=$P2A ;;
+      2b) files=$P2B ;;
       3a) files=$P3A ;;
-      3b) files=$(ls tests/test_*.py | grep -vxF -f <(echo $P1 $P2 $P3A | tr ' ' '\n')) ;;
-      # the second run's failure (the oracle's LoRA engine in fp32) and the dtype rule's own test
-      fix) files="tests/test_oracle_solver.py tests/test_offline_engine.py" ;;
+      3b) files=$P3B ;;
+      3c) files=$P3C ;;
+      # every other test file (new test files land here)
+      3d) files=$(ls tests/test_*.py | grep -vxF -f <(echo $P1 $P2A $P2B $P3A $P3B $P3C | tr ' ' '\n')) ;;
+      # a list of test files or test ids: FILES="tests/test_x.py tests/test_y.py::test_z"
+      files) files=${FILES:?FILES=...} ;;
     esac
     run "part$PART" $files ;;
   ray) MARK=gpu run ray -s tests/test_ray_executor.py ;;  # vLLM's Ray executor (docs/parallelism.md)

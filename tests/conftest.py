@@ -58,12 +58,25 @@ def gpu_share() -> dict[str, Any]:
     return {"gpu_memory_utilization": GPU_MEMORY_FRACTION} if on_gpu() else {}
 
 
+def share_the_device_in_package_engines() -> None:
+    """On a GPU, the engines the package opens in the test process (probe training, science,
+    capture, oracle building: ``lens_evals.offline_engine``) take :func:`gpu_share` too, as the
+    tests' own engines do: a test that opens one while another engine holds the device would
+    otherwise ask for vLLM's default 0.92 of it and fail to start."""
+    from lens_evals import offline_engine
+
+    offline_engine.DEFAULTS.update(gpu_share())
+
+
+share_the_device_in_package_engines()
+
+
 def engine_options(**kwargs: Any) -> dict[str, Any]:
     """The tests' LLM options: the package's engine defaults (``lens_evals.offline_engine``: short
-    context, fixed seed), fp32 and :func:`gpu_share`."""
+    context, fixed seed, and on a GPU :func:`gpu_share`, set above) and fp32."""
     from lens_evals.offline_engine import engine_defaults
 
-    return engine_defaults(**{"dtype": "float32", **gpu_share(), **kwargs})
+    return engine_defaults(**{"dtype": "float32", **kwargs})
 
 
 def settle_gpu_memory(timeout_s: float = 60.0) -> None:
