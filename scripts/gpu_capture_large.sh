@@ -21,7 +21,9 @@ if [ -z "${CONFIG_ONLY:-}" ] && [ -d /tmp/lens-evals-bench-llama8b ] && [ "$(df 
 fi
 mkdir -p "$work/model"
 {
-  echo "gpu_capture_large.sh at $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%FT%TZ)"
+  # the archive's COMMIT file beside scripts/ (git archive --add-virtual-file), else git
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  echo "gpu_capture_large.sh at $(cat "$root/COMMIT" 2>/dev/null || git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%FT%TZ)"
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   df -h /tmp | tail -1
   python3 - "$work" "${N_PROMPTS:-1000}" <<'EOF'
