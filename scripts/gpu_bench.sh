@@ -71,7 +71,7 @@ else
 fi
 BENCH_DIR=${BENCH_DIR:-/tmp/lens-evals-bench}
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site . >/dev/null || exit 1
-export PYTHONPATH=/tmp/site:$PWD LENS_EVALS_MODEL_DIR=/tmp/lens-models PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH=/tmp/site:$PWD LENS_EVALS_MODEL_DIR=/tmp/lens-models PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false VLLM_CACHE_ROOT=/tmp/kc/vllm TRITON_CACHE_DIR=/tmp/kc/triton  # compilation caches: scripts/gpu_cache.py
 python3 -c "import torch, vllm, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 # Stop each system well inside the call's 10 minutes, so the report still gets written.

@@ -10,6 +10,12 @@
 #   (the committed code, not the working tree), then one call per PART (1, 2a, 2b, 3a, 3b, 3c, 3d, ray, overlap; files
 #   runs FILES, e.g. the last run's failures):
 #   `PART=1 bash /tmp/src/scripts/gpu_suite.sh`.
+# Compilation caches: `PART=caches` as the last call (or PACK_CACHES=1 on any part) sends vLLM's
+# compilation caches back (at most 60 MiB compressed, else nothing; sizes printed at the end of
+# every part's log). Copy the pieces
+# from the reply's files_at into .gpu-cache/ and, on the next machine, carry them in a call of
+# their own before prepare: run(command="mkdir -p /tmp/kc-in && cp .gpu-cache/* /tmp/kc-in/",
+# carry=[".gpu-cache"]); prepare unpacks them (scripts/gpu_cache.py).
 # The code runs from /tmp/src (a git archive of one commit), so what ran is named by that commit
 # (its COMMIT file, printed at the head of every log).
 # One pytest process at a time: vLLM's start-up memory profiling fails when another process on
@@ -17,6 +23,9 @@
 set -uo pipefail
 export PYTHONPATH=/tmp/site:/tmp/src PYTHONUNBUFFERED=1 LENS_EVALS_MODEL_DIR=/tmp/gm
 export VLLM_USE_V2_MODEL_RUNNER=0 TOKENIZERS_PARALLELISM=false LENS_EVALS_TEST_FAILURES_AT_ONCE=1
+# vLLM's compilation caches (torch.compile, Inductor, Triton) in one place, so that PART=caches can
+# send them back and the next machine can start from them (scripts/gpu_cache.py)
+export VLLM_CACHE_ROOT=/tmp/kc/vllm TRITON_CACHE_DIR=/tmp/kc/triton
 out=${OUT:-/tmp}
 cd /tmp/src || exit 1
 run() {  # run NAME pytest-args...: one pytest process, junit XML and the log to $OUT
@@ -27,10 +36,15 @@ run() {  # run NAME pytest-args...: one pytest process, junit XML and the log to
   timeout --kill-after=15 "${LIMIT:-540}" python3 -m pytest -p no:cacheprovider -v --timeout 240 -o addopts="" \
     -m "${MARK:-not slow and not gpu}" -ra --durations=15 --junitxml "$out/$name.xml" "$@" >> "$out/$name.log" 2>&1
   echo "$name: exit $?"
+  { printf 'compilation caches: '; du -sh /tmp/kc/* 2>/dev/null | tr '\n' ' '; echo; } >> "$out/$name.log"
+  # PACK_CACHES=1: this part's call sends the caches back too (a later cut call loses nothing)
+  [ "${PACK_CACHES:-0}" = 1 ] && python3 scripts/gpu_cache.py pack /tmp/kc "$out" --max-mib 56
   grep -hE "^(FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|error)|(PASSED|FAILED|ERROR) +\[" "$out/$name.log" | cut -c1-200 | tail -60
 }
-case ${PART:?PART=prepare|1|2a|2b|3a|3b|3c|3d|files|ray|overlap} in
+case ${PART:?PART=prepare|1|2a|2b|3a|3b|3c|3d|files|ray|overlap|caches} in
   prepare)
+    # caches carried from an earlier machine (.gpu-cache/ copied to /tmp/kc-in by a call of its own)
+    [ -d /tmp/kc-in ] && python3 scripts/gpu_cache.py unpack /tmp/kc-in /tmp/kc
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site . || exit 1
     python3 -c "import torch, vllm, transformers, inspect_ai, ray; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__, 'inspect', inspect_ai.__version__, 'ray', ray.__version__, 'gpus', torch.cuda.device_count())"
     python3 -c "from lens_evals.models import model_path; [print(model_path(n)) for n in ('tiny-llama', 'tiny-moe', 'smollm2-135m-instruct')]"
@@ -65,6 +79,7 @@ case ${PART:?PART=prepare|1|2a|2b|3a|3b|3c|3d|files|ray|overlap} in
       files) files=${FILES:?FILES=...} ;;
     esac
     run "part$PART" $files ;;
+  caches) python3 scripts/gpu_cache.py pack /tmp/kc "$out" ;;  # to carry to the next machine (see its header)
   ray) MARK=gpu run ray -s tests/test_ray_executor.py ;;  # vLLM's Ray executor (docs/parallelism.md)
   overlap) MARK=gpu run overlap tests/test_copy_overlap.py ;;  # the step copy on a side stream (issue #21)
 esac
