@@ -1,9 +1,10 @@
 """Carry vLLM's compilation caches from one lent GPU machine to the next (scripts/gpu_suite.sh).
 
-A fresh machine compiles every engine configuration anew: torch.compile's graphs, Inductor's
-kernels and Triton's binaries, all under ``VLLM_CACHE_ROOT`` and ``TRITON_CACHE_DIR`` (the suite
+A fresh machine builds its kernels anew: Triton's JIT-compiled kernels (the attention backends,
+for the tests' fp32 engines too, which the plugin runs eager) and, in graph mode, torch.compile's
+graphs and Inductor's kernels, all under ``TRITON_CACHE_DIR`` and ``VLLM_CACHE_ROOT`` (the suite
 puts both under /tmp/kc). On 2026-12-04 the first engine of a fresh H200 took 149-173 s to
-start and later engines of a new configuration ~20-30 s; the same configuration again, 3 s.
+start and later engines of a new configuration ~7-30 s; the same configuration again, 3 s.
 
     python3 scripts/gpu_cache.py pack /tmp/kc $OUT      # kc.tar.gz.00, .01, ... (15 MiB each)
     python3 scripts/gpu_cache.py unpack DIR /tmp/kc     # DIR holds those pieces

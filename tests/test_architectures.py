@@ -167,13 +167,13 @@ def refusal_in_fresh_process(mode: str, path) -> str:
     from pathlib import Path
 
     script = Path(__file__).parent / "scripts" / "engine_refusal.py"
-    # the script prints its stacks and exits after STACKS_AFTER_S (180 s); the timeout is the backstop
+    # the script prints its stacks and exits after STACKS_AFTER_S (150 s); the timeout is the backstop
     completed = subprocess.run(
         [sys.executable, str(script), mode, str(path)],
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parent.parent,
-        timeout=230,
+        timeout=200,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-6000:]
     return completed.stdout.strip().splitlines()[-1]

@@ -15,6 +15,8 @@ from lens_evals.bench.prompts import MAX_TOKENS, MIN_TOKENS, make_prompts
 from lens_evals.bench.systems import ALL_SYSTEMS
 from lens_evals.bench.vllm_systems import lens_extra_args
 from lens_evals.cli import main
+from tests.conftest import on_gpu
+from tests.tolerance import stream_bound
 
 
 def test_bench_end_to_end(tiny_path, tmp_path) -> None:
@@ -35,7 +37,11 @@ def test_bench_end_to_end(tiny_path, tmp_path) -> None:
     # Our capture of the hooked layer against the HF forward hook on the same positions.
     assert rows["lens-capture-1"]["capture_reference"] == "hf-hook"
     assert rows["lens-capture-1"]["capture_positions"] == sum(len(p) + 2 - 1 for p in _prompts(out))
-    assert rows["lens-capture-1"]["capture_max_abs_diff"] < 1e-3
+    # fp32 on CPU: within 1e-3. On a GPU vLLM's fp32 matmuls run in TF32 (HF here on the CPU):
+    # the backend's relative bound times the largest |h| (TF32 rounding simulated on the CPU moved
+    # this layer by up to 6.9e-3 at |h| <= 6.5, against a bound of ~0.13; a shifted row is off by ~|h|)
+    capture_bound = stream_bound() * rows["lens-capture-1"]["capture_ref_max_abs"] if on_gpu() else 1e-3
+    assert rows["lens-capture-1"]["capture_max_abs_diff"] < capture_bound
     # One engine, every feature in alternating rounds: each timed per round, tokens as plain's.
     mixed = rows["lens-mixed"]["interleaved"]
     assert set(mixed["summary"]) == set(FEATURES)

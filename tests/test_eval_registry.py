@@ -54,7 +54,11 @@ def test_tasks_resolve_by_registry_name_and_build_without_side_effects(tmp_path,
     empty.mkdir()
     probes.mkdir()
     probe = random_probe(tmp_path / "given")
-    env = {**os.environ, "LENS_EVALS_PROBE_DIR": str(probes), "PYTHONPATH": ""}
+    # the installed package's entry points, not the checkout's modules: the repository root off the
+    # path (on the GPU machine the rest of PYTHONPATH is where the packages are installed)
+    root = Path(__file__).resolve().parents[1]
+    kept = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry and Path(entry).resolve() != root]
+    env = {**os.environ, "LENS_EVALS_PROBE_DIR": str(probes), "PYTHONPATH": os.pathsep.join(kept)}
     calls = [
         ("lens_evals/roleplaying_probe", {}),
         ("lens_evals/coup_probe", {}),

@@ -8,17 +8,24 @@ from pathlib import Path
 
 from lens_evals.models import model_path
 from lens_evals.offline_engine import offline_engine_args
-from tests.conftest import on_gpu
+from tests.conftest import gpu_share, on_gpu
 
 PACKAGE = Path(__file__).resolve().parent.parent / "lens_evals"
 
 
 def test_defaults_and_overrides(tmp_path: Path) -> None:
+    share = gpu_share()  # on a GPU the conftest adds the tests' device share to the defaults
     embedded = offline_engine_args("tiny-llama")
-    assert embedded == {"model": str(model_path("tiny-llama", prepare=False)), "dtype": "float32", "max_model_len": 1024, "seed": 0}
-    assert offline_engine_args(str(tmp_path)) == {"model": str(tmp_path), "dtype": "auto", "max_model_len": 1024, "seed": 0}
+    assert embedded == {
+        "model": str(model_path("tiny-llama", prepare=False)),
+        "dtype": "float32",
+        "max_model_len": 1024,
+        "seed": 0,
+        **share,
+    }
+    assert offline_engine_args(str(tmp_path)) == {"model": str(tmp_path), "dtype": "auto", "max_model_len": 1024, "seed": 0, **share}
     overridden = offline_engine_args(str(tmp_path), dtype="bfloat16", max_model_len=4096, enable_lora=True)
-    assert overridden == {"model": str(tmp_path), "dtype": "bfloat16", "max_model_len": 4096, "seed": 0, "enable_lora": True}
+    assert overridden == {"model": str(tmp_path), "dtype": "bfloat16", "max_model_len": 4096, "seed": 0, "enable_lora": True, **share}
 
 
 def test_lora_engines_are_bf16_on_a_gpu() -> None:

@@ -133,13 +133,18 @@ def _devices() -> int:
     return torch.cuda.device_count() if on_gpu() else len(os.sched_getaffinity(0))
 
 
+# Decided at collection, before the module's single-worker engine starts (a fixture's skip would
+# come after it: module-scoped fixtures are set up first).
+NEEDS_TWO_GPUS_ON_A_GPU = pytest.mark.skipif(
+    on_gpu() and torch.cuda.device_count() < 2, reason="two workers need 2 GPUs; this machine has 1 (they run on CPU in CI)"
+)
+
+
 @pytest.fixture
 def bind_two_workers(monkeypatch) -> None:
-    """Two workers need two GPUs or two CPU cores: a machine with fewer FAILS these tests (CI has
-    2 cores; a skip there would pass CI without running them). Checked before any engine starts."""
-    if on_gpu() and _devices() < 2:
-        # the lent GPU machine has one device; these tests run on every CPU CI machine instead
-        pytest.skip("two workers need 2 GPUs; this machine has 1 (they run on CPU in CI)")
+    """Two workers need two GPUs or two CPU cores: a CPU machine with fewer FAILS these tests (CI
+    has 2 cores; a skip there would pass CI without running them). One GPU: the tests skip by
+    their mark (NEEDS_TWO_GPUS_ON_A_GPU); they run on every CPU CI machine instead."""
     if _devices() < 2:
         pytest.fail(f"two workers need 2 GPUs or 2 usable CPU cores, found {_devices()}")
     if not on_gpu():
@@ -205,12 +210,14 @@ def run_parallel(path: Path, reference: list[Any], rank_replies: list, label: st
     return returned_by_rank(replies)
 
 
+@NEEDS_TWO_GPUS_ON_A_GPU
 def test_tensor_parallel_2_equals_single_worker(tiny_path, single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(tiny_path, single_worker["lens"], rank_replies, "TP=2", tensor_parallel_size=2)
     assert per_rank == [ALL_FROM_ONE_RANK, NOTHING]  # rank 0 keeps captures and scores, rank 1 nothing
 
 
 @pytest.mark.slow
+@NEEDS_TWO_GPUS_ON_A_GPU
 def test_pipeline_parallel_2_equals_single_worker(tiny_path, single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(tiny_path, single_worker["lens"], rank_replies, "PP=2", pipeline_parallel_size=2)
     assert per_rank == [  # each stage its own layers and probes
@@ -268,6 +275,7 @@ def moe_single_worker(tiny_moe_path) -> list[Any]:
 
 
 @pytest.mark.slow
+@NEEDS_TWO_GPUS_ON_A_GPU
 def test_moe_tensor_parallel_2_equals_single_worker(tiny_moe_path, moe_single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(tiny_moe_path, moe_single_worker, rank_replies, "MoE TP=2", tensor_parallel_size=2)
     assert per_rank == [ALL_FROM_ONE_RANK, NOTHING]
@@ -275,6 +283,7 @@ def test_moe_tensor_parallel_2_equals_single_worker(tiny_moe_path, moe_single_wo
 
 @pytest.mark.slow
 @pytest.mark.skipif(not on_gpu(), reason="vLLM 0.32's CPU MoE kernel ignores the expert map and crashes (docs/parallelism.md)")
+@NEEDS_TWO_GPUS_ON_A_GPU
 def test_moe_expert_parallel_2_equals_single_worker(tiny_moe_path, moe_single_worker, bind_two_workers, rank_replies) -> None:
     per_rank = run_parallel(tiny_moe_path, moe_single_worker, rank_replies, "MoE EP=2", tensor_parallel_size=2, enable_expert_parallel=True)
     assert per_rank == [ALL_FROM_ONE_RANK, NOTHING]

@@ -28,7 +28,7 @@ from lens_evals.probing.probe import Probe
 from lens_evals.provider.lora_args import lora_server_args
 from lens_evals.provider.server import LensServer
 from tests.conftest import make_llm
-from tests.lora_helpers import random_adapter
+from tests.lora_helpers import lora_dtype, random_adapter
 from tests.petri_reference import TOOL_TEMPLATE, capture_ids, offline_oracle, random_probe, turn_by_characters
 
 SETTINGS = OracleSettings(target_layer=2, injection_layer=1, num_tokens=None, placeholder=" cat", coefficient=1.0)
@@ -74,7 +74,7 @@ def reference(tiny_path, adapter) -> dict[str, Any]:
     ids, turn = turn_by_characters(tokenizer, chat, tools)
     _, span = turn_by_characters(tokenizer, chat, tools, QUOTE)
     lora = LoRARequest("oracle", 1, str(adapter))
-    with make_llm(tiny_path, enable_lora=True, max_loras=2, max_lora_rank=8, enable_prefix_caching=False) as llm:
+    with make_llm(tiny_path, enable_lora=True, max_loras=2, max_lora_rank=8, enable_prefix_caching=False, dtype=lora_dtype()) as llm:
         stream = capture_ids(llm, ids, SETTINGS.target_layer)
         answers = {
             name: offline_oracle(llm, tokenizer, lora, SETTINGS, stream[positions][-MAX_POSITIONS:], QUESTION, MAX_TOKENS)
@@ -88,7 +88,7 @@ def reference(tiny_path, adapter) -> dict[str, Any]:
 def target(tiny_path, adapter, reference):
     args = lora_server_args(
         {
-            "dtype": "float32",
+            "dtype": lora_dtype(),  # bf16 on a GPU: vLLM 0.26's GPU LoRA kernels take no fp32
             "max_model_len": 2048,
             "seed": 0,
             "lora_modules": f"oracle={adapter}",

@@ -61,6 +61,14 @@ def stream_of(resp: requests.Response) -> torch.Tensor:
     return decode_activations(resp.json())["residual_stream"]
 
 
+def generated_ids(resp: requests.Response) -> list[int]:
+    return list(resp.json()["choices"][0]["token_ids"])
+
+
+def same_prefix(first: list[int], second: list[int]) -> int:
+    return next((k for k, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
+
+
 def test_every_encoding_carries_bf16_unchanged(server) -> None:
     default = complete(server, {"output_residual_stream": [0, 3]})
     assert set(default.json()["activations"]["residual_stream"]) == set(wire.encode_array(torch.ones(1), wire.DEFAULT_RESPONSE_ENCODING))
@@ -140,11 +148,12 @@ BAD_FORMS = {
 
 def test_bad_input_in_their_forms_is_400_while_good_requests_finish(server) -> None:
     prompts = ["the cat reads a book.", "a model finds the truth.", "my friend"]
-    baseline = [stream_of(complete(server, {"output_residual_stream": [2]}, prompt=p, max_tokens=40)) for p in prompts]
+    alone = [complete(server, {"output_residual_stream": [2]}, prompt=p, max_tokens=40, return_token_ids=True) for p in prompts]
+    baseline = [stream_of(resp) for resp in alone]
     results: dict[int, requests.Response] = {}
 
     def good(i: int) -> None:
-        results[i] = complete(server, {"output_residual_stream": "[2]"}, prompt=prompts[i], max_tokens=40)
+        results[i] = complete(server, {"output_residual_stream": "[2]"}, prompt=prompts[i], max_tokens=40, return_token_ids=True)
 
     threads = [threading.Thread(target=good, args=(i,)) for i in range(len(prompts))]
     for thread in threads:
@@ -158,7 +167,11 @@ def test_bad_input_in_their_forms_is_400_while_good_requests_finish(server) -> N
     for i, expected in enumerate(baseline):
         got = stream_of(results[i])
         assert got.shape == expected.shape
-        assert_stream_close(got.float(), expected.float(), f"good request {i} beside bad ones", bound=BF16_BOUND)
+        # rows up to the first generated token that differs: in bf16 a near-tie greedy token of the
+        # random model may flip in another batch composition, and every later row reads other input
+        same = same_prefix(generated_ids(alone[i]), generated_ids(results[i]))
+        rows = expected.shape[0] - len(generated_ids(alone[i])) + 1 + same
+        assert_stream_close(got[:rows].float(), expected[:rows].float(), f"good request {i} beside bad ones", bound=BF16_BOUND)
     assert requests.get(f"{server.url}/health", timeout=5).status_code == 200
 
 

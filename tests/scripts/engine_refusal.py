@@ -23,7 +23,7 @@ PROMPT = "1 2 3 4 1 2 3 4 1 2"
 # Past this many seconds every thread's stack is printed and the process exits: the caller's
 # report says where it stood (2026-12-04, H200: the speculative engine ran on past 7 minutes
 # with nothing in the log)
-STACKS_AFTER_S = 180
+STACKS_AFTER_S = 150
 
 
 def main(mode: str, path: str) -> None:
@@ -33,9 +33,8 @@ def main(mode: str, path: str) -> None:
     from lens_evals.engine.frontend_attach import LensRequestError
 
     faulthandler.dump_traceback_later(STACKS_AFTER_S, exit=True)
-    # on a GPU: a share of the device beside the test process's engine, and eager (the refusal
-    # does not depend on CUDA graphs; their capture for a new shape is minutes on a fresh machine)
-    options = {"gpu_memory_utilization": 0.2, "enforce_eager": True} if torch.cuda.is_available() else {}
+    # on a GPU: a share of the device beside the test process's engine (the plugin runs it eager)
+    options = {"gpu_memory_utilization": 0.2} if torch.cuda.is_available() else {}
     llm = LLM(path, dtype="float32", max_model_len=1024, seed=0, **ENGINES[mode], **options)
     plain = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     lens = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, extra_args={"output_residual_stream": [1]})
