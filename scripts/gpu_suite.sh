@@ -12,10 +12,10 @@
 #   `PART=1 bash /tmp/src/scripts/gpu_suite.sh`.
 # Compilation caches: `PART=caches` as the last call (or PACK_CACHES=1 on any part) sends vLLM's
 # compilation caches back (at most 60 MiB compressed, else nothing; sizes printed at the end of
-# every part's log). Copy the pieces
-# from the reply's files_at into .gpu-cache/ and, on the next machine, carry them in a call of
-# their own before prepare: run(command="mkdir -p /tmp/kc-in && cp .gpu-cache/* /tmp/kc-in/",
-# carry=[".gpu-cache"]); prepare unpacks them (scripts/gpu_cache.py).
+# every part's log). Copy the pieces from the reply's files_at into .gpu-cache/ and, on the next
+# machine, carry them in a call of their own before prepare:
+# run(command="mkdir -p /tmp/kc-in && cp .gpu-cache/* /tmp/kc-in/", carry=[".gpu-cache"]);
+# prepare unpacks them (scripts/gpu_cache.py).
 # The code runs from /tmp/src (a git archive of one commit), so what ran is named by that commit
 # (its COMMIT file, printed at the head of every log).
 # One pytest process at a time: vLLM's start-up memory profiling fails when another process on
@@ -51,11 +51,11 @@ case ${PART:?PART=prepare|1|2a|2b|3a|3b|3c|3d|files|ray|overlap|caches} in
     ;;
   1|2a|2b|3a|3b|3c|3d|files)
     # Parts sized to finish well inside one call on a warm machine (the first engine of a fresh
-    # machine adds ~3 min of kernel compilation to the first part run). Measured on the H200,
+    # machine adds ~3 min of kernel building to the first part run). Measured on the H200,
     # 2026-12-04: part 1 492 s (with that first engine); 2a+2b ran past 575 s as one part, so
-    # they are two; the GPU takes ~1.5-2x the 2-core CPU's time on these tiny models (compilation
-    # and CUDA graphs per engine), so part 3 is four (CPU times: architectures 181 s, bench 98 s,
-    # roleplaying 76 s, coup 69 s, the rest < 35 s each).
+    # they are two; the GPU takes ~1.5-2x the 2-core CPU's time on these tiny models (each engine's
+    # start-up: CUDA, profiling, kernels), so part 3 is four (CPU times: architectures 181 s, bench
+    # 98 s, roleplaying 76 s, coup 69 s, the rest < 35 s each).
     P1="tests/test_engine_tiny.py tests/test_positions.py tests/test_capture_hf.py tests/test_hooks.py tests/test_hook_sets.py
         tests/test_probes.py tests/test_graph_mode.py tests/test_failures_and_disable.py tests/test_store.py tests/test_handoff.py
         tests/test_wire_spec.py tests/test_engine_modes.py"

@@ -136,7 +136,7 @@ def _devices() -> int:
 # Decided at collection, before the module's single-worker engine starts (a fixture's skip would
 # come after it: module-scoped fixtures are set up first).
 NEEDS_TWO_GPUS_ON_A_GPU = pytest.mark.skipif(
-    on_gpu() and torch.cuda.device_count() < 2, reason="two workers need 2 GPUs; this machine has 1 (they run on CPU in CI)"
+    on_gpu() and _devices() < 2, reason="two workers need 2 GPUs; this machine has 1 (they run on CPU in CI)"
 )
 
 
