@@ -42,7 +42,10 @@ MAX_LAYERS_PER_REQUEST = 4096
 MAX_PROBES_PER_REQUEST = 4096
 
 
-def _as_float32(value: Any) -> np.ndarray:
+def float32_array(value: Any) -> np.ndarray:
+    """``value`` as a float32 numpy array: a torch tensor of any dtype (bfloat16 included, which
+    numpy cannot hold: ``tensor.numpy()`` and ``np.asarray(tensor)`` refuse it), a numpy array, nested
+    lists, or one encoded wire array. Not numeric: a ValueError."""
     if isinstance(value, Mapping):
         return wire.decode_array(value).astype(np.float32)
     if hasattr(value, "detach"):  # torch.Tensor, without importing torch
@@ -117,7 +120,7 @@ class SteeringVector(_WireModel):
     @field_validator("activations", mode="before")
     @classmethod
     def _to_array(cls, value: Any) -> Any:
-        return _as_tensor(_as_float32(value))
+        return _as_tensor(float32_array(value))
 
     @field_serializer("activations")
     def _encode_activations(self, value: Any) -> dict[str, Any]:
@@ -202,7 +205,7 @@ class LinearProbe(_WireModel):
     @field_validator("weights", mode="before")
     @classmethod
     def _to_array(cls, value: Any) -> np.ndarray:
-        return _as_float32(value)
+        return float32_array(value)
 
     @field_serializer("weights")
     def _encode_weights(self, value: np.ndarray) -> dict[str, Any]:

@@ -78,6 +78,24 @@ def test_injection_lands_on_exactly_the_placeholders(tiny_path, adapter, tokeniz
     assert_stream_close(after, expected, "injected stream vs uninjected + c * ||h|| * v / ||v|| at the placeholders")
 
 
+def test_training_capture_reads_a_bfloat16_engine(tiny_path, tokenizer) -> None:
+    """The oracle's training activations from a bfloat16 engine (on a GPU every LoRA engine is
+    bfloat16): float32 rows, the last ``num_tokens`` of each chat prompt, equal to the engine's own
+    capture widened. Reference: the prompt tokenized by the chat template and captured directly."""
+    from lens_evals.oracle.inference import capture_conversations
+
+    conversations = [[{"role": "user", "content": text}] for text in ("the cat reads a book.", "a model finds the truth, slowly.")]
+    with make_llm(tiny_path, dtype="bfloat16") as llm:
+        got = capture_conversations(llm, conversations, layer=2, num_tokens=3)
+        ids = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False) for c in conversations]
+        direct = llm.generate([{"prompt_token_ids": list(i)} for i in ids], greedy(1, **{CAPTURE_KEY: [2]}), use_tqdm=False)
+    for rows, output, prompt in zip(got, direct, ids, strict=True):
+        stream = capture(output)[0]
+        assert stream.dtype == torch.bfloat16 and stream.shape[0] == len(prompt)
+        assert rows.dtype == np.float32 and rows.shape == (3, stream.shape[1])
+        np.testing.assert_array_equal(rows, stream[-3:].float().numpy())
+
+
 def test_zero_vector_oracle_equals_plain_lora_generation(tiny_path, adapter, tokenizer) -> None:
     """Zero vectors inject nothing: the answer is the LoRA's own greedy answer, which HF + peft
     reproduces; real vectors change it."""

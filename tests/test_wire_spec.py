@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from lens_evals import LinearProbe, SteeringVector, parse_lens_args, wire
+from lens_evals.spec import float32_array
 
 
 def test_round_trip_preserves_values_and_dtype() -> None:
@@ -59,6 +60,24 @@ def test_steering_vector_wire_and_json_round_trip() -> None:
         assert back.layer_indices == [1, 4] and back.position_indices == [0, 5, 9]
         assert back.scale == 0.5 and back.norm_match
         np.testing.assert_array_equal(back.activations, vec.activations)
+
+
+def test_float32_array_reads_bfloat16_tensors_arrays_lists_and_wire_payloads() -> None:
+    """Captures from a bfloat16 model arrive as bfloat16 tensors, which numpy cannot hold (2026-12-04,
+    H200: the oracle's training capture failed on ``tensor.numpy()``). Reference: the bfloat16 bits
+    widened by hand (a bfloat16 is the top half of a float32)."""
+    import torch
+
+    values = torch.tensor([[0.1, -2.25, 3.0e38], [1e-30, 0.0, -7.0]], dtype=torch.bfloat16)
+    bits = values.view(torch.int16).numpy().astype(np.uint16)
+    widened = (bits.astype(np.uint32) << 16).view(np.float32)
+    assert widened[0, 0] != np.float32(0.1)  # the rounding to bfloat16 is kept, not undone
+    for form in (values, widened.copy(), widened.tolist(), wire.encode_array(values)):
+        got = float32_array(form)
+        assert got.dtype == np.float32 and got.shape == (2, 3)
+        np.testing.assert_array_equal(got, widened)
+    with pytest.raises(ValueError, match="numeric array"):
+        float32_array([["a", "b"]])
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from lens_evals.oracle.prompt import oracle_messages, placeholder_positions, placeholder_token_id, select_positions
-from lens_evals.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector
+from lens_evals.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector, float32_array
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def capture_conversations(llm: Any, conversations: Sequence[list[dict[str, str]]
     outputs = llm.chat(list(conversations), params, use_tqdm=False)
     captured = []
     for output in outputs:
-        stream = output.activations["residual_stream"][0].numpy()  # (n_prompt, hidden) with max_tokens=1
+        stream = float32_array(output.activations["residual_stream"][0])  # (n_prompt, hidden) with max_tokens=1
         captured.append(np.ascontiguousarray(stream[select_positions(stream.shape[0], num_tokens)]))
     return captured
 

@@ -12,7 +12,7 @@ from inspect_ai.model import ChatMessageAssistant
 from inspect_ai.solver import Generate, Solver, TaskState, solver
 
 from lens_evals.provider.outputs import ACTIVATIONS_KEY, output_activations
-from lens_evals.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector
+from lens_evals.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector, float32_array
 
 ACTIVATIONS_STORE_KEY = "lens_evals:activations"
 CAPTURE_LAYERS_STORE_KEY = "lens_evals:capture_layers"
@@ -73,7 +73,7 @@ def steer(
     ``(n_layers, n_positions, hidden)`` with absolute ``positions``. With ``capture_layers``
     the steered run's residual stream is captured too."""
     layer_list = [int(layer) for layer in layers]
-    acts = np.asarray(vector.detach().cpu().numpy() if hasattr(vector, "detach") else vector, dtype=np.float32)
+    acts = float32_array(vector)
     if acts.ndim == 1:
         acts = np.repeat(acts[None, :], len(layer_list), axis=0)
     steering = SteeringVector(

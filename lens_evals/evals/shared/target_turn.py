@@ -31,7 +31,7 @@ from inspect_ai.tool import ToolInfo
 
 from lens_evals.probing.probe import Probe
 from lens_evals.provider.outputs import output_activations
-from lens_evals.spec import CAPTURE_KEY, PROBE_KEY
+from lens_evals.spec import CAPTURE_KEY, PROBE_KEY, float32_array
 
 CLOSING_PROBE_TEXT = "x"  # a one-word turn, to measure the tokens that close an assistant turn
 
@@ -209,7 +209,7 @@ async def capture_turn(
     """The residual stream after ``layer`` at the turn's (or span's) tokens: (tokens, hidden)."""
     check_layer(layer)
     activations = await _lens_request(model, messages, tools, {CAPTURE_KEY: [layer]}, "residual_stream")
-    stream = np.asarray(activations["residual_stream"][0], dtype=np.float32)  # (n_prompt, hidden)
+    stream = float32_array(activations["residual_stream"][0])  # (n_prompt, hidden)
     _check_rows(stream.shape[0], turn)
     return np.ascontiguousarray(stream[turn.positions])
 
