@@ -28,18 +28,39 @@ export VLLM_USE_V2_MODEL_RUNNER=0 TOKENIZERS_PARALLELISM=false LENS_EVALS_TEST_F
 export VLLM_CACHE_ROOT=/tmp/kc/vllm TRITON_CACHE_DIR=/tmp/kc/triton
 out=${OUT:-/tmp}
 cd /tmp/src || exit 1
-run() {  # run NAME pytest-args...: one pytest process, junit XML and the log to $OUT
+run() {  # run NAME pytest-args...: pytest processes, junit XML and the log to $OUT
   local name=$1; shift
+  local ledger="$out/$name.ledger" started=$SECONDS round=0 left code hung group
+  rm -f "$ledger" "$out/$name.stacks"
   echo "code $(cat COMMIT 2>/dev/null || echo 'unknown: an archive without COMMIT')" > "$out/$name.log"
-  # -v: each test's name and outcome in the log as it ends, so a call cut at its limit still says
-  # what ran (2026-12-03: a part cut at 600 s left only its progress dots)
-  timeout --kill-after=15 "${LIMIT:-540}" python3 -m pytest -p no:cacheprovider -v --timeout 240 -o addopts="" \
-    -m "${MARK:-not slow and not gpu}" -ra --durations=15 --junitxml "$out/$name.xml" "$@" >> "$out/$name.log" 2>&1
-  echo "$name: exit $?"
+  # A test stuck past HANG_S seconds prints every thread's stack and ends its process
+  # (tests/run_ledger.py: faulthandler, which works where pytest-timeout's signal does not), and
+  # the next process runs the tests not yet started, while the part's LIMIT lasts.
+  while :; do
+    left=$(( ${LIMIT:-540} - (SECONDS - started) ))
+    [ "$left" -gt 30 ] || { echo "$name: no time left for the tests not yet started" | tee -a "$out/$name.log"; break; }
+    # -v: each test's name and outcome in the log as it ends, so a call cut at its limit still says
+    # what ran (2026-12-03: a part cut at 600 s left only its progress dots)
+    # timeout leads a process group of its own: what a process leaves behind (a server, an
+    # engine's worker holding device memory) is killed with the group before the next one starts
+    LENS_EVALS_TEST_LEDGER=$ledger LENS_EVALS_TEST_HANG_EXIT_S=${HANG_S:-270} \
+      timeout --kill-after=15 "$left" python3 -m pytest -p no:cacheprovider -p tests.run_ledger -v --timeout 240 -o addopts="" \
+      -m "${MARK:-not slow and not gpu}" -ra --durations=15 --junitxml "$out/$name.$round.xml" "$@" >> "$out/$name.log" 2>&1 &
+    group=$!
+    wait "$group"
+    code=$?
+    kill -9 -- "-$group" 2>/dev/null
+    echo "$name: exit $code"
+    hung=$(python3 -m tests.run_ledger hung "$ledger")
+    [ -n "$hung" ] && [ "$code" != 124 ] && [ "$code" != 137 ] || break
+    { echo; echo "HUNG past ${HANG_S:-270} s, its process ended (stacks below): $hung"; cat "$out/$name.stacks"; } >> "$out/$name.log"
+    : > "$out/$name.stacks"
+    round=$((round + 1))
+  done
   { printf 'compilation caches: '; du -sh /tmp/kc/* 2>/dev/null | tr '\n' ' '; echo; } >> "$out/$name.log"
   # PACK_CACHES=1: this part's call sends the caches back too (a later cut call loses nothing)
   [ "${PACK_CACHES:-0}" = 1 ] && python3 scripts/gpu_cache.py pack /tmp/kc "$out" --max-mib 56
-  grep -hE "^(FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|error)|(PASSED|FAILED|ERROR) +\[" "$out/$name.log" | cut -c1-200 | tail -60
+  grep -hE "^(FAILED|ERROR|SKIPPED|HUNG)|[0-9]+ (passed|failed|error)|(PASSED|FAILED|ERROR) +\[" "$out/$name.log" | cut -c1-200 | tail -60
 }
 case ${PART:?PART=prepare|1|2a|2b|3a|3b|3c|3d|files|ray|overlap|caches} in
   prepare)
