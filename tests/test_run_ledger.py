@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.run_ledger import hung_test
 
-SCRATCH = '''
+SCRATCH = """
 import ctypes
 
 def test_first():
@@ -23,7 +23,7 @@ def test_stuck_in_c_with_the_gil():
 
 def test_after():
     pass
-'''
+"""
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -49,7 +49,7 @@ def test_a_hung_test_is_named_with_its_stack_and_the_next_process_runs_the_rest(
     assert "test_first PASSED" in first.stdout and "test_after" not in first.stdout
     assert hung_test(ledger) == "test_scratch.py::test_stuck_in_c_with_the_gil"
     stacks = ledger.with_suffix(".stacks").read_text()
-    assert stacks.startswith("--- test_scratch.py::test_stuck_in_c_with_the_gil ---") and "test_scratch.py\", line 8" in stacks
+    assert stacks.startswith("--- test_scratch.py::test_stuck_in_c_with_the_gil ---") and 'test_scratch.py", line 8' in stacks
 
     second, _ = run_part(tmp_path, ledger)
     assert second.returncode == 0, second.stdout[-2000:]
