@@ -25,7 +25,7 @@ export PYTHONPATH=/tmp/site:/tmp/src PYTHONUNBUFFERED=1 LENS_EVALS_MODEL_DIR=/tm
 export VLLM_USE_V2_MODEL_RUNNER=0 TOKENIZERS_PARALLELISM=false LENS_EVALS_TEST_FAILURES_AT_ONCE=1
 # vLLM's compilation caches (torch.compile, Inductor, Triton) in one place, so that PART=caches can
 # send them back and the next machine can start from them (scripts/gpu_cache.py)
-export VLLM_CACHE_ROOT=/tmp/kc/vllm TRITON_CACHE_DIR=/tmp/kc/triton
+export VLLM_CACHE_ROOT=/tmp/kc/vllm TRITON_CACHE_DIR=/tmp/kc/triton FLASHINFER_WORKSPACE_BASE=/tmp/kc/flashinfer
 out=${OUT:-/tmp}
 cd /tmp/src || exit 1
 run() {  # run NAME pytest-args...: pytest processes, junit XML and the log to $OUT
@@ -69,6 +69,19 @@ case ${PART:?PART=prepare|1|2a|2b|3a|3b|3c|3d|files|ray|overlap|caches} in
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site . || exit 1
     python3 -c "import torch, vllm, transformers, inspect_ai, ray; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__, 'inspect', inspect_ai.__version__, 'ray', ray.__version__, 'gpus', torch.cuda.device_count())"
     python3 -c "from lens_evals.models import model_path; [print(model_path(n)) for n in ('tiny-llama', 'tiny-moe', 'smollm2-135m-instruct')]"
+    # The machine's first engine (149-207 s in four runs, later ones 10-15 s) started here, its
+    # phases timed, so that the parts' budgets hold and the carried caches' effect is measured
+    [ "${WARM:-1}" = 1 ] && VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 -c "
+import time; t0 = time.monotonic()
+from vllm import LLM, SamplingParams
+t1 = time.monotonic(); print(f'warm: import vllm {t1 - t0:.1f} s', flush=True)
+llm = LLM('/tmp/gm/tiny-llama', dtype='float32', max_model_len=1024, gpu_memory_utilization=0.2, seed=0)
+t2 = time.monotonic(); print(f'warm: first engine {t2 - t1:.1f} s', flush=True)
+out = llm.generate(['the cat reads a book.'], SamplingParams(max_tokens=2, temperature=0.0, extra_args={'output_residual_stream': [1]}))
+t3 = time.monotonic(); print(f'warm: first lens request {t3 - t2:.1f} s, rows {tuple(out[0].activations[\"residual_stream\"].shape)}', flush=True)
+llm.llm_engine.engine_core.shutdown()
+" > "$out/warm.log" 2>&1; grep -E "^warm:|Error" "$out/warm.log" | cut -c1-300
+    du -sh /tmp/kc/* 2>/dev/null
     ;;
   1|2a|2b|3a|3b|3c|3d|files)
     # Parts sized to finish well inside one call on a warm machine (the first engine of a fresh
