@@ -13,9 +13,10 @@
 # Compilation caches: `PART=caches` as the last call (or PACK_CACHES=1 on any part) sends vLLM's
 # compilation caches back (at most 60 MiB compressed, else nothing; sizes printed at the end of
 # every part's log). Copy the pieces from the reply's files_at into .gpu-cache/ and, on the next
-# machine, carry them in a call of their own before prepare:
-# run(command="mkdir -p /tmp/kc-in && cp .gpu-cache/* /tmp/kc-in/", carry=[".gpu-cache"]);
-# prepare unpacks them (scripts/gpu_cache.py).
+# machine, carry them before prepare, which unpacks them (scripts/gpu_cache.py): with the last chunk
+# when they fit beside it (a call carries 64 MiB), carry=[".gpu/c11", ".gpu/install.sh", ".gpu-src",
+# ".gpu-cache"] and "mkdir -p /tmp/kc-in && cp .gpu-cache/* /tmp/kc-in/ && " before the command above,
+# else in a call of their own.
 # The code runs from /tmp/src (a git archive of one commit), so what ran is named by that commit
 # (its COMMIT file, printed at the head of every log).
 # One pytest process at a time: vLLM's start-up memory profiling fails when another process on
