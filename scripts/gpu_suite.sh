@@ -61,9 +61,52 @@ run() {  # run NAME pytest-args...: pytest processes, junit XML and the log to $
   { printf 'compilation caches: '; du -sh /tmp/kc/* 2>/dev/null | tr '\n' ' '; echo; } >> "$out/$name.log"
   # PACK_CACHES=1: this part's call sends the caches back too (a later cut call loses nothing)
   [ "${PACK_CACHES:-0}" = 1 ] && python3 scripts/gpu_cache.py pack /tmp/kc "$out" --max-mib 56
-  grep -hE "^(FAILED|ERROR|SKIPPED|HUNG)|[0-9]+ (passed|failed|error)|(PASSED|FAILED|ERROR) +\[" "$out/$name.log" | cut -c1-200 | tail -60
+  # the outcome (BRIEF=1, as in lanes: failures and counts only; the log has every test)
+  local outcome="^(FAILED|ERROR|SKIPPED|HUNG)|[0-9]+ (passed|failed|error)|(PASSED|FAILED|ERROR) +\["
+  [ "${BRIEF:-0}" = 1 ] && outcome="^(FAILED|ERROR|HUNG)|[0-9]+ (passed|failed|error)"
+  grep -hE "$outcome" "$out/$name.log" | cut -c1-200 | tail -60
 }
-case ${PART:?PART=prepare|1|2a|2b|3a|3b|3c|3d|files|ray|overlap|caches} in
+# The test files of each part. Sized to finish inside one call on a warm machine (measured on
+# the H200, 2026-12-04: part 1 492 s with the machine's first engine; 2a+2b ran past 575 s as
+# one part; the GPU takes ~1.5-2x the 2-core CPU's time on these tiny models, each engine's
+# start-up being most of it). "solo": tests whose engines must have the device to themselves (the
+# bench's systems ask for 0.85 of it and profile its memory), never run in lanes.
+P1="tests/test_engine_tiny.py tests/test_positions.py tests/test_capture_hf.py tests/test_hooks.py tests/test_hook_sets.py
+    tests/test_probes.py tests/test_graph_mode.py tests/test_failures_and_disable.py tests/test_store.py tests/test_handoff.py
+    tests/test_wire_spec.py tests/test_engine_modes.py"
+P2A="tests/test_server.py tests/test_server_auth.py tests/test_provider.py tests/test_hardening_inputs.py
+     tests/test_hardening_fuzz.py tests/test_hardening_load.py"
+P2B="tests/test_lora_engine.py tests/test_oracle_solver.py"
+P3A="tests/test_architectures.py tests/test_docs_links.py tests/test_gguf_models.py tests/test_layout.py"
+P3B="tests/test_capture_cmd.py tests/test_coup.py"
+P3C="tests/test_roleplaying_eval.py tests/test_roleplaying_file.py tests/test_petri_inspectors.py tests/test_parallel.py
+     tests/test_report.py"
+PSOLO="tests/test_bench.py"
+part_files() {  # part_files PART: its test files (3d: every file no other part names; new files land there)
+  case $1 in
+    1) echo $P1 ;;
+    2a) echo $P2A ;;
+    2b) echo $P2B ;;
+    3a) echo $P3A ;;
+    3b) echo $P3B ;;
+    3c) echo $P3C ;;
+    solo) echo $PSOLO ;;
+    3d) ls tests/test_*.py | grep -vxF -f <(echo $P1 $P2A $P2B $P3A $P3B $P3C $PSOLO | tr ' ' '\n') ;;
+    # a list of test files or test ids: FILES="tests/test_x.py tests/test_y.py::test_z"
+    files) echo ${FILES:?FILES=...} ;;
+    *) echo "unknown part $1" >&2; return 1 ;;
+  esac
+}
+run_part() {  # run_part PART: one part, or Ray's gpu-marked tests (-s: their printed errors)
+  if [ "$1" = ray ]; then MARK=gpu run ray -s tests/test_ray_executor.py
+  elif [ "$1" = overlap ]; then MARK=gpu run overlap tests/test_copy_overlap.py
+  else
+    local files; files=$(part_files "$1") || return 1
+    [ -n "$files" ] || { echo "part $1: no test files" >&2; return 1; }
+    run "part$1" $files
+  fi
+}
+case ${PART:?PART=prepare|1|2a|2b|3a|3b|3c|3d|solo|files|ray|overlap|lanes|caches} in
   prepare)
     # caches carried from an earlier machine (.gpu-cache/ copied to /tmp/kc-in by a call of its own)
     [ -d /tmp/kc-in ] && python3 scripts/gpu_cache.py unpack /tmp/kc-in /tmp/kc
@@ -84,37 +127,25 @@ llm.llm_engine.engine_core.shutdown()
 " > "$out/warm.log" 2>&1; grep -E "^warm:|Error" "$out/warm.log" | cut -c1-300
     du -sh /tmp/kc/* 2>/dev/null
     ;;
-  1|2a|2b|3a|3b|3c|3d|files)
-    # Parts sized to finish well inside one call on a warm machine (the first engine of a fresh
-    # machine adds ~3 min of kernel building to the first part run). Measured on the H200,
-    # 2026-12-04: part 1 492 s (with that first engine); 2a+2b ran past 575 s as one part, so
-    # they are two; the GPU takes ~1.5-2x the 2-core CPU's time on these tiny models (each engine's
-    # start-up: CUDA, profiling, kernels), so part 3 is four (CPU times: architectures 181 s, bench
-    # 98 s, roleplaying 76 s, coup 69 s, the rest < 35 s each).
-    P1="tests/test_engine_tiny.py tests/test_positions.py tests/test_capture_hf.py tests/test_hooks.py tests/test_hook_sets.py
-        tests/test_probes.py tests/test_graph_mode.py tests/test_failures_and_disable.py tests/test_store.py tests/test_handoff.py
-        tests/test_wire_spec.py tests/test_engine_modes.py"
-    P2A="tests/test_server.py tests/test_server_auth.py tests/test_provider.py tests/test_hardening_inputs.py
-         tests/test_hardening_fuzz.py tests/test_hardening_load.py"
-    P2B="tests/test_lora_engine.py tests/test_oracle_solver.py"
-    P3A="tests/test_architectures.py tests/test_docs_links.py tests/test_gguf_models.py tests/test_layout.py"
-    P3B="tests/test_bench.py tests/test_capture_cmd.py tests/test_coup.py"
-    P3C="tests/test_roleplaying_eval.py tests/test_roleplaying_file.py tests/test_petri_inspectors.py tests/test_parallel.py
-         tests/test_report.py"
-    case $PART in
-      1) files=$P1 ;;
-      2a) files=$P2A ;;
-      2b) files=$P2B ;;
-      3a) files=$P3A ;;
-      3b) files=$P3B ;;
-      3c) files=$P3C ;;
-      # every other test file (new test files land here)
-      3d) files=$(ls tests/test_*.py | grep -vxF -f <(echo $P1 $P2A $P2B $P3A $P3B $P3C | tr ' ' '\n')) ;;
-      # a list of test files or test ids: FILES="tests/test_x.py tests/test_y.py::test_z"
-      files) files=${FILES:?FILES=...} ;;
-    esac
-    run "part$PART" $files ;;
+  1|2a|2b|3a|3b|3c|3d|solo|files|ray) run_part "$PART" ;;
+  # vLLM's Ray executor (docs/parallelism.md); the step copy on a side stream (issue #21: timed, so alone)
+  overlap) run_part overlap ;;
+  lanes)
+    # LANES="1 2a 2b 3a": those parts at once, one pytest process each beside the others on the
+    # device (their engines take tests/device.py's fixed KV cache, so none profiles the device's
+    # memory, which another process's freeing would break), the host's cores split between them.
+    # Each lane's own LIMIT; the call lasts as long as the longest lane.
+    lanes=${LANES:?LANES="1 2a ..."}
+    threads=$(( $(nproc) / $(wc -w <<< "$lanes") ))
+    for lane in $lanes; do
+      case $lane in solo|overlap) echo "lanes: $lane runs alone, not in lanes" >&2; exit 2 ;; esac
+    done
+    for lane in $lanes; do
+      ( OMP_NUM_THREADS=$threads PACK_CACHES=0 BRIEF=1 run_part "$lane" > "$out/lane-$lane.txt" 2>&1 ) &
+    done
+    wait
+    for lane in $lanes; do echo "== lane $lane"; cat "$out/lane-$lane.txt"; done
+    [ "${PACK_CACHES:-0}" = 1 ] && python3 scripts/gpu_cache.py pack /tmp/kc "$out" --max-mib 56
+    ;;
   caches) python3 scripts/gpu_cache.py pack /tmp/kc "$out" ;;  # to carry to the next machine (see its header)
-  ray) MARK=gpu run ray -s tests/test_ray_executor.py ;;  # vLLM's Ray executor (docs/parallelism.md)
-  overlap) MARK=gpu run overlap tests/test_copy_overlap.py ;;  # the step copy on a side stream (issue #21)
 esac

@@ -34,7 +34,7 @@ from torch import nn
 from lens_evals import LinearProbe, SteeringVector
 from lens_evals.hooks import Hook
 from tests import tolerance
-from tests.conftest import GPU_MEMORY_FRACTION, on_gpu
+from tests.conftest import gpu_share
 
 LONG_PROMPT = " ".join(f"the probe reads {n} small data." for n in range(8))
 CHUNK = 16
@@ -154,8 +154,7 @@ def engine_options(graph: bool = False) -> dict[str, Any]:
     graphs and torch.compile kept on), else eager."""
     options: dict[str, Any] = {"dtype": "float32", "max_model_len": 512, "seed": 0, "enable_chunked_prefill": True,
                                "max_num_batched_tokens": CHUNK, "enable_prefix_caching": False}
-    if on_gpu():
-        options["gpu_memory_utilization"] = GPU_MEMORY_FRACTION
+    options.update(gpu_share())
     if graph:
         options["additional_config"] = {"lens_evals": {"graph_layers": "all"}}
     return options

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from lens_evals.models import model_path
+from tests.device import gpu_share, on_gpu
 
 
 @pytest.fixture(scope="session")
@@ -28,12 +29,6 @@ def tiny_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     return model_path("smollm2-135m-instruct")
-
-
-def on_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 # Prompts for the tiny Llama (its tokenizer knows these words).
@@ -47,15 +42,6 @@ TINY_PROMPTS = [
     "a student likes the answer",
     "the truth",
 ]
-
-# On a GPU machine several engines (and the server) share one device.
-GPU_MEMORY_FRACTION = 0.2
-
-
-def gpu_share() -> dict[str, Any]:
-    """On a GPU, the engine option that leaves room for several engines (the test process's, a
-    subprocess's, a server's) at once; nothing on CPU."""
-    return {"gpu_memory_utilization": GPU_MEMORY_FRACTION} if on_gpu() else {}
 
 
 def share_the_device_in_package_engines() -> None:
@@ -79,33 +65,23 @@ def engine_options(**kwargs: Any) -> dict[str, Any]:
     return engine_defaults(**{"dtype": "float32", **kwargs})
 
 
-def settle_gpu_memory(timeout_s: float = 60.0) -> None:
-    """Wait until the device's free memory stops changing. vLLM's start-up profiling fails ("Error
-    in memory profiling ... other processes sharing the same container release GPU memory") when
-    an engine that a previous test shut down is still handing its memory back. No-op on CPU."""
+def release_gpu_memory() -> None:
+    """Hand the device memory of engines already shut down back before the next one starts (their
+    objects collected, torch's cache emptied). No waiting: with :func:`gpu_share` vLLM does not
+    profile memory at start-up, so memory still being freed elsewhere cannot fail it. No-op on CPU."""
     if not on_gpu():
         return
-    import time
-
     import torch
 
     gc.collect()
     torch.cuda.empty_cache()
-    deadline = time.monotonic() + timeout_s
-    last = torch.cuda.mem_get_info()[0]
-    while time.monotonic() < deadline:
-        time.sleep(1.0)
-        free = torch.cuda.mem_get_info()[0]
-        if abs(free - last) < 2**26:  # stable within 64 MiB over one second
-            return
-        last = free
 
 
 @contextmanager
 def make_llm(path: Path, **kwargs: Any) -> Iterator[Any]:
     from vllm import LLM
 
-    settle_gpu_memory()
+    release_gpu_memory()
     llm = LLM(str(path), **engine_options(**{"enable_prefix_caching": True, **kwargs}))
     try:
         yield llm
@@ -132,7 +108,7 @@ def lens_server(path: Path, env: dict[str, str] | None = None, server_args: dict
     """A LensServer for ``path`` served as "test", with the tests' engine options (plus ``server_args``)."""
     from lens_evals.provider.server import LensServer
 
-    settle_gpu_memory()
+    release_gpu_memory()
     server = LensServer(str(path), served_name="test", server_args=engine_options(**(server_args or {})), env=env).start()
     try:
         yield server
@@ -143,9 +119,9 @@ def lens_server(path: Path, env: dict[str, str] | None = None, server_args: dict
 @pytest.fixture(autouse=True, scope="session")
 def servers_share_the_gpu() -> Iterator[None]:
     """On a GPU, every vLLM server a test starts (itself, or through the Inspect provider) takes
-    :func:`gpu_share` unless the test sets its own fraction, and starts once the device's memory
-    has settled. vLLM's default (0.92 of the device) leaves no room for the test process's own
-    engine (2026-12-03: four provider tests failed so). Nothing changes on CPU."""
+    :func:`gpu_share` unless the test sets its own, and starts after the memory of engines already
+    shut down is released. vLLM's default (0.92 of the device) leaves no room for the test
+    process's own engine (2026-12-03: four provider tests failed so). Nothing changes on CPU."""
     if not on_gpu():
         yield
         return
@@ -156,13 +132,13 @@ def servers_share_the_gpu() -> Iterator[None]:
     def sharing_init(self: Any, model: str, served_name: str, server_args: Any = None, env: Any = None) -> None:
         init(self, model, served_name, {**gpu_share(), **(server_args or {})}, env)
 
-    def settled_start(self: Any, *args: Any, **kwargs: Any) -> Any:
-        settle_gpu_memory()
+    def released_start(self: Any, *args: Any, **kwargs: Any) -> Any:
+        release_gpu_memory()
         return start(self, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(LensServer, "__init__", sharing_init)
-        patch.setattr(LensServer, "start", settled_start)
+        patch.setattr(LensServer, "start", released_start)
         yield
 
 

@@ -39,7 +39,7 @@ import requests
 import torch
 
 from lens_evals.client import activations_from_response, lens_xargs
-from tests.conftest import engine_options, lens_server, make_llm, on_gpu, settle_gpu_memory
+from tests.conftest import engine_options, lens_server, make_llm, on_gpu, release_gpu_memory
 from tests.scripts.ray_engine_run import LAYERS, PROBE, PROMPTS, SETTING, lens_params, load_results, results_of
 from tests.tolerance import assert_scores_close, assert_stream_close, assert_values_close
 
@@ -95,7 +95,7 @@ def ray_engine_run(mode: str, path: Any, tmp_path: Path, ray_address: str | None
     """tests/scripts/ray_engine_run.py MODE in a fresh process (its own session: a stalled one is
     killed with every Ray process it started); its results and metadata. The process's options
     are asserted equal to the reference's (plus the executor)."""
-    settle_gpu_memory()
+    release_gpu_memory()
     out = tmp_path / f"{mode}.safetensors"
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     if ray_address is not None:

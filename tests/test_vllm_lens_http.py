@@ -20,7 +20,7 @@ from lens_evals import wire
 from lens_evals.client import LensClient, activations_from_response, decode_activations, lens_xargs, serialize_tensor
 from lens_evals.hooks import Hook
 from lens_evals.spec import SteeringVector
-from tests.conftest import GPU_MEMORY_FRACTION, on_gpu
+from tests.conftest import gpu_share
 from tests.tolerance import assert_stream_close
 
 KEY = "compat-key"
@@ -35,9 +35,7 @@ BF16_BOUND = 2e-2  # bf16 numerics of the same request in another batch composit
 def server(tiny_path):
     from lens_evals.provider.server import LensServer
 
-    args: dict[str, Any] = {"dtype": "bfloat16", "max_model_len": 1024, "seed": 0, "api_key": [KEY]}
-    if on_gpu():
-        args["gpu_memory_utilization"] = GPU_MEMORY_FRACTION
+    args: dict[str, Any] = {"dtype": "bfloat16", "max_model_len": 1024, "seed": 0, "api_key": [KEY], **gpu_share()}
     proc = LensServer(str(tiny_path), served_name="test", server_args=args).start()
     try:
         yield proc

@@ -11,6 +11,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -27,14 +28,13 @@ STACKS_AFTER_S = 150
 
 
 def main(mode: str, path: str) -> None:
-    import torch
     from vllm import LLM, SamplingParams
 
     from lens_evals.engine.frontend_attach import LensRequestError
+    from tests.device import gpu_share
 
     faulthandler.dump_traceback_later(STACKS_AFTER_S, exit=True)
-    # on a GPU: a share of the device beside the test process's engine (the plugin runs it eager)
-    options = {"gpu_memory_utilization": 0.2} if torch.cuda.is_available() else {}
+    options = gpu_share()  # on a GPU: a share of the device beside the test process's engine
     llm = LLM(path, dtype="float32", max_model_len=1024, seed=0, **ENGINES[mode], **options)
     plain = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     lens = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, extra_args={"output_residual_stream": [1]})
@@ -52,4 +52,5 @@ def main(mode: str, path: str) -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.device
     main(sys.argv[1], sys.argv[2])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,7 +38,10 @@ def params(i: int):
 
 
 def gpu_options() -> dict:
-    return {"gpu_memory_utilization": 0.2} if torch.cuda.is_available() else {}
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.device import gpu_share
+
+    return gpu_share()  # on a GPU: a share of the device beside the test process's engines
 
 
 def offline(model: str) -> tuple[list, str, int]:
