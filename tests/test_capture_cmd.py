@@ -171,6 +171,12 @@ def random_token_prompts(path: Path, n_prompts: int, n_tokens: int, vocab: int, 
     return write_jsonl(path, [{"prompt_token_ids": rng.integers(10, vocab, n_tokens).tolist()} for _ in range(n_prompts)])
 
 
+def share_args() -> list[str]:
+    """``--engine-arg`` options for :func:`gpu_share` (none on CPU): a command-line capture's engine
+    is a fresh process, which the conftest's engine defaults do not reach."""
+    return [arg for key, value in gpu_share().items() for arg in ("--engine-arg", f"{key}={value}")]
+
+
 def test_token_id_prompts_need_no_tokenizer(llm: Any, tiny_path: Path, tmp_path: Path) -> None:
     """A model directory without tokenizer files, opened with ``--engine-arg
     skip_tokenizer_init=true`` (how the GPU host's 44 GB capture runs): token-id prompts are
@@ -186,7 +192,7 @@ def test_token_id_prompts_need_no_tokenizer(llm: Any, tiny_path: Path, tmp_path:
     # in a process of its own: a second in-process engine would tear down vLLM's parallel groups,
     # which this module's engine (``llm``) still uses
     command = [sys.executable, "-m", "lens_evals.cli", *args, "--dtype", "float32", "--engine-arg", "skip_tokenizer_init=true"]
-    command += [arg for key, value in gpu_share().items() for arg in ("--engine-arg", f"{key}={value}")]  # beside ``llm`` on a GPU
+    command += share_args()  # beside ``llm`` on a GPU
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     reference = reference_streams(llm, [json.loads(line) for line in prompts.read_text().splitlines()])
@@ -330,6 +336,7 @@ def test_sigkill_then_resume_from_the_command_line(tiny_path: Path, tmp_path: Pa
         "8",
         "--shard-rows",
         "8",
+        *share_args(),
     ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300

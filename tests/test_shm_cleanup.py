@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.device import gpu_share
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = """
 import os
 def main():
     from vllm import LLM, SamplingParams
-    llm = LLM({path!r}, dtype="float32", max_model_len=128, seed=0)
+    llm = LLM({path!r}, dtype="float32", max_model_len=128, seed=0, **{share!r})
     out = llm.generate(["hello world " * 10], SamplingParams(max_tokens=2, extra_args={{"output_residual_stream": [0, 1]}}), use_tqdm=False)
     print("captured", tuple(out[0].activations["residual_stream"].shape), os.getpid(), flush=True)
 if __name__ == "__main__":
@@ -33,7 +35,7 @@ if __name__ == "__main__":
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
 def test_exit_without_shutdown_leaks_nothing(tiny_path: Path, tmp_path: Path) -> None:
     script = tmp_path / "open_and_exit.py"
-    script.write_text(SCRIPT.format(path=str(tiny_path)))
+    script.write_text(SCRIPT.format(path=str(tiny_path), share=gpu_share()))  # on a GPU: a share of the device
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("LENS_EVALS_DISABLE", None)
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
