@@ -19,8 +19,9 @@
 # else in a call of their own.
 # The code runs from /tmp/src (a git archive of one commit), so what ran is named by that commit
 # (its COMMIT file, printed at the head of every log).
-# One pytest process at a time: vLLM's start-up memory profiling fails when another process on
-# the device allocates or frees meanwhile. Logs and junit XML go to $OUT.
+# Several pytest processes may share the device (PART=lanes): the tests' engines skip vLLM's
+# start-up memory profiling (tests/device.py), which another process's freeing would fail. The
+# bench (PART=solo) and the timed overlap tests run alone. Logs and junit XML go to $OUT.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:/tmp/src PYTHONUNBUFFERED=1 LENS_EVALS_MODEL_DIR=/tmp/gm
 export VLLM_USE_V2_MODEL_RUNNER=0 TOKENIZERS_PARALLELISM=false LENS_EVALS_TEST_FAILURES_AT_ONCE=1
@@ -46,7 +47,7 @@ run() {  # run NAME pytest-args...: pytest processes, junit XML and the log to $
     # engine's worker holding device memory) is killed with the group before the next one starts
     LENS_EVALS_TEST_LEDGER=$ledger LENS_EVALS_TEST_HANG_EXIT_S=${HANG_S:-270} \
       timeout --kill-after=15 "$left" python3 -m pytest -p no:cacheprovider -p tests.run_ledger -v --timeout 240 -o addopts="" \
-      -m "${MARK:-not slow and not gpu}" -ra --durations=15 --junitxml "$out/$name.$round.xml" "$@" >> "$out/$name.log" 2>&1 &
+      -m "${MARK:-not slow and not gpu}" -ra --durations=15 --junitxml "$out/$name.$round.xml" --basetemp "/tmp/pytest-$name-$round" "$@" >> "$out/$name.log" 2>&1 &
     group=$!
     wait "$group"
     code=$?
