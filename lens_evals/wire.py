@@ -17,9 +17,8 @@ a torch tensor in the native dtype. Importable without torch.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
+import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -48,9 +47,9 @@ def encode_arrays(arrays: Mapping[str, Any], compress: bool = False) -> dict[str
     """Named arrays / tensors (native dtype) as one safetensors payload."""
     raw = codec.safetensors_bytes({name: codec.raw_of(value) for name, value in arrays.items()})
     if not compress:
-        return {"encoding": ENCODING, "data": base64.b64encode(raw).decode("ascii")}
+        return {"encoding": ENCODING, "data": codec.b64encode(raw)}
     packed = codec.compress(raw)
-    return {"encoding": ENCODING, "data": base64.b64encode(packed).decode("ascii"), "compression": "zstd", "nbytes": len(raw)}
+    return {"encoding": ENCODING, "data": codec.b64encode(packed), "compression": "zstd", "nbytes": len(raw)}
 
 
 def encode_vllm_lens(value: Any, compress: bool = True) -> dict[str, Any]:
@@ -60,8 +59,8 @@ def encode_vllm_lens(value: Any, compress: bool = True) -> dict[str, Any]:
     data = bytes(raw.data)
     out = {"dtype": storage, "original_dtype": f"torch.{raw.dtype}", "shape": list(raw.shape)}
     if compress:
-        return {"data": base64.b64encode(codec.compress(data)).decode("ascii"), **out, "compression": "zstd"}
-    return {"data": base64.b64encode(data).decode("ascii"), **out}
+        return {"data": codec.b64encode(codec.compress(data)), **out, "compression": "zstd"}
+    return {"data": codec.b64encode(data), **out}
 
 
 def encode_array(value: Any, encoding: str = SAFETENSORS) -> dict[str, Any]:
@@ -81,10 +80,7 @@ def _b64(data: Any, limit: int = MAX_ENCODED_CHARS) -> bytes:
         raise WireError("tensor object has no 'data' string")
     if len(data) > limit:
         raise WireError(f"encoded tensor too large ({len(data)} characters, at most {limit})")
-    try:
-        return base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise WireError(f"tensor data is not valid base64: {exc}") from None
+    return codec.b64decode(data)
 
 
 def _compression(payload: Mapping[str, Any]) -> str | None:
@@ -251,3 +247,51 @@ def json_object(payload: Any, what: str, fields: Any) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown {what} fields: {sorted(unknown)}")
     return dict(payload)
+
+
+# --------------------------------------------------------------------------- JSON bytes
+_SPLICE_MIN_CHARS = 4096
+_BASE64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
+
+
+def _lift_data_strings(value: Any, mark: str, lifted: list[bytes]) -> Any:
+    """A copy of ``value`` with every long ``"data"`` string that is base64 (which JSON writes as
+    it is: no character needs escaping) replaced by ``mark`` and its number; its bytes go to
+    ``lifted``."""
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            raw = _base64_bytes(item) if key == "data" else None
+            if raw is not None:
+                out[key] = f"{mark}{len(lifted)}"
+                lifted.append(raw)
+            else:
+                out[key] = _lift_data_strings(item, mark, lifted)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_lift_data_strings(item, mark, lifted) for item in value]
+    return value
+
+
+def _base64_bytes(item: Any) -> bytes | None:
+    if not isinstance(item, str) or len(item) < _SPLICE_MIN_CHARS or not item.isascii():
+        return None
+    raw = item.encode("ascii")
+    return raw if not raw.translate(None, _BASE64_ALPHABET) else None  # base64 characters only
+
+
+def json_bytes(value: Any) -> bytes:
+    """``json.dumps(value).encode()``, byte for byte, without JSON-escaping the long base64 strings
+    of encoded arrays character by character: they are written in as they are (json.dumps scans
+    ~0.4 GB/s of them on the 2-core machine, this ~1.2 GB/s; 2026-12-04)."""
+    lifted: list[bytes] = []
+    mark = f"lens-splice-{secrets.token_hex(16)}-"  # new each call: no other text can hold it
+    text = json.dumps(_lift_data_strings(value, mark, lifted))
+    parts = text.split(mark)
+    if not lifted or len(parts) != len(lifted) + 1:
+        return text.encode() if not lifted else json.dumps(value).encode()
+    pieces = [parts[0].encode()]
+    for part in parts[1:]:
+        digits = len(part) - len(part.lstrip("0123456789"))
+        pieces += [lifted[int(part[:digits])], part[digits:].encode()]
+    return b"".join(pieces)

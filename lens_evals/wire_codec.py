@@ -4,11 +4,14 @@ writes and reads), zstd with a bound on the inflated size. Importable without to
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, TypeGuard
 
 import numpy as np
@@ -35,6 +38,36 @@ _BY_CODE = {code: name for name, (code, _) in DTYPES.items()}
 
 class WireError(ValueError):
     """A payload could not be decoded."""
+
+
+def _fastest_base64() -> ModuleType:
+    """pybase64 (SIMD; a vLLM dependency, so on every server) where installed, else the standard
+    library's module (a client-only install): the same functions, the same results."""
+    try:
+        import pybase64
+    except ImportError:
+        return base64
+    return pybase64
+
+
+_base64 = _fastest_base64()
+
+
+def b64encode(data: bytes | memoryview) -> str:
+    """Standard base64 with padding, as ``base64.b64encode``: ~2.5x faster with pybase64 (1.5 GB/s
+    on the 2-core machine, 2026-12-04)."""
+    encoded: bytes = _base64.b64encode(data)
+    return encoded.decode("ascii")
+
+
+def b64decode(text: str) -> bytes:
+    """Strict standard base64 (anything outside the alphabet is an error), as
+    ``base64.b64decode(text, validate=True)``: ~7x faster with pybase64 (1.8 GB/s against 0.24)."""
+    try:
+        decoded: bytes = _base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise WireError(f"tensor data is not valid base64: {exc}") from None
+    return decoded
 
 
 def has_torch() -> bool:

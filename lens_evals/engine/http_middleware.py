@@ -5,6 +5,7 @@ validation before the engine sees it (vLLM answers 400 with the reason)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -114,7 +115,9 @@ class LensResponseMiddleware:
             body_parts.append(message.get("body", b""))
             if message.get("more_body"):
                 return
-            status, body = _rewrite(held_start["status"], b"".join(body_parts), sink)
+            # in a worker thread: encoding a large capture (base64, JSON) would otherwise hold the
+            # event loop, and with it every other request's response, for as long as it takes
+            status, body = await asyncio.to_thread(_rewrite, held_start["status"], b"".join(body_parts), sink)
             headers = [(k, v) for k, v in held_start.get("headers", []) if k.lower() != b"content-length"]
             headers.append((b"content-length", str(len(body)).encode()))
             await send({**held_start, "status": status, "headers": headers})
@@ -138,7 +141,7 @@ def _stream_chunk(body: bytes, sink: list[HttpResult]) -> bytes:
     results = list(sink)
     sink.clear()
     event = _error_body(results) or lens_fields(results)
-    return body[:at] + b"data: " + json.dumps(event).encode() + b"\n\n" + body[at:]
+    return body[:at] + b"data: " + wire.json_bytes(event) + b"\n\n" + body[at:]
 
 
 def _rewrite(status: int, body: bytes, sink: list[HttpResult]) -> tuple[int, bytes]:
@@ -155,7 +158,7 @@ def _rewrite(status: int, body: bytes, sink: list[HttpResult]) -> tuple[int, byt
         logger.error("lens_evals: could not parse a JSON response to add activations")
         return status, body
     data.update(lens_fields(sink))
-    return status, json.dumps(data).encode()
+    return status, wire.json_bytes(data)
 
 
 def _prompt_index(request_id: str) -> int:
