@@ -287,9 +287,11 @@ def json_bytes(value: Any) -> bytes:
     lifted: list[bytes] = []
     mark = f"lens-splice-{secrets.token_hex(16)}-"  # new each call: no other text can hold it
     text = json.dumps(_lift_data_strings(value, mark, lifted))
+    if not lifted:
+        return text.encode()
     parts = text.split(mark)
-    if not lifted or len(parts) != len(lifted) + 1:
-        return text.encode() if not lifted else json.dumps(value).encode()
+    if len(parts) != len(lifted) + 1:  # not with a fresh random mark; the plain path if ever
+        return json.dumps(value).encode()
     pieces = [parts[0].encode()]
     for part in parts[1:]:
         digits = len(part) - len(part.lstrip("0123456789"))

@@ -17,6 +17,7 @@ import torch
 import zstandard
 
 from lens_evals import wire
+from lens_evals.bench.checks import common_prefix
 from lens_evals.client import LensClient, activations_from_response, decode_activations, lens_xargs, serialize_tensor
 from lens_evals.hooks import Hook
 from lens_evals.spec import SteeringVector
@@ -61,10 +62,6 @@ def stream_of(resp: requests.Response) -> torch.Tensor:
 
 def generated_ids(resp: requests.Response) -> list[int]:
     return list(resp.json()["choices"][0]["token_ids"])
-
-
-def same_prefix(first: list[int], second: list[int]) -> int:
-    return next((k for k, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
 
 
 def test_every_encoding_carries_bf16_unchanged(server) -> None:
@@ -167,7 +164,7 @@ def test_bad_input_in_their_forms_is_400_while_good_requests_finish(server) -> N
         assert got.shape == expected.shape
         # rows up to the first generated token that differs: in bf16 a near-tie greedy token of the
         # random model may flip in another batch composition, and every later row reads other input
-        same = same_prefix(generated_ids(alone[i]), generated_ids(results[i]))
+        same = common_prefix(generated_ids(alone[i]), generated_ids(results[i]))
         rows = expected.shape[0] - len(generated_ids(alone[i])) + 1 + same
         assert_stream_close(got[:rows].float(), expected[:rows].float(), f"good request {i} beside bad ones", bound=BF16_BOUND)
     assert requests.get(f"{server.url}/health", timeout=5).status_code == 200

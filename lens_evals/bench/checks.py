@@ -12,7 +12,8 @@ from lens_evals.bench.config import BenchConfig
 from lens_evals.bench.systems import ALL_SYSTEMS, BASELINE, GRAPHS, HF_FORWARD, REFERENCE
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading token ids two generations share."""
     n = 0
     for x, y in zip(a, b):
         if x != y:
@@ -51,7 +52,7 @@ def token_check(result: dict, baseline: dict | None, cfg: BenchConfig) -> dict:
 def _same_token_positions(result: dict, other: dict, index: int, cfg: BenchConfig) -> int:
     """Positions of prompt ``index`` where both runs saw the same input: the prompt plus the
     generated tokens up to the first difference (later positions see different inputs)."""
-    return len(cfg.prompts[index]) + _common_prefix(result["token_ids"][index], other["token_ids"][index])
+    return len(cfg.prompts[index]) + common_prefix(result["token_ids"][index], other["token_ids"][index])
 
 
 def _samples(result: dict, out_dir: Path) -> dict[int, torch.Tensor] | None:
