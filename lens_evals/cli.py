@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -20,10 +21,17 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The command's ``--engine-arg KEY=VALUE`` pairs (extra vLLM engine arguments)."""
+    from lens_evals.offline_engine import parse_engine_args
+
+    return parse_engine_args(args.engine_arg)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from lens_evals.demo import run_demo
 
-    return run_demo(args.model, args.layer, args.scale)
+    return run_demo(args.model, args.layer, args.scale, engine_args=_engine_args(args))
 
 
 def _probes(args: argparse.Namespace) -> int:
@@ -31,7 +39,16 @@ def _probes(args: argparse.Namespace) -> int:
     if args.probes_command == "train":
         from lens_evals.probing.train import train_probe
 
-        probe = train_probe(args.model, args.layer, args.dataset, C=args.C, out_dir=args.out, name=args.name, limit=args.limit)
+        probe = train_probe(
+            args.model,
+            args.layer,
+            args.dataset,
+            C=args.C,
+            out_dir=args.out,
+            name=args.name,
+            limit=args.limit,
+            engine_args=_engine_args(args),
+        )
         print(probe.card.model_dump_json(indent=2))
     elif args.probes_command in ("train-set", "science", "plot"):
         from lens_evals.probing.science_cli import run_probes_command
@@ -40,7 +57,15 @@ def _probes(args: argparse.Namespace) -> int:
     else:
         from lens_evals.probing.sweep import sweep_layers
 
-        result = sweep_layers(args.model, args.dataset, C=args.C, out=args.out, limit=args.limit, with_roleplaying=not args.no_roleplaying)
+        result = sweep_layers(
+            args.model,
+            args.dataset,
+            C=args.C,
+            out=args.out,
+            limit=args.limit,
+            with_roleplaying=not args.no_roleplaying,
+            engine_args=_engine_args(args),
+        )
         for row in result["layers"]:
             print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
         print(f"best layer by validation AUROC: {result['best_layer_by_validation']}; plot: {Path(args.out).with_suffix('.png')}")
@@ -106,7 +131,7 @@ def _oracle(args: argparse.Namespace) -> int:
             if value is not None
         }
         config = RECIPES[args.name].model_copy(update=overrides)
-        path, card = build_oracle(args.name, config)
+        path, card = build_oracle(args.name, config, engine_args=_engine_args(args))
         print(
             json.dumps(
                 {
@@ -121,6 +146,8 @@ def _oracle(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from lens_evals.offline_engine import add_engine_arg_option
+
     parser = argparse.ArgumentParser(prog="lens-evals", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     models = sub.add_parser("models", help="embedded models")
@@ -133,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", default="smollm2-135m-instruct")
     demo.add_argument("--layer", type=int, default=15)
     demo.add_argument("--scale", type=float, default=8.0, help="steering strength in percent of ||h||")
+    add_engine_arg_option(demo)
     demo.set_defaults(func=_demo)
     probes = sub.add_parser("probes", help="train linear probes on engine activations")
     probes_sub = probes.add_subparsers(dest="probes_command", required=True)
@@ -150,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         command.add_argument("--C", type=float, default=0.1, help="inverse L2 strength of the logistic regression")
         command.add_argument("--limit", type=int, default=None, help="use about this many dialogues")
+        add_engine_arg_option(command)
     from lens_evals.probing.science_cli import add_probe_commands
 
     add_probe_commands(probes_sub)
@@ -184,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     oracle_train.add_argument("--train-per-family", type=int)
     oracle_train.add_argument("--eval-per-family", type=int)
     oracle_train.add_argument("--epochs", type=int)
+    add_engine_arg_option(oracle_train)
     for command in ("path", "card"):
         sub_command = oracle_sub.add_parser(command, help=f"print a trained oracle's {'directory' if command == 'path' else 'card'}")
         sub_command.add_argument("name", nargs="?", default="smollm2-135m-oracle")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 # The checkpoint's dtype, except float32 for the embedded models: the vllm-lens provider's server
@@ -56,6 +58,21 @@ def open_offline_engine(model: str, *, kv_cache_gib: int = KV_CACHE_GIB, in_proc
 def close_offline_engine(llm: Any) -> None:
     """Shut the engine down now (its engine core, workers and their memory), not at exit."""
     llm.llm_engine.engine_core.shutdown()
+
+
+@contextmanager
+def engine_for(model: str, llm: Any = None, engine_args: dict[str, Any] | None = None) -> Iterator[Any]:
+    """``llm`` if given (the caller's: left open), else an engine for ``model`` opened with
+    ``engine_args`` and shut down on leaving, error or not: its memory is free for what comes next
+    (the main job's server after a probe is trained, say)."""
+    if llm is not None:
+        yield llm
+        return
+    engine = open_offline_engine(model, **(engine_args or {}))
+    try:
+        yield engine
+    finally:
+        close_offline_engine(engine)
 
 
 def add_engine_arg_option(parser: argparse.ArgumentParser) -> None:

@@ -175,25 +175,25 @@ def run_capture(
         return manifest
     done = manifest.done_prompts()
     todo = [item for item in items if item.index not in done]
-    if llm is None:
-        from lens_evals.offline_engine import open_offline_engine
+    from lens_evals.offline_engine import engine_for
 
-        llm = open_offline_engine(model, max_model_len=max_model_len, **(engine_args or {}))
-    token_ids = _tokenize(llm, todo, layer_list)
-    params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={CAPTURE_KEY: layer_list})
-    with tqdm(total=len(items), initial=len(done), desc=f"capture -> {out_dir}", unit="prompt", disable=not show_progress) as progress:
-        sink = _ShardSink(out_dir, manifest, settings, progress)
-        for begin in range(0, len(todo), settings.batch_size):
-            batch = todo[begin : begin + settings.batch_size]
-            batch_ids = token_ids[begin : begin + settings.batch_size]
-            outputs = llm.generate([{"prompt_token_ids": ids} for ids in batch_ids], params, use_tqdm=False)
-            for item, ids, output in zip(batch, batch_ids, outputs):
-                stream = output.activations["residual_stream"]
-                if stream.shape[1] != len(ids):
-                    raise CaptureError(f"prompt {item.index}: captured {stream.shape[1]} rows for {len(ids)} tokens")
-                sink.add(item.index, ids, stream)
-            del outputs
-        sink.flush()
+    # an engine opened here is shut down when the capture ends (the caller's ``llm`` stays open)
+    with engine_for(model, llm, {"max_model_len": max_model_len, **(engine_args or {})}) as engine:
+        token_ids = _tokenize(engine, todo, layer_list)
+        params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={CAPTURE_KEY: layer_list})
+        with tqdm(total=len(items), initial=len(done), desc=f"capture -> {out_dir}", unit="prompt", disable=not show_progress) as progress:
+            sink = _ShardSink(out_dir, manifest, settings, progress)
+            for begin in range(0, len(todo), settings.batch_size):
+                batch = todo[begin : begin + settings.batch_size]
+                batch_ids = token_ids[begin : begin + settings.batch_size]
+                outputs = engine.generate([{"prompt_token_ids": ids} for ids in batch_ids], params, use_tqdm=False)
+                for item, ids, output in zip(batch, batch_ids, outputs):
+                    stream = output.activations["residual_stream"]
+                    if stream.shape[1] != len(ids):
+                        raise CaptureError(f"prompt {item.index}: captured {stream.shape[1]} rows for {len(ids)} tokens")
+                    sink.add(item.index, ids, stream)
+                del outputs
+            sink.flush()
     manifest.complete = True
     try:
         write_manifest(out_dir, manifest)

@@ -20,22 +20,25 @@ from lens_evals.oracle.qa_items import HELDOUT_EVERY, all_items, sample_mix
 logger = logging.getLogger("lens_evals")
 
 
-def start_engine(model_dir: str, lora_rank: int, max_model_len: int = 1024) -> Any:
-    """An in-process engine that serves one adapter beside the base model."""
-    return open_offline_engine(
-        model_dir,
-        kv_cache_gib=1,
-        in_process=True,
-        dtype="float32",
-        max_model_len=max_model_len,
-        enable_lora=True,
-        max_loras=2,
-        max_lora_rank=max(lora_rank, 8),
-    )
+def start_engine(model_dir: str, lora_rank: int, max_model_len: int = 1024, engine_args: dict[str, Any] | None = None) -> Any:
+    """An in-process engine that serves one adapter beside the base model (``engine_args`` win)."""
+    options = {
+        "kv_cache_gib": 1,
+        "in_process": True,
+        "dtype": "float32",
+        "max_model_len": max_model_len,
+        "enable_lora": True,
+        "max_loras": 2,
+        "max_lora_rank": max(lora_rank, 8),
+    }
+    return open_offline_engine(model_dir, **{**options, **(engine_args or {})})
 
 
-def build_oracle(name: str, config: OracleTrainConfig, out_dir: Path | None = None) -> tuple[Path, dict[str, Any]]:
-    """Train the oracle ``name`` into ``out_dir`` (default: the oracle cache); return it and its card."""
+def build_oracle(
+    name: str, config: OracleTrainConfig, out_dir: Path | None = None, engine_args: dict[str, Any] | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """Train the oracle ``name`` into ``out_dir`` (default: the oracle cache); return it and its
+    card. ``engine_args``: extra vLLM arguments for its engine."""
     import torch
     from transformers import AutoTokenizer
     from vllm.lora.request import LoRARequest
@@ -53,7 +56,7 @@ def build_oracle(name: str, config: OracleTrainConfig, out_dir: Path | None = No
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     timings: dict[str, float] = {}
     threads = torch.get_num_threads()
-    llm = start_engine(model_dir, config.lora_rank)
+    llm = start_engine(model_dir, config.lora_rank, engine_args=engine_args)
     try:
         started = time.monotonic()
         activations = capture_conversations(

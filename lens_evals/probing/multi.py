@@ -239,41 +239,43 @@ def train_probe_set(
     control_limit: int | None = None,
     control_max_tokens: int = 64,
     n_folds: int = 5,
+    engine_args: dict[str, Any] | None = None,
 ) -> ProbeSet:
     """Capture Instructed-Pairs, Roleplaying (off-policy, ``dataset`` or ours) and the model's own
-    control answers at ``layer`` in one engine; fit, calibrate and save the three probes."""
-    from lens_evals.offline_engine import open_offline_engine
+    control answers at ``layer`` in one engine (``llm``, or one opened with ``engine_args``); fit,
+    calibrate and save the three probes."""
+    from lens_evals.offline_engine import engine_for
     from lens_evals.probing import datasets
     from lens_evals.probing.extract import answer_requests
     from lens_evals.probing.probe import ProbeCard
     from lens_evals.probing.train import capture, load_training_set
 
-    engine = llm if llm is not None else open_offline_engine(model)
-    pairs = load_training_set("instructed-pairs", limit)
-    roleplaying = datasets.roleplaying_dialogues(dataset)
-    pair_features = capture(engine, pairs, [layer], "all", desc=f"instructed-pairs layer {layer}")
-    roleplaying_features = capture(engine, roleplaying, [layer], "all", desc="roleplaying").at(layer)
-    probes = fit_probe_set(
-        Path(model).name, layer, pair_features.at(layer), pair_features.labels, roleplaying_features, roleplaying, n_folds
-    )
-    control = answer_requests(engine, datasets.control_requests()[:control_limit], max_tokens=control_max_tokens)
-    probes.calibrate(capture(engine, control, [layer], "all", desc="control answers").at(layer))
-    probes.card = {
-        "dtype": str(engine.llm_engine.model_config.dtype).removeprefix("torch."),
-        "C": APOLLO_C,
-        "fit_intercept": False,
-        "exclude_last_words": 5,
-        "n_instructed_pairs": len(pairs),
-        "roleplaying_dataset": str(dataset or "lens_evals roleplaying scenarios"),
-        "n_roleplaying_dialogues": len(roleplaying),
-        "n_folds": len({*probes.fold_of.values()}),
-        "n_control": len(control),
-        "control_max_tokens": control_max_tokens,
-        "versions": ProbeCard.current_versions(),
-        "created": ProbeCard.today(),
-    }
-    probes.save(out)
-    return probes
+    with engine_for(model, llm, engine_args) as engine:
+        pairs = load_training_set("instructed-pairs", limit)
+        roleplaying = datasets.roleplaying_dialogues(dataset)
+        pair_features = capture(engine, pairs, [layer], "all", desc=f"instructed-pairs layer {layer}")
+        roleplaying_features = capture(engine, roleplaying, [layer], "all", desc="roleplaying").at(layer)
+        probes = fit_probe_set(
+            Path(model).name, layer, pair_features.at(layer), pair_features.labels, roleplaying_features, roleplaying, n_folds
+        )
+        control = answer_requests(engine, datasets.control_requests()[:control_limit], max_tokens=control_max_tokens)
+        probes.calibrate(capture(engine, control, [layer], "all", desc="control answers").at(layer))
+        probes.card = {
+            "dtype": str(engine.llm_engine.model_config.dtype).removeprefix("torch."),
+            "C": APOLLO_C,
+            "fit_intercept": False,
+            "exclude_last_words": 5,
+            "n_instructed_pairs": len(pairs),
+            "roleplaying_dataset": str(dataset or "lens_evals roleplaying scenarios"),
+            "n_roleplaying_dialogues": len(roleplaying),
+            "n_folds": len({*probes.fold_of.values()}),
+            "n_control": len(control),
+            "control_max_tokens": control_max_tokens,
+            "versions": ProbeCard.current_versions(),
+            "created": ProbeCard.today(),
+        }
+        probes.save(out)
+        return probes
 
 
 def export_single_probe(probe_set: str | Path, kind: str, out_dir: str | Path) -> Path:

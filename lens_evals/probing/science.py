@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from lens_evals.offline_engine import open_offline_engine
+from lens_evals.offline_engine import engine_for
 from lens_evals.probing import datasets
 from lens_evals.probing.extract import answer_requests
 from lens_evals.probing.metrics import auroc
@@ -65,76 +65,78 @@ def run_science(
 ) -> dict[str, Any]:
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    engine = llm if llm is not None else open_offline_engine(model, **({"dtype": dtype} if dtype else {}), **(engine_args or {}))
-    timings["engine_start_s"] = time.perf_counter() - start
-    config = engine.llm_engine.model_config
-    layers = list(range(config.hf_config.num_hidden_layers))
-    pairs_dialogues = load_training_set("instructed-pairs", ip_limit)
-    roleplaying_dialogues = datasets.roleplaying_dialogues()[: 2 * roleplaying_limit if roleplaying_limit else None]
+    with engine_for(model, llm, {**({"dtype": dtype} if dtype else {}), **(engine_args or {})}) as engine:
+        timings["engine_start_s"] = time.perf_counter() - start
+        config = engine.llm_engine.model_config
+        layers = list(range(config.hf_config.num_hidden_layers))
+        pairs_dialogues = load_training_set("instructed-pairs", ip_limit)
+        roleplaying_dialogues = datasets.roleplaying_dialogues()[: 2 * roleplaying_limit if roleplaying_limit else None]
 
-    start = time.perf_counter()
-    pairs = capture(engine, pairs_dialogues, layers, "all", desc="instructed-pairs, every layer")
-    roleplaying = capture(engine, roleplaying_dialogues, layers, "all", desc="roleplaying, every layer")
-    timings["capture_s"] = time.perf_counter() - start
-    train, val = split_groups(pairs_dialogues)
-    rows = layer_rows(pairs, roleplaying, train, val)
-    chosen = max(rows, key=lambda r: r["ip-lr_validation_auroc"])["layer"]
-    dtype_name = str(config.dtype).removeprefix("torch.")
-    out_path = Path(out) / f"{Path(model).name}-{dtype_name}.json"
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    partial = out_path.with_suffix(".layers.json")  # kept if a later step fails
-    partial.write_text(json.dumps({"chosen_layer": chosen, "layers": rows}, indent=2) + "\n", encoding="utf-8")
+        start = time.perf_counter()
+        pairs = capture(engine, pairs_dialogues, layers, "all", desc="instructed-pairs, every layer")
+        roleplaying = capture(engine, roleplaying_dialogues, layers, "all", desc="roleplaying, every layer")
+        timings["capture_s"] = time.perf_counter() - start
+        train, val = split_groups(pairs_dialogues)
+        rows = layer_rows(pairs, roleplaying, train, val)
+        chosen = max(rows, key=lambda r: r["ip-lr_validation_auroc"])["layer"]
+        dtype_name = str(config.dtype).removeprefix("torch.")
+        out_path = Path(out) / f"{Path(model).name}-{dtype_name}.json"
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        partial = out_path.with_suffix(".layers.json")  # kept if a later step fails
+        partial.write_text(json.dumps({"chosen_layer": chosen, "layers": rows}, indent=2) + "\n", encoding="utf-8")
 
-    probes = fit_probe_set(Path(model).name, chosen, pairs.at(chosen), pairs.labels, roleplaying.at(chosen), roleplaying_dialogues, n_folds)
-    start = time.perf_counter()
-    control = answer_requests(engine, datasets.control_requests()[:control_limit], max_tokens=control_max_tokens)
-    timings["control_answers_s"] = time.perf_counter() - start
-    control_features = capture(engine, control, [chosen], "all", desc="control answers").at(chosen)
-    probes.calibrate(control_features)
-    control_scores = {name: r.scores(control_features) for name, r in probes.readouts.items()}
-    intervals = {name: threshold_interval(scores) for name, scores in control_scores.items()}
-    by_size = {
-        kind: {n: threshold_interval(control_scores[kind][:n]) for n in (100, 250, 500, len(control)) if n <= len(control)}
-        for kind in ("ip-lr", "ip-dom")
-    }
-    results = result_rows(evaluate_offline(probes, roleplaying.at(chosen), roleplaying_dialogues))
-    probes.card = {
-        "dtype": dtype_name,
-        "fit_intercept": False,
-        "C": 0.1,
-        "n_instructed_pairs": len(pairs_dialogues),
-        "n_control": len(control),
-        "control_max_tokens": control_max_tokens,
-        "n_folds": n_folds,
-        "chosen_by": "ip-lr validation AUROC on held-out Instructed-Pairs facts",
-        "validation_auroc": {
-            kind: next(r for r in rows if r["layer"] == chosen)[f"{kind}_validation_auroc"] for kind in ("ip-lr", "ip-dom")
-        },
-    }
-    probes.save(probe_set_path(model))
-    result = {
-        "model": Path(model).name,
-        "dtype": dtype_name,
-        "n_layers": len(layers),
-        "hidden_size": config.hf_config.hidden_size,
-        "n_parameters": sum(int(np.prod(shape)) for shape in _parameter_shapes(config)),
-        "n_instructed_pairs": len(pairs_dialogues),
-        "n_validation": int(len(val)),
-        "n_roleplaying": len(roleplaying_dialogues),
-        "n_control": len(control),
-        "control_max_tokens": control_max_tokens,
-        "chosen_layer": chosen,
-        "layers": rows,
-        "probes": results,
-        "thresholds": {name: {"threshold": r.threshold, "bootstrap_95": intervals[name]} for name, r in probes.readouts.items()},
-        "threshold_interval_by_control_size": by_size,
-        "control_scores": {kind: [round(float(v), 4) for v in control_scores[kind]] for kind in ("ip-lr", "ip-dom")},
-        "timings_s": {k: round(v, 1) for k, v in timings.items()},
-        "date": time.strftime("%Y-%m-%d"),
-    }
-    out_path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    partial.unlink()
-    return result
+        probes = fit_probe_set(
+            Path(model).name, chosen, pairs.at(chosen), pairs.labels, roleplaying.at(chosen), roleplaying_dialogues, n_folds
+        )
+        start = time.perf_counter()
+        control = answer_requests(engine, datasets.control_requests()[:control_limit], max_tokens=control_max_tokens)
+        timings["control_answers_s"] = time.perf_counter() - start
+        control_features = capture(engine, control, [chosen], "all", desc="control answers").at(chosen)
+        probes.calibrate(control_features)
+        control_scores = {name: r.scores(control_features) for name, r in probes.readouts.items()}
+        intervals = {name: threshold_interval(scores) for name, scores in control_scores.items()}
+        by_size = {
+            kind: {n: threshold_interval(control_scores[kind][:n]) for n in (100, 250, 500, len(control)) if n <= len(control)}
+            for kind in ("ip-lr", "ip-dom")
+        }
+        results = result_rows(evaluate_offline(probes, roleplaying.at(chosen), roleplaying_dialogues))
+        probes.card = {
+            "dtype": dtype_name,
+            "fit_intercept": False,
+            "C": 0.1,
+            "n_instructed_pairs": len(pairs_dialogues),
+            "n_control": len(control),
+            "control_max_tokens": control_max_tokens,
+            "n_folds": n_folds,
+            "chosen_by": "ip-lr validation AUROC on held-out Instructed-Pairs facts",
+            "validation_auroc": {
+                kind: next(r for r in rows if r["layer"] == chosen)[f"{kind}_validation_auroc"] for kind in ("ip-lr", "ip-dom")
+            },
+        }
+        probes.save(probe_set_path(model))
+        result = {
+            "model": Path(model).name,
+            "dtype": dtype_name,
+            "n_layers": len(layers),
+            "hidden_size": config.hf_config.hidden_size,
+            "n_parameters": sum(int(np.prod(shape)) for shape in _parameter_shapes(config)),
+            "n_instructed_pairs": len(pairs_dialogues),
+            "n_validation": int(len(val)),
+            "n_roleplaying": len(roleplaying_dialogues),
+            "n_control": len(control),
+            "control_max_tokens": control_max_tokens,
+            "chosen_layer": chosen,
+            "layers": rows,
+            "probes": results,
+            "thresholds": {name: {"threshold": r.threshold, "bootstrap_95": intervals[name]} for name, r in probes.readouts.items()},
+            "threshold_interval_by_control_size": by_size,
+            "control_scores": {kind: [round(float(v), 4) for v in control_scores[kind]] for kind in ("ip-lr", "ip-dom")},
+            "timings_s": {k: round(v, 1) for k, v in timings.items()},
+            "date": time.strftime("%Y-%m-%d"),
+        }
+        out_path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        partial.unlink()
+        return result
 
 
 def _parameter_shapes(config: Any) -> list[tuple[int, ...]]:

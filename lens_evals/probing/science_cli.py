@@ -18,8 +18,8 @@ def add_probe_commands(probes_sub: Any) -> None:
     science.add_argument("--dtype", default=None, help="engine dtype (default: float32 for embedded models)")
     science.add_argument("--out", default="docs/results")
     science.add_argument("--roleplaying-limit", type=int, default=None, help="first N Roleplaying scenarios (checks only)")
-    add_engine_arg_option(science)
     for command in (train_set, science):
+        add_engine_arg_option(command)
         command.add_argument("--model", default="smollm2-135m-instruct")
         command.add_argument("--limit", type=int, default=None, help="about this many Instructed-Pairs dialogues")
         command.add_argument("--control-limit", type=int, default=None, help="first N control requests (default: all)")
@@ -62,6 +62,7 @@ def run_probes_command(args: argparse.Namespace) -> int:
                 control_limit=args.control_limit,
                 control_max_tokens=args.control_max_tokens,
                 retrain=True,
+                engine_args=parse_engine_args(args.engine_arg),
             )
         )
     return 0

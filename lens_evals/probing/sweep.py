@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from lens_evals.offline_engine import open_offline_engine
+from lens_evals.offline_engine import engine_for
 from lens_evals.probing import datasets
 from lens_evals.probing.metrics import auroc
 from lens_evals.probing.train import (
@@ -35,42 +35,47 @@ def sweep_layers(
     llm: Any = None,
     limit: int | None = None,
     with_roleplaying: bool = True,
+    engine_args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Writes ``OUT.json`` and ``OUT.png``; returns the per-layer results."""
-    engine = llm if llm is not None else open_offline_engine(model)
-    n_layers = engine.llm_engine.model_config.hf_config.num_hidden_layers
-    layer_list = sorted(layers) if layers else list(range(n_layers))
-    selection, _ = selection_for(training_set)
-    dialogues = load_training_set(training_set, limit)
-    data = capture(engine, dialogues, layer_list, selection, desc=f"{training_set}, {len(layer_list)} layers")
-    roleplaying = None
-    if with_roleplaying:
-        roleplaying = capture(engine, datasets.roleplaying_dialogues(), layer_list, "all", desc="roleplaying")
-    train_index, val_index = split_groups(dialogues)
-    labels = np.array(data.labels)
-    rows = []
-    for layer in layer_list:
-        features = data.at(layer)
-        pipeline = fit_pipeline([features[i] for i in train_index], labels[train_index], C=C)
-        row = {"layer": layer, "validation_auroc": auroc(labels[val_index], dialogue_scores(pipeline, [features[i] for i in val_index]))}
-        if roleplaying is not None:
-            row["roleplaying_auroc"] = auroc(roleplaying.labels, dialogue_scores(pipeline, roleplaying.at(layer)))
-        rows.append(row)
-    best = max(rows, key=lambda r: r["validation_auroc"])
-    result = {
-        "model": Path(model).name,
-        "training_set": training_set,
-        "C": C,
-        "n_dialogues": len(dialogues),
-        "n_val_dialogues": len(val_index),
-        "best_layer_by_validation": best["layer"],
-        "layers": rows,
-    }
-    out_path = Path(out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    plot_sweep(result, out_path.with_suffix(".png"))
-    return result
+    """Writes ``OUT.json`` and ``OUT.png``; returns the per-layer results. Without ``llm`` an
+    engine is opened with ``engine_args`` (extra vLLM arguments)."""
+    with engine_for(model, llm, engine_args) as engine:
+        n_layers = engine.llm_engine.model_config.hf_config.num_hidden_layers
+        layer_list = sorted(layers) if layers else list(range(n_layers))
+        selection, _ = selection_for(training_set)
+        dialogues = load_training_set(training_set, limit)
+        data = capture(engine, dialogues, layer_list, selection, desc=f"{training_set}, {len(layer_list)} layers")
+        roleplaying = None
+        if with_roleplaying:
+            roleplaying = capture(engine, datasets.roleplaying_dialogues(), layer_list, "all", desc="roleplaying")
+        train_index, val_index = split_groups(dialogues)
+        labels = np.array(data.labels)
+        rows = []
+        for layer in layer_list:
+            features = data.at(layer)
+            pipeline = fit_pipeline([features[i] for i in train_index], labels[train_index], C=C)
+            row = {
+                "layer": layer,
+                "validation_auroc": auroc(labels[val_index], dialogue_scores(pipeline, [features[i] for i in val_index])),
+            }
+            if roleplaying is not None:
+                row["roleplaying_auroc"] = auroc(roleplaying.labels, dialogue_scores(pipeline, roleplaying.at(layer)))
+            rows.append(row)
+        best = max(rows, key=lambda r: r["validation_auroc"])
+        result = {
+            "model": Path(model).name,
+            "training_set": training_set,
+            "C": C,
+            "n_dialogues": len(dialogues),
+            "n_val_dialogues": len(val_index),
+            "best_layer_by_validation": best["layer"],
+            "layers": rows,
+        }
+        out_path = Path(out)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        plot_sweep(result, out_path.with_suffix(".png"))
+        return result
 
 
 def plot_sweep(result: dict[str, Any], path: Path) -> None:

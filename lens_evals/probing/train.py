@@ -17,7 +17,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from lens_evals import settings
-from lens_evals.offline_engine import open_offline_engine
+from lens_evals.offline_engine import engine_for
 from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue, TokenSelection
 from lens_evals.probing.extract import answer_requests, extract_features
@@ -112,48 +112,50 @@ def train_probe(
     control_limit: int | None = None,
     control_max_tokens: int = 64,
     seed: int = 0,
+    engine_args: dict[str, Any] | None = None,
 ) -> Probe:
-    """Train, validate, calibrate and save one probe; returns it (its card holds the numbers)."""
+    """Train, validate, calibrate and save one probe; returns it (its card holds the numbers).
+    Without ``llm`` an engine is opened with ``engine_args`` (extra vLLM arguments)."""
     layer = DEFAULT_LAYERS.get(Path(model).name, 0) if layer is None else layer
-    engine = llm if llm is not None else open_offline_engine(model)
-    selection, exclude = selection_for(training_set)
-    dialogues = load_training_set(training_set, limit, seed)
-    data = capture(engine, dialogues, [layer], selection, desc=f"{training_set} layer {layer}")
-    train_index, val_index = split_groups(dialogues, seed=seed)
-    features, labels = data.at(layer), np.array(data.labels)
-    pipeline = fit_pipeline([features[i] for i in train_index], labels[train_index], C=C)
-    val_auroc = auroc(labels[val_index], dialogue_scores(pipeline, [features[i] for i in val_index]))
-    logger.warning("layer %d: validation AUROC %.3f on %d held-out dialogues", layer, val_auroc, len(val_index))
+    with engine_for(model, llm, engine_args) as engine:
+        selection, exclude = selection_for(training_set)
+        dialogues = load_training_set(training_set, limit, seed)
+        data = capture(engine, dialogues, [layer], selection, desc=f"{training_set} layer {layer}")
+        train_index, val_index = split_groups(dialogues, seed=seed)
+        features, labels = data.at(layer), np.array(data.labels)
+        pipeline = fit_pipeline([features[i] for i in train_index], labels[train_index], C=C)
+        val_auroc = auroc(labels[val_index], dialogue_scores(pipeline, [features[i] for i in val_index]))
+        logger.warning("layer %d: validation AUROC %.3f on %d held-out dialogues", layer, val_auroc, len(val_index))
 
-    requests = datasets.control_requests()[:control_limit]
-    control = answer_requests(engine, requests, max_tokens=control_max_tokens)
-    control_features = capture(engine, control, [layer], "all", desc="control answers").at(layer)
-    control_scores = dialogue_scores(pipeline, control_features)
-    card = ProbeCard(
-        name=name or default_probe_name(model, training_set),
-        model=Path(model).name,
-        layer=layer,
-        hidden_size=int(features[0].shape[-1]),
-        dtype=str(engine.llm_engine.model_config.dtype).removeprefix("torch."),
-        token_selection=selection,
-        exclude_last_words=exclude,
-        training_set=training_set,
-        n_train_dialogues=len(train_index),
-        n_val_dialogues=len(val_index),
-        n_train_tokens=int(sum(len(features[i]) for i in train_index)),
-        regularization_C=C,
-        validation_auroc=val_auroc,
-        threshold=threshold_at_fpr(control_scores, 0.01),
-        control_set=f"lens_evals benign_requests.yaml answered by the model (greedy, {control_max_tokens} tokens)",
-        n_control=len(control_scores),
-        control_scores=[round(float(s), 4) for s in control_scores],
-        versions=ProbeCard.current_versions(),
-        created=ProbeCard.today(),
-    )
-    probe = Probe(pipeline=pipeline, card=card)
-    saved = probe.save(out_dir if out_dir is not None else probe_dir())
-    logger.warning("saved %s (threshold %.3f at 1%% FPR on %d control answers)", saved, card.threshold, card.n_control)
-    return probe
+        requests = datasets.control_requests()[:control_limit]
+        control = answer_requests(engine, requests, max_tokens=control_max_tokens)
+        control_features = capture(engine, control, [layer], "all", desc="control answers").at(layer)
+        control_scores = dialogue_scores(pipeline, control_features)
+        card = ProbeCard(
+            name=name or default_probe_name(model, training_set),
+            model=Path(model).name,
+            layer=layer,
+            hidden_size=int(features[0].shape[-1]),
+            dtype=str(engine.llm_engine.model_config.dtype).removeprefix("torch."),
+            token_selection=selection,
+            exclude_last_words=exclude,
+            training_set=training_set,
+            n_train_dialogues=len(train_index),
+            n_val_dialogues=len(val_index),
+            n_train_tokens=int(sum(len(features[i]) for i in train_index)),
+            regularization_C=C,
+            validation_auroc=val_auroc,
+            threshold=threshold_at_fpr(control_scores, 0.01),
+            control_set=f"lens_evals benign_requests.yaml answered by the model (greedy, {control_max_tokens} tokens)",
+            n_control=len(control_scores),
+            control_scores=[round(float(s), 4) for s in control_scores],
+            versions=ProbeCard.current_versions(),
+            created=ProbeCard.today(),
+        )
+        probe = Probe(pipeline=pipeline, card=card)
+        saved = probe.save(out_dir if out_dir is not None else probe_dir())
+        logger.warning("saved %s (threshold %.3f at 1%% FPR on %d control answers)", saved, card.threshold, card.n_control)
+        return probe
 
 
 def ensure_default_probe(model: str = DEFAULT_MODEL, training_set: str = DEFAULT_TRAINING_SET) -> Path:
