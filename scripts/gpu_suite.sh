@@ -7,9 +7,10 @@
 #   the chunk calls .gpu/c00 ... as the wheelhouse's header says, the last one carrying
 #   .gpu/install.sh and .gpu-src too and running
 #   `. .gpu/install.sh && mkdir -p /tmp/src && tar xzf .gpu-src/src.tar.gz -C /tmp/src && PART=prepare bash /tmp/src/scripts/gpu_suite.sh`
-#   (the committed code, not the working tree), then one call per PART (1, 2a, 2b, 3a, 3b, 3c, 3d, ray, overlap; files
-#   runs FILES, e.g. the last run's failures):
-#   `PART=1 bash /tmp/src/scripts/gpu_suite.sh`.
+#   (the committed code, not the working tree), then the parts: the whole suite in three calls,
+#   `PART=lanes LANES="1 2a 2b 3a 3b" bash /tmp/src/scripts/gpu_suite.sh`, then LANES="3c 3d ray",
+#   then `PART=solo`; or one call per PART (1, 2a, 2b, 3a, 3b, 3c, 3d, solo, ray, overlap; files
+#   runs FILES, e.g. the last run's failures): `PART=1 bash /tmp/src/scripts/gpu_suite.sh`.
 # Compilation caches: `PART=caches` as the last call (or PACK_CACHES=1 on any part) sends vLLM's
 # compilation caches back (at most 60 MiB compressed, else nothing; sizes printed at the end of
 # every part's log). Copy the pieces from the reply's files_at into .gpu-cache/ and, on the next
