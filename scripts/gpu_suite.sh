@@ -53,6 +53,9 @@ run() {  # run NAME pytest-args...: pytest processes, junit XML and the log to $
     wait "$group"
     code=$?
     kill -9 -- "-$group" 2>/dev/null
+    # Ray's daemons leave the process group (a test's `ray start`): stopped here, so a process
+    # ended mid-test leaves no cluster for the next one to trip on
+    [ "$name" = ray ] && python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1
     echo "$name: exit $code"
     hung=$(python3 -m tests.run_ledger hung "$ledger")
     [ -n "$hung" ] && [ "$code" != 124 ] && [ "$code" != 137 ] || break
