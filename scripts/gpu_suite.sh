@@ -8,8 +8,8 @@
 #   .gpu/install.sh and .gpu-src too and running
 #   `. .gpu/install.sh && mkdir -p /tmp/src && tar xzf .gpu-src/src.tar.gz -C /tmp/src && PART=prepare bash /tmp/src/scripts/gpu_suite.sh`
 #   (the committed code, not the working tree), then the parts: the whole suite in three calls,
-#   `PART=lanes LANES="1 2a 2b 3a 3b" bash /tmp/src/scripts/gpu_suite.sh`, then LANES="3c 3d ray",
-#   then `PART=solo`; or one call per PART (1, 2a, 2b, 3a, 3b, 3c, 3d, solo, ray, overlap; files
+#   `PART=lanes LANES="1 2a 2b 2c 3a 3b" bash /tmp/src/scripts/gpu_suite.sh`, then LANES="3c 3d ray",
+#   then `PART=solo`; or one call per PART (1, 2a, 2b, 2c, 3a, 3b, 3c, 3d, solo, ray, overlap; files
 #   runs FILES, e.g. the last run's failures): `PART=1 bash /tmp/src/scripts/gpu_suite.sh`.
 # Compilation caches: `PART=caches` as the last call (or PACK_CACHES=1 on any part) sends vLLM's
 # compilation caches back (at most 60 MiB compressed, else nothing; sizes printed at the end of
@@ -79,8 +79,8 @@ run() {  # run NAME pytest-args...: pytest processes, junit XML and the log to $
 P1="tests/test_engine_tiny.py tests/test_positions.py tests/test_capture_hf.py tests/test_hooks.py tests/test_hook_sets.py
     tests/test_probes.py tests/test_graph_mode.py tests/test_failures_and_disable.py tests/test_store.py tests/test_handoff.py
     tests/test_wire_spec.py tests/test_engine_modes.py"
-P2A="tests/test_server.py tests/test_server_auth.py tests/test_provider.py tests/test_hardening_inputs.py
-     tests/test_hardening_fuzz.py tests/test_hardening_load.py"
+P2A="tests/test_server.py tests/test_server_auth.py tests/test_provider.py"
+P2C="tests/test_hardening_inputs.py tests/test_hardening_fuzz.py tests/test_hardening_load.py"
 P2B="tests/test_lora_engine.py tests/test_oracle_solver.py"
 P3A="tests/test_architectures.py tests/test_docs_links.py tests/test_gguf_models.py tests/test_layout.py"
 P3B="tests/test_capture_cmd.py tests/test_coup.py"
@@ -92,11 +92,12 @@ part_files() {  # part_files PART: its test files (3d: every file no other part 
     1) echo $P1 ;;
     2a) echo $P2A ;;
     2b) echo $P2B ;;
+    2c) echo $P2C ;;
     3a) echo $P3A ;;
     3b) echo $P3B ;;
     3c) echo $P3C ;;
     solo) echo $PSOLO ;;
-    3d) ls tests/test_*.py | grep -vxF -f <(echo $P1 $P2A $P2B $P3A $P3B $P3C $PSOLO | tr ' ' '\n') ;;
+    3d) ls tests/test_*.py | grep -vxF -f <(echo $P1 $P2A $P2B $P2C $P3A $P3B $P3C $PSOLO | tr ' ' '\n') ;;
     # a list of test files or test ids: FILES="tests/test_x.py tests/test_y.py::test_z"
     files) echo ${FILES:?FILES=...} ;;
     *) echo "unknown part $1" >&2; return 1 ;;
@@ -111,7 +112,7 @@ run_part() {  # run_part PART: one part, or Ray's gpu-marked tests (-s: their pr
     run "part$1" $files
   fi
 }
-case ${PART:?PART=prepare|1|2a|2b|3a|3b|3c|3d|solo|files|ray|overlap|lanes|caches} in
+case ${PART:?PART=prepare|1|2a|2b|2c|3a|3b|3c|3d|solo|files|ray|overlap|lanes|caches} in
   prepare)
     # caches carried from an earlier machine (.gpu-cache/ copied to /tmp/kc-in by a call of its own)
     [ -d /tmp/kc-in ] && python3 scripts/gpu_cache.py unpack /tmp/kc-in /tmp/kc
@@ -132,7 +133,7 @@ llm.llm_engine.engine_core.shutdown()
 " > "$out/warm.log" 2>&1; grep -E "^warm:|Error" "$out/warm.log" | cut -c1-300
     du -sh /tmp/kc/* 2>/dev/null
     ;;
-  1|2a|2b|3a|3b|3c|3d|solo|files|ray) run_part "$PART" ;;
+  1|2a|2b|2c|3a|3b|3c|3d|solo|files|ray) run_part "$PART" ;;
   # vLLM's Ray executor (docs/parallelism.md); the step copy on a side stream (issue #21: timed, so alone)
   overlap) run_part overlap ;;
   lanes)
