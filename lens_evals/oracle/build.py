@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lens_evals.offline_engine import close_offline_engine, open_offline_engine
+from lens_evals.offline_engine import engine_for, open_offline_engine
 from lens_evals.oracle.adapters import oracle_root, write_card
 from lens_evals.oracle.lora_training import OracleTrainConfig, build_examples, train_lora
 from lens_evals.oracle.qa_items import HELDOUT_EVERY, all_items, sample_mix
@@ -20,8 +20,9 @@ from lens_evals.oracle.qa_items import HELDOUT_EVERY, all_items, sample_mix
 logger = logging.getLogger("lens_evals")
 
 
-def start_engine(model_dir: str, lora_rank: int, max_model_len: int = 1024, engine_args: dict[str, Any] | None = None) -> Any:
-    """An in-process engine that serves one adapter beside the base model (``engine_args`` win)."""
+def oracle_engine_args(lora_rank: int, max_model_len: int = 1024, engine_args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`open_offline_engine`'s arguments for an in-process engine that serves one adapter
+    beside the base model (``engine_args`` win)."""
     options = {
         "kv_cache_gib": 1,
         "in_process": True,
@@ -31,7 +32,12 @@ def start_engine(model_dir: str, lora_rank: int, max_model_len: int = 1024, engi
         "max_loras": 2,
         "max_lora_rank": max(lora_rank, 8),
     }
-    return open_offline_engine(model_dir, **{**options, **(engine_args or {})})
+    return {**options, **(engine_args or {})}
+
+
+def start_engine(model_dir: str, lora_rank: int, max_model_len: int = 1024) -> Any:
+    """An in-process engine that serves one adapter beside the base model."""
+    return open_offline_engine(model_dir, **oracle_engine_args(lora_rank, max_model_len))
 
 
 def build_oracle(
@@ -56,8 +62,7 @@ def build_oracle(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     timings: dict[str, float] = {}
     threads = torch.get_num_threads()
-    llm = start_engine(model_dir, config.lora_rank, engine_args=engine_args)
-    try:
+    with engine_for(model_dir, engine_args=oracle_engine_args(config.lora_rank, engine_args=engine_args)) as llm:
         started = time.monotonic()
         activations = capture_conversations(
             llm, [[{"role": "user", "content": i.context}] for i in train_items], config.target_layer, config.num_tokens
@@ -74,8 +79,6 @@ def build_oracle(
         started = time.monotonic()
         result = evaluate_offline(llm, tokenizer, LoRARequest(name, 1, str(partial)), settings, eval_items)
         timings["eval_s"] = time.monotonic() - started
-    finally:
-        close_offline_engine(llm)
     card = {
         "name": name,
         "base_model": config.base_model,
