@@ -7,7 +7,8 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+
+from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -21,17 +22,10 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The command's ``--engine-arg KEY=VALUE`` pairs (extra vLLM engine arguments)."""
-    from lens_evals.offline_engine import parse_engine_args
-
-    return parse_engine_args(args.engine_arg)
-
-
 def _demo(args: argparse.Namespace) -> int:
     from lens_evals.demo import run_demo
 
-    return run_demo(args.model, args.layer, args.scale, engine_args=_engine_args(args))
+    return run_demo(args.model, args.layer, args.scale, engine_args=parse_engine_args(args.engine_arg))
 
 
 def _probes(args: argparse.Namespace) -> int:
@@ -47,7 +41,7 @@ def _probes(args: argparse.Namespace) -> int:
             out_dir=args.out,
             name=args.name,
             limit=args.limit,
-            engine_args=_engine_args(args),
+            engine_args=parse_engine_args(args.engine_arg),
         )
         print(probe.card.model_dump_json(indent=2))
     elif args.probes_command in ("train-set", "science", "plot"):
@@ -64,7 +58,7 @@ def _probes(args: argparse.Namespace) -> int:
             out=args.out,
             limit=args.limit,
             with_roleplaying=not args.no_roleplaying,
-            engine_args=_engine_args(args),
+            engine_args=parse_engine_args(args.engine_arg),
         )
         for row in result["layers"]:
             print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
@@ -131,7 +125,7 @@ def _oracle(args: argparse.Namespace) -> int:
             if value is not None
         }
         config = RECIPES[args.name].model_copy(update=overrides)
-        path, card = build_oracle(args.name, config, engine_args=_engine_args(args))
+        path, card = build_oracle(args.name, config, engine_args=parse_engine_args(args.engine_arg))
         print(
             json.dumps(
                 {
@@ -146,8 +140,6 @@ def _oracle(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from lens_evals.offline_engine import add_engine_arg_option
-
     parser = argparse.ArgumentParser(prog="lens-evals", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     models = sub.add_parser("models", help="embedded models")
