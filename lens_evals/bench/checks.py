@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from lens_evals.bench.config import BenchConfig
+from lens_evals.bench.measure import Result
 from lens_evals.bench.systems import ALL_SYSTEMS, BASELINE, GRAPHS, HF_FORWARD, REFERENCE
 
 
@@ -22,7 +23,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def token_check(result: dict, baseline: dict | None, cfg: BenchConfig) -> dict:
+def token_check(result: Result, baseline: Result | None, cfg: BenchConfig) -> Result:
     """{"tokens_equal": bool | None, "prompts_equal": k} against the baseline's ids."""
     if result.get("status") != "ok" or baseline is None or baseline.get("status") != "ok":
         return {"tokens_equal": None}
@@ -49,24 +50,24 @@ def token_check(result: dict, baseline: dict | None, cfg: BenchConfig) -> dict:
     return found
 
 
-def _same_token_positions(result: dict, other: dict, index: int, cfg: BenchConfig) -> int:
+def _same_token_positions(result: Result, other: Result, index: int, cfg: BenchConfig) -> int:
     """Positions of prompt ``index`` where both runs saw the same input: the prompt plus the
     generated tokens up to the first difference (later positions see different inputs)."""
     return len(cfg.prompts[index]) + common_prefix(result["token_ids"][index], other["token_ids"][index])
 
 
-def _samples(result: dict, out_dir: Path) -> dict[int, torch.Tensor] | None:
+def _samples(result: Result, out_dir: Path) -> dict[int, torch.Tensor] | None:
     name = result.get("samples_file")
     if result.get("status") != "ok" or not name:
         return None
     return {int(k): v for k, v in load_file(str(out_dir / "systems" / name)).items()}
 
 
-def capture_check(result: dict, reference: dict | None, cfg: BenchConfig, out_dir: Path) -> dict:
+def capture_check(result: Result, reference: Result | None, cfg: BenchConfig, out_dir: Path) -> Result:
     """Max abs diff of the hooked layer's stream vs the reference on the first prompts, over the
     positions where both generated the same tokens (later ones see different inputs)."""
     ours, ref = _samples(result, out_dir), (_samples(reference, out_dir) if reference else None)
-    if ours is None or ref is None or result is reference:
+    if ours is None or ref is None or reference is None or result is reference:
         return {}
     worst, compared = 0.0, 0
     for index in sorted(set(ours) & set(ref)):
@@ -77,7 +78,7 @@ def capture_check(result: dict, reference: dict | None, cfg: BenchConfig, out_di
     return {"capture_max_abs_diff": worst, "capture_positions": compared, "capture_ref_max_abs": scale}
 
 
-def probe_check(result: dict, capture: dict | None, cfg: BenchConfig, out_dir: Path) -> dict:
+def probe_check(result: Result, capture: Result | None, cfg: BenchConfig, out_dir: Path) -> Result:
     """Probe scores on the worker against ``w . h + b`` computed from our captured stream of
     another run, over the positions where both runs generated the same tokens."""
     from lens_evals.bench.vllm_systems import PROBE_BIAS, probe_weights
@@ -96,7 +97,7 @@ def probe_check(result: dict, capture: dict | None, cfg: BenchConfig, out_dir: P
     return {"probe_max_abs_diff": worst, "probe_positions": compared, "probe_against": capture["system"]}
 
 
-def annotate(results: list[dict], cfg: BenchConfig, out_dir: Path) -> None:
+def annotate(results: list[Result], cfg: BenchConfig, out_dir: Path) -> None:
     """Add the checks to each result in place."""
     by_name = {r["system"]: r for r in results}
     baseline = by_name.get(BASELINE)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lens_evals.bench.config import BenchConfig
-from lens_evals.bench.measure import Measured, SystemUnavailable, own_max_rss_bytes, write_result
+from lens_evals.bench.measure import Measured, Result, SystemUnavailable, own_max_rss_bytes, write_result
 from lens_evals.bench.systems import ALL_SYSTEMS, System
 
 
@@ -39,10 +39,10 @@ def _runner(kind: str) -> Callable[[System, BenchConfig], Measured]:
     raise ValueError(f"unknown system kind {kind!r}")
 
 
-def run(config_path: Path, name: str, result_path: Path) -> dict:
+def run(config_path: Path, name: str, result_path: Path) -> Result:
     cfg = BenchConfig.load(config_path)
     system = ALL_SYSTEMS[name]
-    result: dict = {"system": name}
+    result: Result = {"system": name}
     try:
         measured = _runner(system.kind)(system, cfg)
     except SystemUnavailable as exc:

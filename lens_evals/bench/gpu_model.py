@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 READY = ".lens_evals_bench_ready"
-LLAMA_8B = {
+LLAMA_8B: dict[str, int | float | bool] = {
     "vocab_size": 128256,
     "hidden_size": 4096,
     "intermediate_size": 14336,
@@ -34,13 +34,15 @@ def build_random_llama(out_dir: Path, num_layers: int = 32, seed: int = 0) -> Pa
 
     if not torch.cuda.is_available():
         raise RuntimeError("--gpu needs a CUDA device")
-    config = LlamaConfig(**shape, torch_dtype="bfloat16")
+    # transformers' config takes keyword arguments its signature does not declare (rope_theta, and
+    # torch_dtype for 4.x) and types each field on its own, which a dict of mixed values cannot match
+    config = LlamaConfig(**shape, torch_dtype="bfloat16")  # type: ignore[arg-type, call-arg]
     torch.manual_seed(seed)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device("cuda"):
-            model = LlamaForCausalLM(config)
+            model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]  # transformers' __init__ is unannotated
     finally:
         torch.set_default_dtype(previous)
     out_dir.mkdir(parents=True, exist_ok=True)

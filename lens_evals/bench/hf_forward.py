@@ -87,7 +87,9 @@ def run_hf_forward(system: System, cfg: BenchConfig) -> Measured:
     if cfg.max_tokens != 1:
         raise SystemUnavailable("a forward pass gives one new token: hf-forward runs with max_tokens=1 (--workload prefill)")
     started = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(cfg.model_dir, dtype=torch_dtype(cfg.dtype)).to(cfg.device).eval()
+    loaded = AutoModelForCausalLM.from_pretrained(cfg.model_dir, dtype=torch_dtype(cfg.dtype))
+    # PreTrainedModel.to is wrapped with functools.wraps, whose typeshed type does not bind self
+    model = loaded.to(cfg.device).eval()  # type: ignore[arg-type]
     start_seconds = time.perf_counter() - started
     runner = ForwardRunner(model, cfg)
     order = sorted(range(len(cfg.prompts)), key=lambda i: -len(cfg.prompts[i]))  # longest first: peak memory early

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -19,7 +19,7 @@ from lens_evals.bench.systems import System
 BatchFn = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, list[torch.Tensor]]]
 
 
-def _stream(output: Any) -> torch.Tensor:
+def _stream(output: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
@@ -64,7 +64,9 @@ def run_hf_hook(system: System, cfg: BenchConfig) -> Measured:
     from transformers import AutoModelForCausalLM
 
     started = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(cfg.model_dir, dtype=torch_dtype(cfg.dtype)).to(cfg.device).eval()
+    loaded = AutoModelForCausalLM.from_pretrained(cfg.model_dir, dtype=torch_dtype(cfg.dtype))
+    # PreTrainedModel.to is wrapped with functools.wraps, whose typeshed type does not bind self
+    model = loaded.to(cfg.device).eval()  # type: ignore[arg-type]
     model.generation_config.eos_token_id = None  # exactly max_tokens new tokens, as ignore_eos
     start_seconds = time.perf_counter() - started
     pad_id = _pad_id(model.config)
@@ -130,7 +132,8 @@ def run_tl_bridge(system: System, cfg: BenchConfig) -> Measured:
             out = bridge.generate(
                 ids, max_new_tokens=new_tokens, stop_at_eos=False, do_sample=False, attention_mask=mask, return_type="tokens", verbose=False
             )
-        return out, list(steps)
+        # a tensor input with return_type="tokens" (no cache, no logits) comes back as the token ids
+        return cast(torch.Tensor, out), list(steps)
 
     measured = _run_batches(cfg, pad_id, cfg.device, batch_fn, start_seconds)
     measured.notes.append(f"transformer-lens {package_version('transformer-lens')}; eager attention (forced by the bridge)")

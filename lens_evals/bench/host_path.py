@@ -58,6 +58,8 @@ def measure(
         layout = BatchLayout([f"req-{i}" for i in range(requests)], [1] * requests, [step] * requests)
         started = time.perf_counter()
         plan = core.plan_step(layout, None)
+        if plan is None:  # every request here is a lens request: a step without a plan is a planner bug
+            raise RuntimeError(f"{feature}: no plan for step {step} of {requests} lens requests")
         planned = time.perf_counter()
         step_context = core.begin_step(plan)
         run_layer(step_context, layer, hidden_rows, residual_rows)

@@ -22,6 +22,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ SYNC = "-sync"
 
 
 def features_of(system: System, cfg: BenchConfig) -> tuple[str, ...]:
-    features = PREFILL_FEATURES if cfg.workload == "prefill" and not system.graph_mode else FEATURES
+    features: tuple[str, ...] = PREFILL_FEATURES if cfg.workload == "prefill" and not system.graph_mode else FEATURES
     if cfg.workload == "prefill" and cfg.device == "cuda":
         features += tuple(f + SYNC for f in features if f.startswith("capture"))
     return features
@@ -148,13 +149,13 @@ def run_mixed(system: System, cfg: BenchConfig) -> Measured:
     if cfg.sync_debug:
         for feature in features:
             with copy_overlap(llm, feature):
-                measured.notes.append(f"{feature}: " + count_syncs(cfg, lambda feature=feature: generate(feature)))
+                measured.notes.append(f"{feature}: " + count_syncs(cfg, partial(generate, feature)))
     profile_dir = settings.BENCH_PROFILE.get()
     if profile_dir:
         Path(profile_dir).mkdir(parents=True, exist_ok=True)
         for feature in features:
             with copy_overlap(llm, feature):
-                _profiled(lambda feature=feature: generate(feature), Path(profile_dir) / f"{system.name}-{feature}.txt")
+                _profiled(partial(generate, feature), Path(profile_dir) / f"{system.name}-{feature}.txt")
         measured.notes.append(f"profiles in {profile_dir}")
     if cfg.workload == "prefill":
         for feature in features:

@@ -17,7 +17,7 @@ import psutil
 
 from lens_evals import settings
 from lens_evals.bench.config import BenchConfig
-from lens_evals.bench.measure import write_result
+from lens_evals.bench.measure import Result, write_result
 from lens_evals.bench.prefill import MANY_LAYERS
 from lens_evals.bench.systems import ALL_SYSTEMS, BASELINE, System
 
@@ -115,7 +115,7 @@ class DeviceMemory:
         return None if self.handle is None else self.peak - self.before
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
@@ -126,7 +126,7 @@ def _stop_group(proc: subprocess.Popen) -> None:
         return
 
 
-def launch(system: System, cfg: BenchConfig, cfg_path: Path, out_dir: Path) -> dict:
+def launch(system: System, cfg: BenchConfig, cfg_path: Path, out_dir: Path) -> Result:
     """Run one system's process to the end; its result JSON plus the peak host memory seen."""
     result_path = out_dir / "systems" / f"{system.name}.json"
     result_path.unlink(missing_ok=True)
@@ -153,6 +153,7 @@ def launch(system: System, cfg: BenchConfig, cfg_path: Path, out_dir: Path) -> d
             if proc.poll() is None:
                 _stop_group(proc)
     wall = time.perf_counter() - started
+    result: Result
     if result_path.exists():
         result = json.loads(result_path.read_text())
     else:
@@ -177,12 +178,12 @@ def _same_work(saved: Path, cfg: BenchConfig) -> bool:
     return all(before.get(k) == v for k, v in now.items() if k != "timeout_s")
 
 
-def run_systems(systems: list[System], cfg: BenchConfig, out_dir: Path, resume: bool = False) -> list[dict]:
+def run_systems(systems: list[System], cfg: BenchConfig, out_dir: Path, resume: bool = False) -> list[Result]:
     """Run each system; with ``resume``, keep results already in ``out_dir`` from a run of the same
     work (same config) instead of rerunning them, and report those of other systems too."""
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = out_dir / "config.json"
-    kept: dict[str, dict] = {}
+    kept: dict[str, Result] = {}
     if resume and _same_work(cfg_path, cfg):
         for path in sorted((out_dir / "systems").glob("*.json")):
             result = json.loads(path.read_text())
@@ -207,7 +208,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def _run_each(
-    systems: list[System], kept: dict[str, dict], results: dict[str, dict], cfg: BenchConfig, cfg_path: Path, out_dir: Path
+    systems: list[System], kept: dict[str, Result], results: dict[str, Result], cfg: BenchConfig, cfg_path: Path, out_dir: Path
 ) -> None:
     for system in systems:
         if system.name in kept and kept[system.name]["status"] == "ok":

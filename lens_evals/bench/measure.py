@@ -9,11 +9,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
 T = TypeVar("T")
+# A system's result as it crosses processes as JSON (child -> launcher -> checks -> report): which
+# keys it holds depends on the system, its status and the checks, so its values are as JSON gives them.
+Result = dict[str, Any]
 
 
 class SystemUnavailable(RuntimeError):
@@ -30,7 +33,7 @@ class Measured:
     notes: list[str] = field(default_factory=list)
     all_seconds: list[float] = field(default_factory=list)  # every timed run
     runs_agree: int | None = None  # prompts whose outputs were equal in the first and last timed run
-    interleaved: dict = field(default_factory=dict)  # lens-mixed systems: times per feature and summary
+    interleaved: dict[str, Any] = field(default_factory=dict)  # lens-mixed systems: times per feature and summary
 
 
 def best_of(repeats: int, run: Callable[[], T]) -> tuple[float, list[float], T]:
@@ -93,7 +96,7 @@ def own_max_rss_bytes() -> int:
     return int(max(own, children) * 1024)
 
 
-def write_result(path: Path, result: dict) -> None:
+def write_result(path: Path, result: Result) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".partial")
     tmp.write_text(json.dumps(result))

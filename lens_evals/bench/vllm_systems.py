@@ -6,10 +6,12 @@ from __future__ import annotations
 import time
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from lens_evals.bench.config import BenchConfig
 from lens_evals.bench.measure import Measured, Stopwatch, SystemUnavailable, best_of, torch_dtype
@@ -17,6 +19,10 @@ from lens_evals.bench.prefill import capture_layers, copy_note
 from lens_evals.bench.systems import System
 from lens_evals.offline_engine import offline_engine_args
 from lens_evals.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector
+
+if TYPE_CHECKING:
+    from vllm import LLM
+    from vllm.inputs import TokensPrompt
 
 PROBE_NAME = "bench"
 PROBE_BIAS = 0.5
@@ -26,8 +32,9 @@ def has_tokenizer(model_dir: str) -> bool:
     return any((Path(model_dir) / name).exists() for name in ("tokenizer.json", "tokenizer.model"))
 
 
-def probe_weights(hidden_size: int, seed: int = 11) -> np.ndarray:
-    return (np.random.default_rng(seed).standard_normal(hidden_size) / np.sqrt(hidden_size)).astype(np.float32)
+def probe_weights(hidden_size: int, seed: int = 11) -> npt.NDArray[np.float32]:
+    weights: npt.NDArray[np.float32] = (np.random.default_rng(seed).standard_normal(hidden_size) / np.sqrt(hidden_size)).astype(np.float32)
+    return weights
 
 
 def lens_extra_args(system: System, cfg: BenchConfig) -> dict[str, Any] | None:
@@ -67,7 +74,7 @@ def _probe_scores(output: Any) -> Any:
     return ((getattr(output, "activations", None) or {}).get("probe_scores") or {}).get(PROBE_NAME)
 
 
-def engine_prompts(prompts: list[list[int]]) -> list[dict[str, list[int]]]:
+def engine_prompts(prompts: list[list[int]]) -> list[TokensPrompt]:
     """Token-id prompts in the form ``LLM.generate`` takes."""
     return [{"prompt_token_ids": list(p)} for p in prompts]
 
@@ -93,7 +100,7 @@ def engine_options(system: System, cfg: BenchConfig) -> dict[str, Any]:
     return options
 
 
-def start_engine(system: System, cfg: BenchConfig, extras: list[dict[str, Any] | None]) -> tuple[Any, float, float]:
+def start_engine(system: System, cfg: BenchConfig, extras: list[dict[str, Any] | None]) -> tuple[LLM, float, float]:
     """(LLM, start seconds, warm-up seconds): the engine, warmed with a few prompts per extra_args."""
     from vllm import LLM
 
@@ -148,7 +155,7 @@ def run_vllm(system: System, cfg: BenchConfig) -> Measured:
     return measured
 
 
-def count_syncs(cfg: BenchConfig, run: Any) -> str:
+def count_syncs(cfg: BenchConfig, run: Callable[[], object]) -> str:
     """One more (untimed) run under torch.cuda.set_sync_debug_mode("warn"): how many calls made
     the host wait for the GPU, by the Python line that made them."""
     if cfg.device != "cuda" or cfg.engine != "inprocess":
