@@ -206,8 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     oracle_train.add_argument("--eval-per-family", type=int)
     oracle_train.add_argument("--epochs", type=int)
     add_engine_arg_option(oracle_train)
-    for command in ("path", "card"):
-        sub_command = oracle_sub.add_parser(command, help=f"print a trained oracle's {'directory' if command == 'path' else 'card'}")
+    for oracle_command in ("path", "card"):
+        what = "directory" if oracle_command == "path" else "card"
+        sub_command = oracle_sub.add_parser(oracle_command, help=f"print a trained oracle's {what}")
         sub_command.add_argument("name", nargs="?", default="smollm2-135m-oracle")
     oracle.set_defaults(func=_oracle)
     return parser

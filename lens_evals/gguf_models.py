@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -288,7 +289,7 @@ def dequant_dtype() -> str:
     return dtype
 
 
-def preparer(name: str):
+def preparer(name: str) -> Callable[[Path], None]:
     def prepare(out_dir: Path) -> None:
         spec = GGUF_MODELS[name]
         if (gguf_dir := settings.GGUF_DIR.get()) is not None:  # offline: the joined file must be there, nothing is downloaded
@@ -310,9 +311,12 @@ def dequantise_gguf(gguf: Path, out_dir: Path, dtype: str = "float32") -> None:
     # The weights are dequantised on load; drop the quantizer so the model saves as plain fp32.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.hf_quantizer = None
+    # transformers declares neither attribute on the model class (nn.Module's __setattr__ types them
+    # as Tensor | Module), and torch_dtype's setter is not next to its getter (mypy reads it as
+    # read-only); config.dtype would do the same on transformers 5 but not on 4.x
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model, "is_quantized"):
-        model.is_quantized = False
-    model.config.torch_dtype = dtype
+        model.is_quantized = False  # type: ignore[assignment]
+    model.config.torch_dtype = dtype  # type: ignore[misc]
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)

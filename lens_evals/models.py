@@ -19,8 +19,12 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from lens_evals import gguf_models, settings
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +101,7 @@ def _tiny_corpus() -> list[str]:
     return lines
 
 
-def _save_tiny_tokenizer(out_dir: Path):
+def _save_tiny_tokenizer(out_dir: Path) -> PreTrainedTokenizerFast:
     """A byte-level BPE (vocab 512) trained offline on a small corpus, saved with a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -108,13 +112,16 @@ def _save_tiny_tokenizer(out_dir: Path):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_tiny_corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", unk_token="<|unk|>", pad_token="<|eos|>")
+    # transformers' tokenizer __init__ is unannotated
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", unk_token="<|unk|>", pad_token="<|eos|>"
+    )
     fast.chat_template = TINY_CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
     return fast
 
 
-def _save_tiny_random_model(out_dir: Path, model_class: type, config) -> None:
+def _save_tiny_random_model(out_dir: Path, model_class: type[PreTrainedModel], config: PretrainedConfig) -> None:
     """Random weights (seed 0), larger than the default init so steering changes tokens."""
     import torch
 
@@ -128,7 +135,7 @@ def _save_tiny_random_model(out_dir: Path, model_class: type, config) -> None:
     (out_dir / "generation_config.json").write_text(json.dumps({"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id}))
 
 
-def _tiny_shape(fast) -> dict:
+def _tiny_shape(fast: PreTrainedTokenizerFast) -> dict[str, Any]:
     """Shape shared by the tiny models: hidden 128, head_dim 32 (CPU attention accepts it)."""
     return dict(
         vocab_size=len(fast),

@@ -10,13 +10,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 from sklearn.metrics import roc_curve  # noqa: E402
 
 plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "figure.dpi": 100})
 NEGATIVE_COLOUR, POSITIVE_COLOUR, CONTROL_COLOUR = "#2563eb", "#dc2626", "#6b7280"
 
 
-def _svg(figure: plt.Figure) -> str:
+def _svg(figure: Figure) -> str:
     buffer = io.StringIO()
     figure.savefig(buffer, format="svg", bbox_inches="tight")
     plt.close(figure)
@@ -59,7 +60,7 @@ def histogram_svg(
     """Score histograms per class (density), the control set's distribution and the threshold."""
     y, s = np.asarray(labels), np.asarray(scores, dtype=np.float64)
     every = np.concatenate([s, np.asarray(control, dtype=np.float64), [threshold]])
-    bins = np.linspace(every.min(), every.max(), 40)
+    bins: list[float] = np.linspace(every.min(), every.max(), 40).tolist()  # hist's bins are typed as a Sequence
     figure, axes = plt.subplots(figsize=(6.4, 3.4))
     for label, colour in ((0, NEGATIVE_COLOUR), (1, POSITIVE_COLOUR)):
         chosen = s[y == label]

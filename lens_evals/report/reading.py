@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from inspect_ai.event import InfoEvent
 from inspect_ai.log import EvalLog, EvalSample, read_eval_log
@@ -107,6 +107,15 @@ def _pair_key(sample: EvalSample) -> str | None:
     return sample_id.removesuffix(f"-{kind}") if kind and sample_id.endswith(f"-{kind}") else None
 
 
+class _Reading(TypedDict):
+    """A probe_tokens event's data as ``ProbeReading.event_data`` writes it (the keys read here)."""
+
+    probe: str
+    threshold: float
+    scored: list[int]  # [first, end)
+    rows: list[list[str | float]]  # [token, score] per response token
+
+
 def _score_and_flag(score: Any) -> tuple[float, bool]:
     """(value, flagged) of a probe score: ``probe_scorer``'s dict value, or a number with
     ``flagged`` in its metadata (the multi-probe task's scorers)."""
@@ -125,8 +134,9 @@ def _probe_samples(log: EvalLog) -> tuple[dict[str, list[ScoredSample]], dict[st
         for data in readings:
             if not isinstance(data, dict) or not {"probe", "rows", "scored"} <= data.keys():
                 raise ReportError(f"sample {sample.id}: a {INFO_SOURCE} event without probe, rows and scored")
-            name = str(data["probe"])
-            thresholds[name] = float(data["threshold"])
+            reading = cast(_Reading, data)  # as ProbeReading writes it; each value is converted below
+            name = str(reading["probe"])
+            thresholds[name] = float(reading["threshold"])
             score = next((s for s in scores if (s.metadata or {}).get("probe", name) == name), None)
             if score is None:
                 continue  # read but not scored (the sample failed before its scorer ran)
@@ -135,9 +145,9 @@ def _probe_samples(log: EvalLog) -> tuple[dict[str, list[ScoredSample]], dict[st
                 ScoredSample(
                     id=str(sample.id),
                     turns=_turns(sample, drop_last=True),
-                    tokens=[str(row[0]) for row in data["rows"]],
-                    token_scores=[float(row[1]) for row in data["rows"]],
-                    scored=(int(data["scored"][0]), int(data["scored"][1])),
+                    tokens=[str(row[0]) for row in reading["rows"]],
+                    token_scores=[float(row[1]) for row in reading["rows"]],
+                    scored=(int(reading["scored"][0]), int(reading["scored"][1])),
                     score=value,
                     flagged=flagged,
                     label=(score.metadata or {}).get("label"),

@@ -84,7 +84,7 @@ def sample_html(sample: ScoredSample, section: ProbeSection, spread: float, with
 def transcripts_html(section: ProbeSection) -> str:
     """Every sample; versions of one scenario (same pair key) side by side, negative class first."""
     spread = colour_spread(section)
-    blocks = []
+    blocks: list[str] = []
     ordered = sorted(section.samples, key=lambda s: (s.pair is None, natural_key(s.pair or s.id), s.label if s.label is not None else 2))
     for key, group in groupby(ordered, key=lambda s: s.pair):
         members = list(group)
