@@ -56,7 +56,8 @@ def oracle_path(name_or_path: str) -> Path:
 
 def read_card(name_or_path: str) -> dict[str, Any]:
     with open(oracle_path(name_or_path) / CARD_NAME, encoding="utf-8") as f:
-        return json.load(f)
+        card: dict[str, Any] = json.load(f)
+    return card
 
 
 def write_card(directory: Path, card: dict[str, Any]) -> Path:

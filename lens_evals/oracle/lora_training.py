@@ -168,7 +168,7 @@ def train_lora(
     from transformers import AutoModelForCausalLM, get_linear_schedule_with_warmup
 
     torch.manual_seed(config.seed)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     lora = LoraConfig(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,
@@ -177,7 +177,7 @@ def train_lora(
         bias="none",
         task_type="CAUSAL_LM",
     )
-    model = get_peft_model(model, lora).to(device)
+    model = get_peft_model(base, lora).to(device)
     model.train()
     hook = InjectionHook(config.coefficient)
     handle = decoder_layers(model)[config.injection_layer].register_forward_hook(hook)
@@ -185,7 +185,7 @@ def train_lora(
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.0)
     steps_per_epoch = math.ceil(len(examples) / config.batch_size)
     total = steps_per_epoch * config.epochs
-    schedule = get_linear_schedule_with_warmup(optimizer, min(config.warmup_steps, total), total)
+    schedule = get_linear_schedule_with_warmup(optimizer, min(config.warmup_steps, total), total)  # type: ignore[no-untyped-call]  # unannotated in transformers
     rng = random.Random(config.seed)
     losses: list[float] = []
     started = time.monotonic()

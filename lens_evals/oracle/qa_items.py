@@ -20,7 +20,7 @@ import hashlib
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 
@@ -82,9 +82,10 @@ def assign_splits(items: Iterable[OracleItem]) -> list[OracleItem]:
     ]
 
 
-def _yaml(name: str) -> dict:
+def _yaml(name: str) -> dict[str, Any]:
     with open(data_file("oracle", name), encoding="utf-8") as f:
-        return yaml.safe_load(f)
+        data: dict[str, Any] = yaml.safe_load(f)
+    return data
 
 
 def truth_items() -> list[OracleItem]:

@@ -60,7 +60,8 @@ def scored_char_span(content: str, score_from: int, exclude_last_words: int) -> 
 
 def render(tokenizer: Any, messages: Sequence[dict[str, str]]) -> str:
     """The chat as the model sees it, ending inside the final assistant message."""
-    return tokenizer.apply_chat_template(list(messages), tokenize=False, continue_final_message=True)
+    text: str = tokenizer.apply_chat_template(list(messages), tokenize=False, continue_final_message=True)
+    return text
 
 
 def tokenize_dialogue(tokenizer: Any, dialogue: Dialogue, selection: TokenSelection = "all") -> TokenizedDialogue:

@@ -27,7 +27,7 @@ import numpy as np
 from sklearn.model_selection import GroupKFold
 
 from lens_evals.probing.dialogues import Dialogue
-from lens_evals.probing.metrics import auroc, threshold_at_fpr
+from lens_evals.probing.metrics import Scores, auroc, threshold_at_fpr
 from lens_evals.probing.probe import fold_pipeline
 
 PROBE_KINDS = ("ip-lr", "ip-dom", "rp-lr")
@@ -132,7 +132,7 @@ class ProbeSet:
     def save(self, path: str | Path) -> Path:
         json_path, npz_path = set_files(path)
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(npz_path, **{name: r.weights for name, r in self.readouts.items()})
+        np.savez(npz_path, allow_pickle=False, **{name: r.weights for name, r in self.readouts.items()})
         meta = {
             "model": self.model,
             "layer": self.layer,
@@ -191,7 +191,7 @@ def fit_probe_set(
 
 
 def threshold_interval(
-    control_scores: Sequence[float], fpr: float = 0.01, n_boot: int = 2000, seed: int = 0, level: float = 0.95
+    control_scores: Scores, fpr: float = 0.01, n_boot: int = 2000, seed: int = 0, level: float = 0.95
 ) -> tuple[float, float]:
     """Bootstrap interval of the 1 %-FPR threshold: the control set resampled with replacement."""
     scores = np.asarray(control_scores, dtype=np.float64)

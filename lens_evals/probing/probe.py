@@ -76,7 +76,8 @@ class Probe:
 
     def token_scores(self, activations: np.ndarray) -> np.ndarray:
         """Per-token scores (log-odds) for ``(n_tokens, hidden)`` activations."""
-        return self.pipeline.decision_function(np.asarray(activations, dtype=np.float32))
+        scores: np.ndarray = self.pipeline.decision_function(np.asarray(activations, dtype=np.float32))
+        return scores
 
     def score(self, activations: np.ndarray) -> float:
         """One dialogue's score: mean of its per-token scores."""
@@ -88,7 +89,7 @@ class Probe:
 
     def linear_probe(self) -> Any:
         """The probe as the engine's request object (scores computed on the worker)."""
-        from lens_evals.spec import LinearProbe  # type: ignore[attr-defined]
+        from lens_evals.spec import LinearProbe
 
         weights, bias = self.folded()
         return LinearProbe(name=self.card.name, layer=self.card.layer, weights=weights, bias=bias)
