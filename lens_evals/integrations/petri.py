@@ -184,14 +184,13 @@ async def inspect_turn(
 
 def target_activations(inspector: TurnInspector | Sequence[TurnInspector] | None = None, probe: str | Path | Probe | None = None) -> Tool:
     """The auditor's tool; give ``inspector`` (one or several) or a ``probe`` (wrapped in :class:`ProbeInspector`)."""
-    if (inspector is None) == (probe is None):
+    inspectors: list[TurnInspector]
+    if probe is not None and inspector is None:
+        inspectors = [ProbeInspector(probe)]
+    elif inspector is not None and probe is None:
+        inspectors = list(inspector) if isinstance(inspector, Sequence) else [inspector]
+    else:
         raise ValueError("give exactly one of inspector= or probe=")
-    inspectors: list[TurnInspector] = (
-        [ProbeInspector(probe)]
-        if probe is not None
-        # type: ignore[arg-type]
-        else (list(inspector) if isinstance(inspector, Sequence) else [inspector])
-    )  # type: ignore[list-item]
     names = [chosen.name for chosen in inspectors]
     if not inspectors or len(set(names)) != len(names):
         raise ValueError(f"give at least one inspector, each name once (got {names})")

@@ -4,11 +4,19 @@ punctuation aside), for the oracle and for its zero-vector baseline, overall and
 
 from __future__ import annotations
 
+from typing import Any
+
 from inspect_ai.scorer import CORRECT, INCORRECT, Score, Scorer, Target, accuracy, grouped, scorer, stderr
 from inspect_ai.solver import TaskState
 
 from lens_evals.evals.activation_oracle.oracle_solver import ORACLE_STORE_KEY
 from lens_evals.oracle.qa_items import answer_matches
+
+
+def _stored(state: TaskState, key: str) -> Any:
+    """``key`` of the record the oracle solver stored (None when missing)."""
+    record: dict[str, Any] = state.store.get(ORACLE_STORE_KEY, {})
+    return record.get(key)
 
 
 def _score(answer: str | None, target: Target) -> Score:
@@ -21,7 +29,7 @@ def _score(answer: str | None, target: Target) -> Score:
 @scorer(metrics=[accuracy(), stderr(), grouped(accuracy(), "family", all=False)])
 def oracle_answer_match() -> Scorer:
     async def score(state: TaskState, target: Target) -> Score:
-        return _score(state.store.get(ORACLE_STORE_KEY, {}).get("answer"), target)
+        return _score(_stored(state, "answer"), target)
 
     return score
 
@@ -31,6 +39,6 @@ def zero_vector_match() -> Scorer:
     """The same question with nothing injected (``activation_oracle(zero_vector_baseline=True)``)."""
 
     async def score(state: TaskState, target: Target) -> Score:
-        return _score(state.store.get(ORACLE_STORE_KEY, {}).get("zero_vector_answer"), target)
+        return _score(_stored(state, "zero_vector_answer"), target)
 
     return score

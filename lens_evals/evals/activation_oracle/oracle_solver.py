@@ -42,7 +42,8 @@ async def _capture(model: Any, state: TaskState, layer: int) -> np.ndarray:
     config = GenerateConfig(max_tokens=1, temperature=0.0, extra_body={"extra_args": {CAPTURE_KEY: [layer]}})
     output = await model.generate(state.messages, config=config)
     stream = output_activations(output, "residual_stream", keep=True)["residual_stream"]
-    return stream[0].float().numpy()  # (n_prompt, hidden): one token generated
+    acts: np.ndarray = stream[0].float().numpy()  # (n_prompt, hidden): one token generated
+    return acts
 
 
 async def _ask(model: Any, prompt: str, lora: str, vector: Any, max_tokens: int, expected_tokens: int) -> ModelOutput:
@@ -50,7 +51,7 @@ async def _ask(model: Any, prompt: str, lora: str, vector: Any, max_tokens: int,
     if vector is not None:
         extra_body["extra_args"] = {STEERING_KEY: [vector]}
     config = GenerateConfig(max_tokens=max_tokens, temperature=0.0, extra_body=extra_body)
-    output = await model.generate([ChatMessageUser(content=prompt)], config=config)
+    output: ModelOutput = await model.generate([ChatMessageUser(content=prompt)], config=config)
     if output.usage is not None and output.usage.input_tokens != expected_tokens:
         raise RuntimeError(
             f"the oracle prompt had {output.usage.input_tokens} tokens, not the {expected_tokens} the placeholder "

@@ -80,7 +80,7 @@ def coup_task(probe: str | Path, split: Split = "held_out", trajectories: str | 
         dataset=MemoryDataset(samples, name="coup_probe"),
         solver=probe_scores(loaded, mode="off_policy", tokenizer=tokenizer),
         scorer=probe_scorer(classes=COUP_CLASSES),
-        metrics=probe_metrics(COUP_CLASSES),
+        metrics=[*probe_metrics(COUP_CLASSES)],  # a list of the wider element type Task takes
         metadata=task_metadata(loaded.card, source, COUP_CLASSES),
     )
 

@@ -58,6 +58,7 @@ def petri_audit(
     from inspect_petri import audit
 
     tool = target_activations(inspector=build_inspectors(inspectors, probe, oracle, oracle_lora, probe_dir))
-    return audit(
+    audit_task: Task = audit(  # inspect_petri is only in Petri's venv: Any to mypy here
         seed_instructions=seed_instructions, max_turns=max_turns, compaction=compaction, target_tools=target_tools, extra_tools=[tool]
-    )  # type: ignore[arg-type]
+    )
+    return audit_task

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 from inspect_ai import Task
@@ -35,12 +36,15 @@ PROBES_METADATA_KEY = "probes"
 
 
 def _label_and_value(scores: list[SampleScore]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    kept = [s.score for s in scores if s.score.metadata and s.score.metadata.get("label") is not None]
+    # (metadata, value) of the labelled samples; kind_scorer's values are floats
+    kept = [
+        (s.score.metadata, cast(float, s.score.value)) for s in scores if s.score.metadata and s.score.metadata.get("label") is not None
+    ]
     return (
-        np.array([s.metadata["label"] for s in kept], dtype=int),  # type: ignore[index]
-        np.array([float(s.value) for s in kept]),  # type: ignore[arg-type]
-        np.array([bool(s.metadata["flagged"]) for s in kept]),
-    )  # type: ignore[index]
+        np.array([metadata["label"] for metadata, _ in kept], dtype=int),
+        np.array([float(value) for _, value in kept]),
+        np.array([bool(metadata["flagged"]) for metadata, _ in kept]),
+    )
 
 
 @metric
@@ -54,7 +58,7 @@ def probe_auroc() -> Metric:
     return compute
 
 
-def _flagged_share(label: int):
+def _flagged_share(label: int) -> Metric:
     def compute(scores: list[SampleScore]) -> float:
         labels, _, flagged = _label_and_value(scores)
         return float(flagged[labels == label].mean()) if (labels == label).any() else float("nan")

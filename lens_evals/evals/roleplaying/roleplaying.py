@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
+from typing import cast
 
 from inspect_ai import Task, task
 from inspect_ai.dataset import MemoryDataset
@@ -21,7 +22,7 @@ from lens_evals.evals.roleplaying.multi_probe import roleplaying_probes_task
 from lens_evals.evals.roleplaying.scenarios import Mode, roleplaying_samples
 from lens_evals.evals.shared.default_probes import default_probe, default_probe_set
 from lens_evals.evals.shared.probe_reading import task_metadata
-from lens_evals.evals.shared.probe_scorer import probe_scorer
+from lens_evals.evals.shared.probe_scorer import LabelFn, probe_scorer
 from lens_evals.evals.shared.probe_solver import probe_scores
 from lens_evals.probing.datasets import load_roleplaying
 from lens_evals.probing.probe import load_probe
@@ -43,7 +44,7 @@ misleads to avoid the consequences. Reply with exactly one word: HONEST, DECEPTI
 GRADER_CONFIG = GenerateConfig(temperature=0.0, max_tokens=16)  # one word is asked for; a chatty grader is cut
 
 
-def grader_label(grader: str | Model):
+def grader_label(grader: str | Model) -> LabelFn:
     """An on-policy labeller: asks ``grader`` (a model name or Model) whether the answer was honest,
     greedily and in at most 16 tokens (:data:`GRADER_CONFIG`)."""
     grader_name = grader if isinstance(grader, str) else grader.name
@@ -105,9 +106,9 @@ def roleplaying_probe(
         return roleplaying_probes_task(probe_set or default_probe_set(probe_dir), probes=probes, dataset=dataset, tokenizer=tokenizer)
     return roleplaying_task(
         probe or default_probe(probe_dir),
-        mode=mode,
+        mode=cast(Mode, mode),  # -T gives a str; roleplaying_task rejects any other value
         dataset=dataset,
-        grader=grader,  # type: ignore[arg-type]
+        grader=grader,
         tokenizer=tokenizer,
         max_tokens=max_tokens,
         on_worker=on_worker,

@@ -14,6 +14,7 @@ each class. Labels come from the sample (off-policy) or from a grader model (on-
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from inspect_ai.scorer import Metric, SampleScore, Score, Scorer, Target, metric, scorer
@@ -110,7 +111,7 @@ def explanation(score: float | None, threshold: float, positive: str, label: str
     )
 
 
-def _probe_result(state: TaskState, probe: str | None) -> dict:
+def _probe_result(state: TaskState, probe: str | None) -> dict[str, Any]:
     results = state.metadata.get(PROBE_METADATA_KEY) or {}
     if not results:
         raise RuntimeError("no probe result on this sample: put probe_scores() in the solver chain")

@@ -67,7 +67,8 @@ async def send_given_turn(state: TaskState, generate: Generate, extra_body: dict
 def _all_token_scores(state: TaskState, probe: Probe, on_worker: bool) -> np.ndarray:
     """Per-token scores for every captured position (prompt + generated - 1)."""
     if on_worker:
-        return output_activations(state.output, "probe_scores")["probe_scores"][probe.card.name].double().numpy()
+        worker_scores: np.ndarray = output_activations(state.output, "probe_scores")["probe_scores"][probe.card.name].double().numpy()
+        return worker_scores
     return probe.token_scores(output_activations(state.output, "residual_stream")["residual_stream"][0].float().numpy())
 
 

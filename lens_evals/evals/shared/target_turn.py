@@ -221,4 +221,5 @@ async def probe_turn(
     activations = await _lens_request(model, messages, tools, {PROBE_KEY: [probe.linear_probe()]}, "probe_scores")
     scores = np.asarray(activations["probe_scores"][probe.card.name], dtype=np.float64)
     _check_rows(scores.shape[0], turn)
-    return scores[turn.positions]
+    at_turn: np.ndarray = scores[turn.positions]
+    return at_turn
