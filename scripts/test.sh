@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# Lint, format and types first (seconds): ruff on the whole tree, mypy on the public surface (pyproject.toml).
+# Lint, format and types first (seconds): ruff on the whole tree, mypy on the whole package (the public
+# surface strictly; pyproject.toml).
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

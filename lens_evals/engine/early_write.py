@@ -24,9 +24,10 @@ import logging
 from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from lens_evals.engine import handoff, timing
+from lens_evals.engine.protocol import PackedRowsWire
 from lens_evals.engine.results import TakenResult
 from lens_evals.engine.step_stores import StepStores
 
@@ -126,7 +127,7 @@ class EarlyWrites:
         for name in ("residual_stream", "probe_scores"):
             packed = result.get(name)
             if isinstance(packed, dict):
-                result[name] = handoff.recall(packed, entry.address, keep)  # type: ignore[literal-required]
+                result[name] = cast(PackedRowsWire, handoff.recall(packed, entry.address, keep))
 
     def drop_oldest(self) -> str | None:
         """For the memory bound: forget the oldest entry that still holds rows here, in its

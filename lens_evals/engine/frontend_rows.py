@@ -75,4 +75,5 @@ def merge_rank_results(rank_results: list[FetchReply], key: str) -> tuple[Merged
 
 
 def decode_saved(saved: dict[str, Any] | None) -> dict[str, Any]:
-    return wire.decode_tree_native(saved or {})
+    decoded: dict[str, Any] = wire.decode_tree_native(saved or {})
+    return decoded

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -36,6 +36,8 @@ from lens_evals.engine import compat
 logger = logging.getLogger("lens_evals")
 
 GRAPH_LAYERS_ENV = settings.GRAPH_LAYERS.name
+# the tapped layers that keep CUDA graphs: every layer, these indices, or none (eager)
+LayerSpec = Literal["all"] | list[int] | None
 CONFIG_KEY = "lens_evals"
 CAPTURE_BUFFER = "lens_evals_capture"
 STEER_BUFFER = "lens_evals_steer"
@@ -57,7 +59,7 @@ def _tap_stream_fake(hidden: torch.Tensor, residual: torch.Tensor | None, steer:
     return torch.empty_like(hidden)
 
 
-def parse_layer_spec(spec: Any) -> str | list[int] | None:
+def parse_layer_spec(spec: Any) -> LayerSpec:
     """``"all"``, a list of layer indices, or a comma-separated string of them; None when off."""
     if spec is None or spec == "" or spec == []:
         return None
@@ -76,14 +78,14 @@ def parse_layer_spec(spec: Any) -> str | list[int] | None:
     raise ValueError(f"graph_layers must be 'all' or a list of layer indices, got {spec!r}")
 
 
-def env_layer_spec() -> str | list[int] | None:
+def env_layer_spec() -> LayerSpec:
     return parse_layer_spec(settings.GRAPH_LAYERS.get())
 
 
-def resolve_layers(spec: str | list[int] | None, num_layers: int) -> list[int] | None:
+def resolve_layers(spec: LayerSpec, num_layers: int) -> list[int] | None:
     if spec is None:
         return None
-    layers = list(range(num_layers)) if spec == "all" else list(spec)
+    layers = list(range(num_layers)) if isinstance(spec, str) else list(spec)
     bad = [i for i in layers if not 0 <= i < num_layers]
     if bad:
         raise ValueError(f"graph_layers {bad} out of range for a model with {num_layers} layers")

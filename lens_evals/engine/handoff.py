@@ -192,7 +192,7 @@ def sweep_stale(directory: str) -> list[str]:
     """Remove what processes that died without their exit handlers (SIGKILL, OOM) left in the
     hand-off ``directory``: markers, row files and pool segments whose owner's pid is gone. A
     marker without a pid (older versions) is left alone. Returns the names removed."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except OSError as exc:

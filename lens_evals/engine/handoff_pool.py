@@ -156,7 +156,9 @@ class SharedPool:
             logger.warning("lens_evals: no hand-off pool segment of %d bytes in %s (%s)", size, self.directory, exc)
             return None
         self.segments[segment.name] = segment
-        return segment, segment.take(nbytes)
+        offset = segment.take(nbytes)
+        assert offset == 0, "a new segment is at least the block's size"
+        return segment, offset
 
     def segment_paths(self) -> list[str]:
         return [segment.path for segment in self.segments.values()]
@@ -174,7 +176,7 @@ class PoolViews:
     reports only its own regions, so two engines in one process do not lose each other's)."""
 
     def __init__(self) -> None:
-        self.maps: dict[str, mmap.mmap] = {}
+        self.maps: dict[str, mmap.mmap | bytearray] = {}
         self.sources: dict[str, int] = {}  # segment name -> the engine it came from
         # appended by finalizers, which run whenever the garbage collector does (any thread, even
         # inside take_freed): a deque's append and popleft are atomic, no lock can deadlock
@@ -202,7 +204,7 @@ class PoolViews:
         weakref.finalize(array, self._region_freed, [name, offset])
         return array
 
-    def _open(self, directory: str, name: str, source: int) -> mmap.mmap:
+    def _open(self, directory: str, name: str, source: int) -> mmap.mmap | bytearray:
         mapping = self.maps[name] = map_and_unlink(os.path.join(directory, name))
         self.sources[name] = source
         self.freed.setdefault(source, deque())

@@ -19,12 +19,17 @@ import hashlib
 import hmac
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from lens_evals.engine import compat, hook_sets
 
 logger = logging.getLogger("lens_evals")
+# ASGI's callables, as Starlette hands them to a middleware
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
 HOOK_SETS_PATH = "/lens/hook_sets"
 MAX_BODY_BYTES = 64 * 2**20
 UNAUTHORIZED = {"error": "Unauthorized"}  # vLLM's own 401 body
@@ -48,7 +53,7 @@ def authorized(scope: dict[str, Any]) -> bool:
     return match
 
 
-async def read_body(receive: Callable) -> bytes:
+async def read_body(receive: Receive) -> bytes:
     parts, size = [], 0
     while True:
         message = await receive()
@@ -61,7 +66,7 @@ async def read_body(receive: Callable) -> bytes:
             return b"".join(parts)
 
 
-async def reply(send: Callable, status: int, payload: dict[str, Any]) -> None:
+async def reply(send: Send, status: int, payload: dict[str, Any]) -> None:
     body = json.dumps(payload).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -72,7 +77,7 @@ def error_body(message: str, status: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": "LensHookSetError", "code": status}}
 
 
-async def serve_hook_sets(scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+async def serve_hook_sets(scope: dict[str, Any], receive: Receive, send: Send) -> None:
     method = scope.get("method")
     parts = [p for p in scope["path"][len(HOOK_SETS_PATH) :].split("/") if p]
     try:

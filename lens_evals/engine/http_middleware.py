@@ -16,12 +16,10 @@ import torch
 
 from lens_evals import wire
 from lens_evals.engine.frontend_attach import HTTP_SINK, HttpResult
-from lens_evals.engine.hook_routes import HOOK_SETS_PATH, UNAUTHORIZED, authorized, reply, serve_hook_sets
+from lens_evals.engine.hook_routes import HOOK_SETS_PATH, UNAUTHORIZED, Message, Receive, Scope, Send, authorized, reply, serve_hook_sets
 from lens_evals.engine.vllm_lens_api import HOOKS_PATH, serve_vllm_lens_hooks
 
 logger = logging.getLogger("lens_evals")
-Scope = dict[str, Any]
-Message = dict[str, Any]
 _TRAILING_INDEX = re.compile(r"-(\d+)$")
 MIDDLEWARE_PATH = "lens_evals.engine.http_middleware.LensResponseMiddleware"
 
@@ -72,7 +70,7 @@ class LensResponseMiddleware:
     def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
         self.app = app
 
-    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if scope.get("type") == "http" and (path.startswith(HOOK_SETS_PATH) or path.startswith(HOOKS_PATH)):
             if not authorized(scope):
@@ -118,9 +116,9 @@ class LensResponseMiddleware:
             # in a worker thread: encoding a large capture (base64, JSON) would otherwise hold the
             # event loop, and with it every other request's response, for as long as it takes
             status, body = await asyncio.to_thread(_rewrite, held_start["status"], b"".join(body_parts), sink)
-            headers = [(k, v) for k, v in held_start.get("headers", []) if k.lower() != b"content-length"]
-            headers.append((b"content-length", str(len(body)).encode()))
-            await send({**held_start, "status": status, "headers": headers})
+            kept = [(k, v) for k, v in held_start.get("headers", []) if k.lower() != b"content-length"]
+            kept.append((b"content-length", str(len(body)).encode()))
+            await send({**held_start, "status": status, "headers": kept})
             await send({"type": "http.response.body", "body": body})
 
         try:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from lens_evals.engine import compat, timing
-from lens_evals.engine.plan import StepPlan
+from lens_evals.engine.plan import LayerProbes, LayerSteer, StepPlan
 from lens_evals.engine.worker_hooks import HookCall, HookContext, run_calls
 
 logger = logging.getLogger("lens_evals")
@@ -168,7 +168,7 @@ def read_step(step: StepContext, layer_index: int, hidden: torch.Tensor, residua
         step.scores[layer_index] = _probe_scores(hidden, residual, probes)
 
 
-def _apply_steering(hidden: torch.Tensor, residual: torch.Tensor | None, steer: Any) -> None:
+def _apply_steering(hidden: torch.Tensor, residual: torch.Tensor | None, steer: LayerSteer) -> None:
     """h' = h + scale * v, or h + scale * ||h|| * v/||v|| with norm_match, on the steered rows.
 
     On fused-residual layers the stream is hidden + residual; adding to ``hidden`` moves the
@@ -184,7 +184,7 @@ def _apply_steering(hidden: torch.Tensor, residual: torch.Tensor | None, steer: 
         hidden.index_add_(0, steer.rows, delta.to(hidden.dtype))
 
 
-def _probe_scores(hidden: torch.Tensor, residual: torch.Tensor | None, probes: Any) -> torch.Tensor:
+def _probe_scores(hidden: torch.Tensor, residual: torch.Tensor | None, probes: LayerProbes) -> torch.Tensor:
     """score = w . h + b (float32) for every (row, probe) pair the step's requests asked for."""
     stream = _gather_stream(hidden, residual, probes.span, probes.rows)
     every_pair = stream.float() @ probes.weights.T  # (n_rows, n_distinct_probes)

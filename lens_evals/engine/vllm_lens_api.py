@@ -22,7 +22,7 @@ from typing import Any
 
 from lens_evals import wire
 from lens_evals.engine import compat, hook_sets
-from lens_evals.engine.hook_routes import error_body, read_body, reply
+from lens_evals.engine.hook_routes import Receive, Send, error_body, read_body, reply
 from lens_evals.hooks import Hook
 
 HOOKS_PATH = "/v1/hooks"
@@ -51,7 +51,8 @@ class _Persistent:
 def _state(llm: Any) -> _Persistent:
     if not hasattr(llm, STATE_ATTR):
         setattr(llm, STATE_ATTR, _Persistent())
-    return getattr(llm, STATE_ATTR)
+    state: _Persistent = getattr(llm, STATE_ATTR)
+    return state
 
 
 def _set_auto(llm: Any, set_id: str | None) -> None:
@@ -132,7 +133,7 @@ def _encoded_results(collected: dict[str, Any], encoding: str) -> dict[str, Any]
     }
 
 
-async def serve_vllm_lens_hooks(scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+async def serve_vllm_lens_hooks(scope: dict[str, Any], receive: Receive, send: Send) -> None:
     action = scope["path"][len(HOOKS_PATH) :].strip("/")
     try:
         if scope.get("method") != "POST":

@@ -76,7 +76,7 @@ class Fetch:
         return TakenResult(result, parts, held)
 
     def _encode_saved(self, saved: dict[str, Any], what: str) -> dict[str, Any]:
-        encoded = wire.encode_tree(saved, "saved")
+        encoded: dict[str, Any] = wire.encode_tree(saved, "saved")
         size = len(json.dumps(encoded))
         if size > self.max_saved_chars:
             raise ValueError(

@@ -144,7 +144,7 @@ class LensWorkerState:
 
 
 def get_state(runner: Any) -> LensWorkerState:
-    state = getattr(runner, STATE_ATTR, None)
+    state: LensWorkerState | None = getattr(runner, STATE_ATTR, None)
     if state is None:
         raise RuntimeError("lens_evals is not active in this worker (was the model loaded with the plugin?)")
     return state

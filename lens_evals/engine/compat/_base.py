@@ -10,9 +10,11 @@ from typing import Any
 logger = logging.getLogger("lens_evals")
 
 _PATCHED_ATTR = "__lens_evals_patched__"
+# a vLLM method we wrap, and the wrapper that replaces it
+Method = Callable[..., Any]
 
 
-def _patch(owner: Any, name: str, make_wrapper: Callable[[Callable], Callable]) -> None:
+def _patch(owner: Any, name: str, make_wrapper: Callable[[Method], Method]) -> None:
     original = getattr(owner, name)
     if getattr(original, _PATCHED_ATTR, False):
         return

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,7 +70,7 @@ class StreamContract:
         new = hidden.view(first.shape) if first.dim() != hidden.dim() else hidden
         return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
 
-    def read_input(self, layer: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def read_input(self, layer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(hidden, residual) rows entering a layer: the stream after the previous layer (the
         embeddings at layer 0)."""
         bound = _bind(type(layer), args, kwargs)
@@ -203,7 +203,7 @@ VERIFIED: dict[str, Architecture] = {
 def guessed(layer: nn.Module) -> StreamContract:
     """With LENS_EVALS_TRUST_ARCH=1 only: a contract read from the layer's signature (a
     ``residual`` parameter means vLLM's fused residual), never verified."""
-    names = set(_forward_signature(type(layer)).parameters) - {"self"}
+    names = set(_forward_signature(type(layer).forward).parameters) - {"self"}
     hidden_arg = "hidden_states" if "hidden_states" in names else next(iter(names), "hidden_states")
     if "residual" in names:
         return StreamContract("fused", hidden_arg=hidden_arg)
@@ -310,13 +310,14 @@ def layer_support(model_config: Any, layers: dict[int, nn.Module]) -> LayerSuppo
 
 
 @functools.cache
-def _forward_signature(layer_type: type) -> inspect.Signature:
-    return inspect.signature(layer_type.forward)
+def _forward_signature(forward: Callable[..., Any]) -> inspect.Signature:
+    """The signature of a decoder layer class's ``forward`` (read once per class)."""
+    return inspect.signature(forward)
 
 
-def _bind(layer_type: type, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _bind(layer_type: type[nn.Module], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The layer's forward arguments by name (``self`` bound to None)."""
-    return dict(_forward_signature(layer_type).bind_partial(None, *args, **kwargs).arguments)
+    return dict(_forward_signature(layer_type.forward).bind_partial(None, *args, **kwargs).arguments)
 
 
 def _describe(output: Any) -> str:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import atexit
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lens_evals.engine.compat._base import _patch, logger
+from lens_evals.engine.compat._base import Method, _patch, logger
 
 
 @dataclass(frozen=True)
@@ -49,11 +49,11 @@ def patch_input_processor(on_request: Callable[[Any, str, Any], None]) -> None:
     ``on_request`` may raise ValueError: vLLM turns it into an HTTP 400 / offline error."""
     from vllm.v1.engine import input_processor as ip_module
 
-    cls = ip_module.InputProcessor if hasattr(ip_module, "InputProcessor") else ip_module.Processor
+    cls = ip_module.InputProcessor  # 0.26 and 0.32
 
     error_class = _client_error_class()
 
-    def make(original: Callable) -> Callable:
+    def make(original: Method) -> Method:
         def process_inputs(self: Any, request_id: str, *args: Any, **kwargs: Any) -> Any:
             request = original(self, request_id, *args, **kwargs)
             try:
@@ -82,7 +82,7 @@ def patch_offline_results(attach: Callable[[Any, list[Any]], None]) -> None:
     """After ``LLM.generate`` / ``LLM.chat`` finish, call ``attach(llm, outputs)``."""
     from vllm.entrypoints.llm import LLM
 
-    def make(original: Callable) -> Callable:
+    def make(original: Method) -> Method:
         def _run_engine(self: Any, *args: Any, **kwargs: Any) -> Any:
             outputs = original(self, *args, **kwargs)
             attach(self, outputs)
@@ -104,7 +104,7 @@ def shut_down_engines_at_exit() -> None:
     registered after vLLM's ``weakref.finalize`` exit hook, so it runs first."""
     from vllm.entrypoints.llm import LLM
 
-    def make(original: Callable) -> Callable:
+    def make(original: Method) -> Method:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             original(self, *args, **kwargs)
             if not _open_engine_cores:
@@ -138,8 +138,8 @@ def patch_async_results(attach: Callable[[Any, Any, int], Any], discard: Callabl
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    def make(original: Callable) -> Callable:
-        async def generate(self: Any, prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any):
+    def make(original: Method) -> Method:
+        async def generate(self: Any, prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
             delivered = False
             delta = getattr(sampling_params, "output_kind", None) == RequestOutputKind.DELTA
             generated = 0
@@ -171,7 +171,7 @@ def force_eager_unless(reason: str, graph_layers: Callable[[], Any], config_key:
     vLLM hashes into its compile cache key and sends to every worker."""
     from vllm.engine.arg_utils import EngineArgs
 
-    def make(original: Callable) -> Callable:
+    def make(original: Method) -> Method:
         def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
             extra = dict(self.additional_config or {}) if isinstance(self.additional_config, dict) else None
             section = dict((extra or {}).get(config_key) or {})
@@ -242,7 +242,7 @@ def patch_http_app(add_middleware: Callable[[Any], None], middleware_path: str) 
     try:  # vLLM >= 0.30: build_app lives in vllm.entrypoints.launchers.app
         from vllm.entrypoints.launchers import app as app_module
 
-        def make(original: Callable) -> Callable:
+        def make(original: Method) -> Method:
             def init_entrypoints_middleware(args: Any, app: Any, *rest: Any, **kwargs: Any) -> Any:
                 result = original(args, app, *rest, **kwargs)
                 add_middleware(app)
@@ -256,7 +256,7 @@ def patch_http_app(add_middleware: Callable[[Any], None], middleware_path: str) 
         pass
     from vllm.entrypoints.openai import api_server  # vLLM 0.26: build_app reads args.middleware
 
-    def make_build(original: Callable) -> Callable:
+    def make_build(original: Method) -> Method:
         def build_app(args: Any, *rest: Any, **kwargs: Any) -> Any:
             middleware = list(getattr(args, "middleware", None) or [])
             if middleware_path not in middleware:
@@ -295,7 +295,7 @@ def server_api_keys(scope: dict[str, Any]) -> list[str]:
     return [key for key in keys if key]
 
 
-async def async_collective_rpc(engine: Any, method: str, args: tuple) -> list[Any]:
+async def async_collective_rpc(engine: Any, method: str, args: tuple[Any, ...]) -> list[Any]:
     """Call a worker method installed by :func:`add_worker_methods` on every worker. By name:
     vLLM refuses to send functions between processes unless insecure serialisation is on.
 
@@ -305,15 +305,17 @@ async def async_collective_rpc(engine: Any, method: str, args: tuple) -> list[An
     core = engine.engine_core
     engines = list(getattr(core, "core_engines", None) or ())
     if len(engines) <= 1 or not hasattr(core, "_call_utility_async"):
-        return await engine.collective_rpc(method, args=args)
+        replies: list[Any] = await engine.collective_rpc(method, args=args)
+        return replies
     per_engine = await asyncio.gather(
         *(core._call_utility_async("collective_rpc", method, None, args, None, engine=target) for target in engines)
     )
     return [reply for replies in per_engine for reply in replies]
 
 
-def offline_collective_rpc(llm: Any, method: str, args: tuple) -> list[Any]:
-    return llm.collective_rpc(method, args=args)
+def offline_collective_rpc(llm: Any, method: str, args: tuple[Any, ...]) -> list[Any]:
+    replies: list[Any] = llm.collective_rpc(method, args=args)
+    return replies
 
 
 def add_worker_methods(methods: dict[str, Callable[..., Any]]) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lens_evals.engine.compat._base import _patch, logger
+from lens_evals.engine.compat._base import Method, _patch, logger
 
 
 def patch_model_runner(
@@ -30,7 +30,7 @@ def patch_model_runner(
     except ImportError:
         logger.debug("no CPU model runner in this vLLM build")
 
-    def make_load(original: Callable) -> Callable:
+    def make_load(original: Method) -> Method:
         def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
             result = original(self, *args, **kwargs)
             _ensure_pp_receive_buffer(self)
@@ -39,14 +39,14 @@ def patch_model_runner(
 
         return load_model
 
-    def make_execute(original: Callable) -> Callable:
+    def make_execute(original: Method) -> Method:
         def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
             on_step_start(self, scheduler_output)
             return original(self, scheduler_output, *args, **kwargs)
 
         return execute_model
 
-    def make_forward(original: Callable) -> Callable:
+    def make_forward(original: Method) -> Method:
         def _model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
             return around_forward(self, lambda: original(self, *args, **kwargs), forward_input_ids(args, kwargs))
 
@@ -115,7 +115,8 @@ def runner_device(runner: Any) -> torch.device:
 
 
 def runner_model(runner: Any) -> nn.Module:
-    return runner.get_model() if hasattr(runner, "get_model") else runner.model
+    model: nn.Module = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    return model
 
 
 def runner_from_worker(worker: Any) -> Any:
@@ -127,7 +128,7 @@ def runner_from_worker(worker: Any) -> Any:
     raise RuntimeError(f"lens_evals: no model runner found on {type(worker).__name__}")
 
 
-def first_input(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
+def first_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
     for value in list(args) + list(kwargs.values()):
         if isinstance(value, torch.Tensor):
             return value
@@ -184,7 +185,8 @@ def _checkpoint_tensor(checkpoint: str | None, name: str) -> torch.Tensor:
     for path in files:
         with safe_open(str(path), framework="pt") as handle:
             if name in handle.keys():
-                return handle.get_tensor(name)
+                tensor: torch.Tensor = handle.get_tensor(name)
+                return tensor
     raise ValueError(
         f"{name!r} was freed by vLLM's CPU backend after packing and is not in the checkpoint under that "
         "name (merged projections such as qkv_proj / gate_up_proj are stored split)"
@@ -199,7 +201,7 @@ def hf_config(runner: Any) -> Any:
     return runner.model_config.hf_text_config
 
 
-def forward_input_ids(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None:
+def forward_input_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
     """The token ids of one ``_model_forward`` call (None when the model gets embeddings)."""
     value = kwargs.get("input_ids", args[0] if args else None)
     return value if isinstance(value, torch.Tensor) else None
