@@ -146,10 +146,16 @@ llm.llm_engine.engine_core.shutdown()
     for lane in $lanes; do
       case $lane in solo|overlap) echo "lanes: $lane runs alone, not in lanes" >&2; exit 2 ;; esac
     done
+    # each lane compiles into a copy of the caches of its own (vLLM rewrites files there without
+    # locking: two lanes compiling one configuration at once could collide); what the lanes added
+    # is merged back afterwards, so a later pack sends it
     for lane in $lanes; do
-      ( OMP_NUM_THREADS=$threads PACK_CACHES=0 BRIEF=1 run_part "$lane" > "$out/lane-$lane.txt" 2>&1 ) &
+      rm -rf "/tmp/kc-$lane"; mkdir -p /tmp/kc && cp -a /tmp/kc "/tmp/kc-$lane"
+      ( export VLLM_CACHE_ROOT=/tmp/kc-$lane/vllm TRITON_CACHE_DIR=/tmp/kc-$lane/triton FLASHINFER_WORKSPACE_BASE=/tmp/kc-$lane/flashinfer
+        OMP_NUM_THREADS=$threads PACK_CACHES=0 BRIEF=1 run_part "$lane" > "$out/lane-$lane.txt" 2>&1 ) &
     done
     wait
+    for lane in $lanes; do cp -a -n "/tmp/kc-$lane/." /tmp/kc/ 2>/dev/null; done
     for lane in $lanes; do echo "== lane $lane"; cat "$out/lane-$lane.txt"; done
     [ "${PACK_CACHES:-0}" = 1 ] && python3 scripts/gpu_cache.py pack /tmp/kc "$out" --max-mib 56
     ;;
