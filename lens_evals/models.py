@@ -113,7 +113,7 @@ def _save_tiny_tokenizer(out_dir: Path) -> PreTrainedTokenizerFast:
     trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_tiny_corpus(), trainer=trainer)
     # transformers' tokenizer __init__ is unannotated
-    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", unk_token="<|unk|>", pad_token="<|eos|>"
     )
     fast.chat_template = TINY_CHAT_TEMPLATE

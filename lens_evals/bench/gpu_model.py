@@ -42,7 +42,7 @@ def build_random_llama(out_dir: Path, num_layers: int = 32, seed: int = 0) -> Pa
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device("cuda"):
-            model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]  # transformers' __init__ is unannotated
+            model = LlamaForCausalLM(config)
     finally:
         torch.set_default_dtype(previous)
     out_dir.mkdir(parents=True, exist_ok=True)

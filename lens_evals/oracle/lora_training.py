@@ -185,7 +185,7 @@ def train_lora(
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.0)
     steps_per_epoch = math.ceil(len(examples) / config.batch_size)
     total = steps_per_epoch * config.epochs
-    schedule = get_linear_schedule_with_warmup(optimizer, min(config.warmup_steps, total), total)  # type: ignore[no-untyped-call]  # unannotated in transformers
+    schedule = get_linear_schedule_with_warmup(optimizer, min(config.warmup_steps, total), total)
     rng = random.Random(config.seed)
     losses: list[float] = []
     started = time.monotonic()
