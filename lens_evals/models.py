@@ -112,10 +112,7 @@ def _save_tiny_tokenizer(out_dir: Path) -> PreTrainedTokenizerFast:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_tiny_corpus(), trainer=trainer)
-    # transformers' tokenizer __init__ is unannotated
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", unk_token="<|unk|>", pad_token="<|eos|>"
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", unk_token="<|unk|>", pad_token="<|eos|>")
     fast.chat_template = TINY_CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
     return fast
