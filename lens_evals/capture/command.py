@@ -41,11 +41,11 @@ def run(args: argparse.Namespace) -> int:
     from lens_evals.capture.manifest import CaptureError
     from lens_evals.capture.runner import CaptureSettings, CaptureStopped, run_capture
 
-    settings = CaptureSettings(
-        batch_size=args.batch_size, shard_rows=args.shard_rows, shard_bytes=int(args.shard_mib * MIB), max_shards=args.max_shards
-    )
     engine_args = {**({"dtype": args.dtype} if args.dtype else {}), **parse_engine_args(args.engine_arg)}
     try:
+        settings = CaptureSettings(
+            batch_size=args.batch_size, shard_rows=args.shard_rows, shard_bytes=int(args.shard_mib * MIB), max_shards=args.max_shards
+        )
         manifest = run_capture(
             args.prompts, args.model, args.layers, args.out, settings=settings, max_model_len=args.max_model_len, engine_args=engine_args
         )

@@ -52,7 +52,7 @@ def _item(index: int, record: Any, where: str) -> PromptItem:
             raise CaptureError(f"{where}: 'prompt' must be a non-empty string")
         return PromptItem(index, prompt=value)
     if present[0] == "prompt_token_ids":
-        if not isinstance(value, list) or not value or not all(isinstance(t, int) and t >= 0 for t in value):
+        if not isinstance(value, list) or not value or not all(type(t) is int and t >= 0 for t in value):
             raise CaptureError(f"{where}: 'prompt_token_ids' must be a non-empty list of non-negative integers")
         return PromptItem(index, token_ids=tuple(value))
     if not isinstance(value, list) or not value:
@@ -67,8 +67,12 @@ def _item(index: int, record: Any, where: str) -> PromptItem:
 
 def _read_jsonl(path: Path) -> list[PromptItem]:
     items: list[PromptItem] = []
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            try:  # a byte-order mark (from some editors) is not part of the first line's JSON
+                line = raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise CaptureError(f"{path}:{line_number}: not UTF-8 text ({exc.reason} at byte {exc.start + 1})") from None
             if not line.strip():
                 continue
             try:

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 
 from lens_evals.capture.manifest import CaptureError, CaptureManifest, RowRecord, read_manifest
-from lens_evals.capture.shards import file_sha256
+from lens_evals.capture.shards import check_shard_file
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class CaptureReader:
         self.manifest: CaptureManifest = manifest
         self.verify = verify
         self._checked: set[str] = set()
+        self._shards = {shard.name: shard for shard in manifest.shards}
 
     def __len__(self) -> int:
         return len(self.manifest.rows)
@@ -48,14 +49,7 @@ class CaptureReader:
         path = self.out_dir / name
         if name in self._checked:
             return path
-        record = next(s for s in self.manifest.shards if s.name == name)
-        if not path.exists():
-            raise CaptureError(f"shard {path} is missing (the manifest records it)")
-        size = path.stat().st_size
-        if size != record.n_bytes:
-            raise CaptureError(f"shard {path} is corrupted: {size} bytes, the manifest records {record.n_bytes}")
-        if self.verify and file_sha256(path) != record.sha256:
-            raise CaptureError(f"shard {path} is corrupted: its SHA-256 differs from the manifest's")
+        check_shard_file(path, self._shards[name], self.verify)
         self._checked.add(name)
         return path
 
@@ -65,7 +59,9 @@ class CaptureReader:
             self.check_shard(shard.name)
 
     def _layer_names(self, layers: Sequence[int] | None) -> list[str]:
-        chosen = self.layers if layers is None else sorted(layers)
+        chosen = self.layers if layers is None else sorted(set(layers))
+        if not chosen:
+            raise CaptureError("name at least one layer")
         missing = [layer for layer in chosen if layer not in self.manifest.layers]
         if missing:
             raise CaptureError(f"layers {missing} were not captured (captured: {self.manifest.layers})")
@@ -93,6 +89,8 @@ class CaptureReader:
     def batches(self, layer: int, batch_tokens: int = 4096) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """``(features (n, hidden) float32, prompt_index (n,))`` batches of about ``batch_tokens``
         token rows of one layer, in the order written; a prompt's rows may span two batches."""
+        if batch_tokens < 1:
+            raise CaptureError(f"batch_tokens must be at least 1, got {batch_tokens}")
         (name,) = self._layer_names([layer])
         for handle, shard_rows in self._by_shard(self.manifest.rows):
             tensor = handle.get_slice(name)  # type: ignore[attr-defined]

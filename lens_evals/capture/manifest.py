@@ -6,11 +6,17 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import Self
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
+SHARD_PATTERN = "shard-{:05d}.safetensors"
+
+
+def shard_name(number: int) -> str:
+    return SHARD_PATTERN.format(number)
 
 
 class CaptureError(RuntimeError):
@@ -51,6 +57,34 @@ class CaptureManifest(BaseModel):
     shards: list[ShardRecord] = Field(default_factory=list)
     rows: list[RowRecord] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        """A manifest read back (perhaps edited by hand) must describe what the writer writes:
+        shards named in sequence (no path leaves the capture directory), each shard's rows one
+        after another from offset 0 in shard order, every prompt once, ascending."""
+        if self.format_version != FORMAT_VERSION:
+            raise ValueError(f"format_version {self.format_version}: this lens-evals reads version {FORMAT_VERSION}")
+        if self.shards and (self.dtype is None or self.hidden_size is None):
+            raise ValueError("shards are recorded but dtype or hidden_size is not")
+        rows = iter(self.rows)
+        for number, shard in enumerate(self.shards):
+            if shard.name != shard_name(number):
+                raise ValueError(f"shard {number} is named {shard.name!r}, expected {shard_name(number)!r}")
+            offset = 0
+            for _ in range(shard.n_rows):
+                row = next(rows, None)
+                if row is None or row.shard != shard.name or row.offset != offset:
+                    raise ValueError(f"{shard.name} records {shard.n_rows} rows; its rows do not follow one another from offset 0")
+                offset += row.n_tokens
+            if offset != shard.n_tokens:
+                raise ValueError(f"{shard.name} records {shard.n_tokens} tokens, its rows hold {offset}")
+        if next(rows, None) is not None:
+            raise ValueError(f"{len(self.rows)} rows but the shards record {sum(s.n_rows for s in self.shards)}")
+        indices = [row.prompt_index for row in self.rows]
+        if any(not 0 <= i < self.n_prompts for i in indices) or indices != sorted(set(indices)):
+            raise ValueError(f"prompt indices must be ascending, each once, in 0..{self.n_prompts - 1}")
+        return self
+
     def done_prompts(self) -> set[int]:
         return {row.prompt_index for row in self.rows}
 
@@ -68,8 +102,9 @@ def read_manifest(out_dir: Path) -> CaptureManifest | None:
         return None
     try:
         return CaptureManifest.model_validate_json(path.read_bytes())
-    except ValueError as exc:
-        raise CaptureError(f"{path} is not a valid capture manifest: {exc}") from None
+    except ValidationError as exc:  # each problem's place and message (not pydantic's echo of the whole input)
+        problems = "; ".join(".".join(map(str, e["loc"])) + ": " + e["msg"] if e["loc"] else e["msg"] for e in exc.errors())
+        raise CaptureError(f"{path} is not a valid capture manifest: {problems}") from None
 
 
 def is_disk_full(exc: BaseException) -> bool:

@@ -5,9 +5,12 @@ yet recorded) are removed first, so no row is ever written twice."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,13 +27,14 @@ from lens_evals.capture.manifest import (
     is_disk_full,
     manifest_path,
     read_manifest,
+    shard_name,
     write_manifest,
 )
-from lens_evals.capture.shards import ShardBuffer, shard_name, write_single_row
+from lens_evals.capture.shards import ShardBuffer, check_shard_file, write_single_row
 
 logger = logging.getLogger(__name__)
 
-STALE_FILE = re.compile(r"(shard-\d{5}\.safetensors(\.tmp)?|manifest\.json\.tmp)")
+STALE_FILE = re.compile(r"(shard-\d{5,}\.safetensors(\.tmp)?|manifest\.json\.tmp)")
 
 
 class CaptureStopped(CaptureError):
@@ -43,6 +47,14 @@ class CaptureSettings:
     shard_rows: int = 256  # prompts per shard at most
     shard_bytes: int = 256 << 20  # capture bytes per shard at most (the shard buffer's size)
     max_shards: int | None = None  # stop (CaptureStopped) after writing this many shards in this run
+
+    def __post_init__(self) -> None:
+        counts = {"batch_size": self.batch_size, "shard_rows": self.shard_rows, "shard_bytes": self.shard_bytes}
+        if self.max_shards is not None:
+            counts["max_shards"] = self.max_shards
+        bad = [f"{name} {value}" for name, value in counts.items() if value < 1]
+        if bad:
+            raise CaptureError(f"capture settings must be at least 1: {', '.join(bad)}")
 
 
 def _start_manifest(prompts_path: Path, model: str, layers: list[int], out_dir: Path, n_prompts: int) -> CaptureManifest:
@@ -62,11 +74,32 @@ def _start_manifest(prompts_path: Path, model: str, layers: list[int], out_dir: 
 
 
 def _remove_stale(out_dir: Path, manifest: CaptureManifest) -> None:
+    """Remove what a killed run left; then every recorded shard must be whole (its size: cheap)."""
     recorded = {shard.name for shard in manifest.shards}
     for path in out_dir.iterdir():
         if STALE_FILE.fullmatch(path.name) and path.name not in recorded:
             logger.warning("removing %s left by an interrupted run", path)
             path.unlink()
+    for shard in manifest.shards:
+        try:
+            check_shard_file(out_dir / shard.name, shard, verify=False)
+        except CaptureError as exc:
+            raise CaptureError(f"{exc}; {out_dir} cannot be resumed, choose another --out") from None
+
+
+@contextmanager
+def _locked(out_dir: Path) -> Iterator[None]:
+    """One run per capture directory: a second run at once would delete the first's unrecorded
+    shards as leftovers and write the same shard names."""
+    fd = os.open(out_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CaptureError(f"another capture is writing to {out_dir}; wait for it or stop it first") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def _layer_count(llm: Any) -> int | None:
@@ -82,6 +115,7 @@ def _tokenize(llm: Any, items: Sequence[PromptItem], layers: list[int]) -> list[
     # token-id prompts need no tokenizer (an engine may run without one: skip_tokenizer_init)
     tokenizer = llm.get_tokenizer() if any(item.token_ids is None for item in items) else None
     limit = llm.llm_engine.model_config.max_model_len - 1  # one token is generated (max_tokens=1)
+    vocab = llm.llm_engine.model_config.get_vocab_size()  # vLLM checks ids only with a tokenizer
     token_ids = []
     for item in items:
         ids = item.tokenize(tokenizer)
@@ -89,6 +123,8 @@ def _tokenize(llm: Any, items: Sequence[PromptItem], layers: list[int]) -> list[
             raise CaptureError(
                 f"prompt {item.index} has {len(ids)} tokens; this engine takes 1..{limit} (raise --max-model-len or shorten it)"
             )
+        if max(ids) >= vocab:
+            raise CaptureError(f"prompt {item.index} has token id {max(ids)}, outside the model's vocabulary (0..{vocab - 1})")
         token_ids.append(ids)
     return token_ids
 
@@ -102,9 +138,14 @@ class _ShardSink:
         self.written_this_run = 0
 
     def add(self, prompt_index: int, token_ids: list[int], stream: torch.Tensor) -> None:
+        dtype, hidden = str(stream.dtype).removeprefix("torch."), int(stream.shape[-1])
         if self.manifest.dtype is None:
-            self.manifest.dtype = str(stream.dtype).removeprefix("torch.")
-            self.manifest.hidden_size = int(stream.shape[-1])
+            self.manifest.dtype, self.manifest.hidden_size = dtype, hidden
+        elif (dtype, hidden) != (self.manifest.dtype, self.manifest.hidden_size):
+            raise CaptureError(
+                f"{self.out_dir} holds {self.manifest.dtype} captures of width {self.manifest.hidden_size}; this engine "
+                f"captures {dtype} of width {hidden}: resume with the same --dtype and model, or choose another --out"
+            )
         if not self.buffer.fits(stream) and self.buffer.rows:
             self.flush()
         if not self.buffer.fits(stream):  # larger than a whole shard buffer: a shard of its own
@@ -160,28 +201,46 @@ def run_capture(
 ) -> CaptureManifest:
     """Capture ``layers`` of every prompt of ``prompts_path`` into ``out_dir``; resumes a partial
     capture there. ``llm``: an offline engine to use (otherwise one is opened on ``model``)."""
-    from vllm import SamplingParams
-
-    from lens_evals.spec import CAPTURE_KEY
-
     settings = settings or CaptureSettings()
     prompts_path, out_dir, layer_list = Path(prompts_path), Path(out_dir), sorted(set(layers))
+    if not layer_list:
+        raise CaptureError("name at least one layer to capture")
     items = read_prompts(prompts_path)
     out_dir.mkdir(parents=True, exist_ok=True)
-    manifest = _start_manifest(prompts_path, model, layer_list, out_dir, len(items))
-    _remove_stale(out_dir, manifest)
-    if manifest.complete:
-        logger.warning("%s already holds the complete capture", out_dir)
-        return manifest
-    done = manifest.done_prompts()
-    todo = [item for item in items if item.index not in done]
+    with _locked(out_dir):
+        manifest = _start_manifest(prompts_path, model, layer_list, out_dir, len(items))
+        _remove_stale(out_dir, manifest)
+        if manifest.complete:
+            logger.warning("%s already holds the complete capture", out_dir)
+            return manifest
+        done = manifest.done_prompts()
+        todo = [item for item in items if item.index not in done]
+        engine_spec = (model, llm, {"max_model_len": max_model_len, **(engine_args or {})})
+        if todo:  # none left: a run killed (or out of disk) while marking the capture complete
+            _capture(todo, manifest, out_dir, settings, engine_spec, show_progress)
+        _mark_complete(out_dir, manifest)
+    return manifest
+
+
+def _capture(
+    todo: list[PromptItem],
+    manifest: CaptureManifest,
+    out_dir: Path,
+    settings: CaptureSettings,
+    engine_spec: tuple[str, Any, dict[str, Any]],
+    show_progress: bool,
+) -> None:
+    from vllm import SamplingParams
+
     from lens_evals.offline_engine import engine_for
+    from lens_evals.spec import CAPTURE_KEY
 
     # an engine opened here is shut down when the capture ends (the caller's ``llm`` stays open)
-    with engine_for(model, llm, {"max_model_len": max_model_len, **(engine_args or {})}) as engine:
-        token_ids = _tokenize(engine, todo, layer_list)
-        params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={CAPTURE_KEY: layer_list})
-        with tqdm(total=len(items), initial=len(done), desc=f"capture -> {out_dir}", unit="prompt", disable=not show_progress) as progress:
+    with engine_for(*engine_spec) as engine:
+        token_ids = _tokenize(engine, todo, manifest.layers)
+        params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={CAPTURE_KEY: manifest.layers})
+        bar = {"desc": f"capture -> {out_dir}", "unit": "prompt", "disable": not show_progress}
+        with tqdm(total=manifest.n_prompts, initial=len(manifest.rows), **bar) as progress:
             sink = _ShardSink(out_dir, manifest, settings, progress)
             for begin in range(0, len(todo), settings.batch_size):
                 batch = todo[begin : begin + settings.batch_size]
@@ -194,6 +253,9 @@ def run_capture(
                     sink.add(item.index, ids, stream)
                 del outputs
             sink.flush()
+
+
+def _mark_complete(out_dir: Path, manifest: CaptureManifest) -> None:
     manifest.complete = True
     try:
         write_manifest(out_dir, manifest)
@@ -204,4 +266,3 @@ def run_capture(
             f"disk full in {out_dir} while marking the capture complete: all {len(manifest.shards)} "
             "shards are recorded; free space and rerun the same command to finish"
         ) from None
-    return manifest

@@ -13,13 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from lens_evals.capture.manifest import RowRecord, ShardRecord
-
-SHARD_PATTERN = "shard-{:05d}.safetensors"
-
-
-def shard_name(number: int) -> str:
-    return SHARD_PATTERN.format(number)
+from lens_evals.capture.manifest import CaptureError, RowRecord, ShardRecord
 
 
 def file_sha256(path: Path) -> str:
@@ -28,6 +22,18 @@ def file_sha256(path: Path) -> str:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def check_shard_file(path: Path, record: ShardRecord, verify: bool) -> None:
+    """A clear :class:`CaptureError` unless ``path`` is the shard ``record`` describes: present, its
+    size and (with ``verify``) its SHA-256."""
+    if not path.is_file():
+        raise CaptureError(f"shard {path} is missing (the manifest records it)")
+    size = path.stat().st_size
+    if size != record.n_bytes:
+        raise CaptureError(f"shard {path} is corrupted: {size} bytes, the manifest records {record.n_bytes}")
+    if verify and file_sha256(path) != record.sha256:
+        raise CaptureError(f"shard {path} is corrupted: its SHA-256 differs from the manifest's")
 
 
 def _fsync_dir(directory: Path) -> None:
