@@ -79,7 +79,7 @@ def _parse_items(raw: Any, model: Any, key: str, what: str) -> list[Any]:
         return []
     if isinstance(raw, str) and raw.lstrip().startswith("["):
         try:
-            raw = json.loads(raw)
+            raw = wire.json_loads(raw)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{key} string is not valid JSON: {exc}") from None
     if isinstance(raw, (model, Mapping, str)):
@@ -123,7 +123,7 @@ def _parse_capture(value: Any) -> tuple[bool, list[int]]:
     """(every layer?, the layers) from a list, an int, True, or a JSON string of one of them."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = wire.json_loads(value)
         except json.JSONDecodeError as exc:
             raise ValueError(f'{CAPTURE_KEY} string is not valid JSON (expected e.g. "[15]" or "true"): {exc}') from None
     if value is True:

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from lens_evals import wire_codec as codec
-from lens_evals.wire_codec import MAX_DECODED_BYTES, Raw, WireError
+from lens_evals.wire_codec import MAX_DECODED_BYTES, Raw, WireError, json_loads
 
-__all__ = ["MAX_DECODED_BYTES", "WireError"]
+__all__ = ["MAX_DECODED_BYTES", "WireError", "json_loads"]
 ENCODING = "safetensors-base64"
 # What a request may ask its activations to come back as (``activations_encoding``).
 SAFETENSORS, SAFETENSORS_ZSTD, VLLM_LENS = "safetensors", "safetensors-zstd", "vllm-lens"
@@ -238,7 +238,7 @@ def json_object(payload: Any, what: str, fields: Any) -> dict[str, Any]:
     ``vllm_xargs`` carry only strings and numbers); unknown fields are refused."""
     if isinstance(payload, str):
         try:
-            payload = json.loads(payload)
+            payload = json_loads(payload)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{what} string is not valid JSON: {exc}") from None
     if not isinstance(payload, Mapping):

@@ -70,6 +70,16 @@ def b64decode(text: str) -> bytes:
     return decoded
 
 
+def json_loads(text: str | bytes | bytearray) -> Any:
+    """``json.loads``, with nesting too deep for Python's parser (a RecursionError, which no
+    caller expects from bad input) raised as the ``JSONDecodeError`` bad JSON gets."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        doc = text if isinstance(text, str) else bytes(text[:64]).decode("utf-8", "replace")
+        raise json.JSONDecodeError("JSON nested too deeply", doc, 0) from None
+
+
 def has_torch() -> bool:
     try:
         import torch  # noqa: F401
@@ -227,7 +237,7 @@ def parse_safetensors(raw: bytes, allowed: frozenset[str]) -> dict[str, Raw]:
     if header_len <= 0 or 8 + header_len > len(raw):
         raise WireError("tensor payload truncated (header length beyond data)")
     try:
-        header = json.loads(raw[8 : 8 + header_len])
+        header = json_loads(raw[8 : 8 + header_len])
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise WireError(f"tensor header is not JSON: {exc}") from None
     if not isinstance(header, dict):

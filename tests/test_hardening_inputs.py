@@ -70,6 +70,7 @@ BAD: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "capture layer list of strings": ({"output_residual_stream": ["a"]}, {}, "must be integers"),
     "capture layer list of floats": ({"output_residual_stream": [0.5]}, {}, "must be integers"),
     "capture huge layer list": ({"output_residual_stream": list(range(5000))}, {}, "too many layers"),
+    "capture JSON nested too deeply": ({"output_residual_stream": "[" * 100_000 + "]" * 100_000}, {}, "nested too deeply"),
     "capture 100 layers": ({"output_residual_stream": list(range(100))}, {}, "out of range"),
     "capture over per-request cap": ({"output_residual_stream": [0, 1, 2, 3]}, {"max_tokens": 1000}, "per-request limit"),
     "capture with n=2": ({"output_residual_stream": [0]}, {"n": 2, "temperature": 1.0}, "need n=1"),
@@ -128,6 +129,11 @@ BAD: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "steer norm_match zero vector": ({"apply_steering_vectors": [steer(activations=[[0.0] * HIDDEN], norm_match=True)]}, {}, "non-zero"),
     "steer unknown field": ({"apply_steering_vectors": [steer(code="__import__('os')")]}, {}, "unknown steering vector fields"),
     "steer not JSON": ({"apply_steering_vectors": ["{oops"]}, {}, "not valid JSON"),
+    "steer JSON nested too deeply": (
+        {"apply_steering_vectors": ['{"activations": ' + "[" * 100_000 + "]" * 100_000 + "}"]},
+        {},
+        "nested too deeply",
+    ),
     "steer JSON list": ({"apply_steering_vectors": ["[1, 2]"]}, {}, "must be an object"),
     "steer key a number": ({"apply_steering_vectors": 5}, {}, "must be a list"),
     # wire payloads

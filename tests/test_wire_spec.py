@@ -228,3 +228,22 @@ def test_deep_trees_are_refused() -> None:
         deep = [deep]
     with pytest.raises(wire.WireError, match="deeper than"):
         wire.decode_tree(deep)
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # deeper than Python's JSON parser goes (its recursion limit)
+
+
+@pytest.mark.parametrize("key", ["output_residual_stream", "apply_steering_vectors", "output_probe_scores", "apply_hooks"])
+@pytest.mark.parametrize("form", ["whole", "item"])
+def test_json_nested_too_deeply_is_a_value_error_naming_the_key(key: str, form: str) -> None:
+    """Was a RecursionError (an HTTP 500 with an empty message); now bad JSON like any other."""
+    value = DEEP if form == "whole" or key == "output_residual_stream" else ['{"a": ' + DEEP + "}"]
+    with pytest.raises(ValueError, match=f"{key}.*not valid JSON.*: JSON nested too deeply"):
+        parse_lens_args({key: value})
+
+
+def test_a_safetensors_header_nested_too_deeply_is_refused() -> None:
+    header = DEEP.encode()
+    raw = len(header).to_bytes(8, "little") + header
+    with pytest.raises(wire.WireError, match="header is not JSON: JSON nested too deeply"):
+        wire.decode_array({"encoding": wire.ENCODING, "data": base64.b64encode(raw).decode()})

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from lens_evals import wire
 from lens_evals.engine import compat, hook_sets
 
 logger = logging.getLogger("lens_evals")
@@ -83,7 +84,7 @@ async def serve_hook_sets(scope: dict[str, Any], receive: Receive, send: Send) -
     try:
         engine = compat.engine_client_from_scope(scope)
         if method == "POST" and not parts:
-            body = json.loads(await read_body(receive) or b"{}")
+            body = wire.json_loads(await read_body(receive) or b"{}")
             if not isinstance(body, dict) or set(body) != {"hooks"}:
                 raise ValueError('the body must be {"hooks": [...]}')
             hooks = body["hooks"]

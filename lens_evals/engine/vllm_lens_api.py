@@ -15,7 +15,6 @@ function is refused with a 400 that says how to register one by name.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,7 +138,7 @@ async def serve_vllm_lens_hooks(scope: dict[str, Any], receive: Receive, send: S
         if scope.get("method") != "POST":
             raise LookupError(f"no such endpoint: {scope.get('method')} {scope['path']}")
         engine = compat.engine_client_from_scope(scope)
-        body = json.loads(await read_body(receive) or b"{}")
+        body = wire.json_loads(await read_body(receive) or b"{}")
         if not isinstance(body, dict):
             raise ValueError("the request body must be a JSON object")
         store = hook_sets.store_of(compat.async_input_processor(engine))
