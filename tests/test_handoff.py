@@ -343,3 +343,46 @@ def test_a_frontend_in_this_process_gets_inline_bytes_early_counted_until_fetche
     core.store_step(core.begin_step(core.plan_step(BatchLayout(["r2"], [1], [4]), None)))
     assert "k0" not in core.early.entries and core.early.inline_bytes == 0
     assert core.fetch_results(["k0"], None) == {"k0": None}  # dropped: nothing comes back
+
+
+def test_a_request_cancelled_during_its_fetch_still_frees_its_pool_regions(tmp_path, target, monkeypatch) -> None:
+    """A server request whose client goes while its fetch is in flight: the worker has written
+    its rows into the pool, so the frontend must still claim (and drop) them, or the regions
+    stay taken for the life of the server (before the fix: never reported free)."""
+    import asyncio
+    import gc
+    from types import SimpleNamespace
+
+    from lens_evals.engine import frontend_attach
+    from lens_evals.engine.frontend_admit import PendingRequest, pending_of
+
+    worker = handoff_pool.SharedPool(str(tmp_path), HandoffTarget._current.marker)
+    processor = type("Processor", (), {})()
+    pending_of(processor)["r"] = PendingRequest(key="k", capture_layers=(0, 1), probe_names=(), prompt_len=2)
+    monkeypatch.setattr(frontend_attach.compat, "async_input_processor", lambda engine: processor)
+    written: list[dict] = []
+
+    async def fetch_rpc(engine, method, args):  # the worker's fetch: rows into the pool, then the reply travels
+        rows = row_blocks(_pieces(torch.float32))
+        written.append(rows.header | worker.write(rows))
+        await asyncio.sleep(0.05)
+        return [{"k": {"residual_stream": dict(written[0]), "layers": [0, 1]}}]
+
+    monkeypatch.setattr(frontend_attach.compat, "async_collective_rpc", fetch_rpc)
+
+    async def client_goes() -> None:
+        request = asyncio.ensure_future(frontend_attach.attach_async(object(), SimpleNamespace(request_id="r"), 5))
+        for _ in range(1000):
+            if written or request.done():
+                break
+            await asyncio.sleep(0.001)
+        assert written and not request.done()
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        await asyncio.sleep(0.2)  # the fetch goes on without the request
+
+    asyncio.run(client_goes())
+    gc.collect()
+    assert HandoffTarget.for_this_process(id(processor))["free"] == [[written[0]["pool"], written[0]["offset"]]]
+    worker.close()

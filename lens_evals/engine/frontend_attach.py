@@ -5,7 +5,9 @@ request), check and trim them to prompt + generated - 1 positions and attach the
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,14 +113,41 @@ def attach_offline(llm: Any, outputs: list[Any]) -> None:
         raise LensRequestError("; ".join(errors), outputs)
 
 
+# Fetches still running after the request that started them was cancelled (asyncio keeps only
+# weak references to tasks)
+_ORPHANS: set[asyncio.Future[list[FetchReply]]] = set()
+logger = logging.getLogger("lens_evals")
+
+
+async def _fetch_and_claim(engine: Any, processor: Any, key: str) -> list[FetchReply]:
+    """One request's rows fetched and claimed. Shielded by the caller: once the worker has
+    written the rows into the pool, only a claim frees their regions (a view that dies), so a
+    request cancelled meanwhile (a client gone) still claims them here and drops them."""
+    target = HandoffTarget.for_this_process(id(processor))
+    rank_results: list[FetchReply] = await compat.async_collective_rpc(engine, FETCH_METHOD, ([key], target))
+    claim_all(rank_results, id(processor))
+    return rank_results
+
+
+def _orphan_done(fetch: asyncio.Future[list[FetchReply]]) -> None:
+    _ORPHANS.discard(fetch)
+    error = None if fetch.cancelled() else fetch.exception()
+    if error is not None:
+        logger.warning("lens_evals: fetching the rows of a cancelled request failed (%s: %s)", type(error).__name__, error)
+
+
 async def attach_async(engine: Any, output: Any, generated: int) -> None:
     processor = compat.async_input_processor(engine)
     pending = pending_of(processor).pop(output.request_id, None)
     if pending is None:
         return
-    target = HandoffTarget.for_this_process(id(processor))
-    rank_results = await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key], target))
-    claim_all(rank_results, id(processor))
+    fetch = asyncio.ensure_future(_fetch_and_claim(engine, processor, pending.key))
+    try:
+        rank_results = await asyncio.shield(fetch)
+    except asyncio.CancelledError:
+        _ORPHANS.add(fetch)
+        fetch.add_done_callback(_orphan_done)
+        raise
     error = _apply(processor, output.request_id, output, pending, rank_results, generated)
     sink = HTTP_SINK.get()
     if sink is not None:
