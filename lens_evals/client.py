@@ -61,9 +61,25 @@ def hook_set_body(hooks: Sequence[Hook]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- decoding (numpy)
+def _mapping(value: Any, what: str) -> Mapping[str, Any]:
+    """``value`` if it is an object: a response is read as data, its shape checked like its arrays."""
+    if not isinstance(value, Mapping):
+        raise wire.WireError(f"{what} must be an object, got {type(value).__name__}")
+    return value
+
+
 def hook_results_from_response(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Decode the ``results`` of ``POST /lens/hook_sets/{id}/collect``."""
-    return [{"request_id": r["request_id"], "saved": wire.decode_tree(r["saved"])} for r in body.get("results", [])]
+    results = body.get("results", [])
+    if not isinstance(results, list):
+        raise wire.WireError(f"results must be a list, got {type(results).__name__}")
+    decoded = []
+    for result in results:
+        result = _mapping(result, "a hook set result")
+        if not {"request_id", "saved"} <= set(result):
+            raise wire.WireError(f"a hook set result needs 'request_id' and 'saved', got {sorted(result)}")
+        decoded.append({"request_id": result["request_id"], "saved": wire.decode_tree(result["saved"])})
+    return decoded
 
 
 def activations_from_response(body: Mapping[str, Any]) -> ActivationsDict | list[ActivationsDict] | None:
@@ -80,9 +96,9 @@ def activations_from_response(body: Mapping[str, Any]) -> ActivationsDict | list
 
 def _decode_activations(item: Mapping[str, Any], array: Any, tree: Any) -> ActivationsDict:
     out: ActivationsDict = {}
-    for name, encoded in item.items():
+    for name, encoded in _mapping(item, "activations").items():
         if name == "probe_scores":
-            out[name] = {probe: array(scores) for probe, scores in encoded.items()}
+            out[name] = {probe: array(scores) for probe, scores in _mapping(encoded, "probe_scores").items()}
         elif name == "saved":
             out[name] = tree(encoded)
         else:
@@ -125,7 +141,7 @@ def serialize_hook_results(results: Mapping[str, Mapping[str, Any]]) -> dict[str
 
 def deserialize_hook_results(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Inverse of :func:`serialize_hook_results` (either encoding; a cloudpickled value is refused)."""
-    return {index: wire.decode_tree_native(saved) for index, saved in raw.items()}
+    return {index: wire.decode_tree_native(saved) for index, saved in _mapping(raw, "hook_results").items()}
 
 
 # --------------------------------------------------------------------------- the client
@@ -264,7 +280,7 @@ class LensClient:
         return str(made["id"])
 
     def _collect(self, set_id: str) -> dict[str, dict[str, Any]]:
-        raw = self._json("POST", "/v1/hooks/collect", {"id": set_id})["results"]
+        raw = _mapping(self._json("POST", "/v1/hooks/collect", {"id": set_id}).get("results"), "results")
         return {request_id: deserialize_hook_results(per_hook) for request_id, per_hook in raw.items()}
 
     def collect_hook_results(self) -> dict[str, dict[str, dict[str, Any]]]:

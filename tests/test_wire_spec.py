@@ -247,3 +247,34 @@ def test_a_safetensors_header_nested_too_deeply_is_refused() -> None:
     raw = len(header).to_bytes(8, "little") + header
     with pytest.raises(wire.WireError, match="header is not JSON: JSON nested too deeply"):
         wire.decode_array({"encoding": wire.ENCODING, "data": base64.b64encode(raw).decode()})
+
+
+RESPONSE_ITEM = {"residual_stream": wire.encode_array(np.ones(2, np.float32))}
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"activations": "x"}, "activations must be an object, got str"),
+        ({"activations": [RESPONSE_ITEM, 5]}, "got int"),
+        ({"activations": {"probe_scores": [1, 2]}}, "probe_scores must be an object, got list"),
+        ({"hook_results": ["x"]}, "hook_results must be an object, got list"),
+        ({"results": 5}, "results must be a list"),
+        ({"results": ["x"]}, "a hook set result must be an object"),
+        ({"results": [{"saved": {}}]}, "needs 'request_id' and 'saved'"),
+    ],
+)
+def test_client_decoders_refuse_hostile_response_shapes_with_wire_errors(body: dict, message: str) -> None:
+    """A response is data from the network: a wrong shape is a WireError saying what is wrong
+    (was AttributeError / TypeError / KeyError from deep inside the decoder)."""
+    from lens_evals import client
+
+    decoders = [client.activations_from_response, client.decode_activations]
+    if "hook_results" in body:
+        decoders = [lambda b: client.deserialize_hook_results(b["hook_results"])]
+    if "results" in body:
+        decoders = [client.hook_results_from_response]
+    for decode in decoders:
+        with pytest.raises(wire.WireError, match=message):
+            decode(body)
+    assert client.activations_from_response({"activations": RESPONSE_ITEM})["residual_stream"].tolist() == [1.0, 1.0]
