@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lens_evals import settings
-from lens_evals.engine.handoff_pool import SEGMENT_PREFIX, PoolViews, SharedPool, map_and_unlink
+from lens_evals.engine.handoff_pool import SEGMENT_PREFIX, PoolViews, SharedPool, alive, map_and_unlink
 from lens_evals.engine.protocol import HandoffAddressWire, HandoffTargetWire
 
 logger = logging.getLogger("lens_evals")
@@ -178,16 +178,6 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
 def sweep_stale(directory: str) -> list[str]:
     """Remove what processes that died without their exit handlers (SIGKILL, OOM) left in the
     hand-off ``directory``: markers, row files and pool segments whose owner's pid is gone. A
@@ -213,7 +203,7 @@ def sweep_stale(directory: str) -> list[str]:
             pid = int(text)
         else:
             continue
-        if not _alive(pid):
+        if not alive(pid):
             _remove(os.path.join(directory, name))
             removed.append(name)
     if removed:

@@ -10,7 +10,8 @@ views of their region, and when such a tensor is freed (``weakref.finalize`` on 
 array) reports the region free with its next fetch; the worker then reuses it. A tensor the user
 keeps keeps its region; beyond ``LENS_EVALS_HANDOFF_POOL_MIB`` (default 4096) of segments per
 frontend, blocks go to files of their own (``handoff``). A frontend's pool is dropped when its
-marker file is gone (the frontend exited).
+marker file is gone (the frontend exited); a frontend forgets the segments of a worker that
+exited (checked at each fetch), so their memory goes back with their last tensor.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ POOL_ENV = settings.HANDOFF_POOL_MIB.name
 SEGMENT_BYTES = 64 * 2**20
 ALIGN = 4096
 SEGMENT_PREFIX = "lens_evals-pool-"
-SEGMENT_NAME = re.compile(rf"^{SEGMENT_PREFIX}[0-9]+-[0-9a-f]{{32}}$")  # the worker's pid, then a uuid
+SEGMENT_NAME = re.compile(rf"^{SEGMENT_PREFIX}([0-9]+)-[0-9a-f]{{32}}$")  # the worker's pid, then a uuid
 
 
 class _Segment:
@@ -183,9 +184,22 @@ class PoolViews:
         self.freed: dict[int, deque[list[Any]]] = {}
 
     def _region_freed(self, region: list[Any]) -> None:
-        self.freed[self.sources[region[0]]].append(region)
+        source = self.sources.get(region[0])
+        if source is not None:  # else its worker exited (``_forget_exited``): nobody to tell
+            self.freed[source].append(region)
+
+    def _forget_exited(self) -> None:
+        """Drop the mappings of segments whose worker exited (its engine shut down): no region
+        of theirs comes again, and a segment's memory (64 MiB or more) goes back once the last
+        tensor viewing it dies, instead of staying for the life of this process."""
+        for name in list(self.maps):
+            owner = SEGMENT_NAME.match(name)  # always: ``view`` maps no other name
+            if owner is not None and not alive(int(owner.group(1))):
+                del self.maps[name]
+                self.sources.pop(name, None)
 
     def take_freed(self, source: int) -> list[list[Any]]:
+        self._forget_exited()
         freed = self.freed.get(source)
         taken = []
         while freed:
@@ -209,6 +223,16 @@ class PoolViews:
         self.sources[name] = source
         self.freed.setdefault(source, deque())
         return mapping
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 def map_and_unlink(path: str) -> mmap.mmap | bytearray:

@@ -1,0 +1,44 @@
+"""The frontend's mappings of hand-off pool segments (``handoff_pool.PoolViews``): a segment
+whose worker exited is unmapped once its last tensor dies, not held for the life of the process
+(no engine: segments made here, one renamed to a dead worker's pid)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from lens_evals.engine import handoff_pool
+
+
+def _mapped(name: str) -> bool:
+    with open("/proc/self/maps") as maps:
+        return any(name in line for line in maps)
+
+
+def test_segments_of_an_exited_worker_are_unmapped_after_their_last_view(tmp_path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    rows = np.arange(1024, dtype=np.float32)
+    segments = {}
+    for owner in ("dead", "live"):  # the live one is this process's
+        segment = handoff_pool._Segment(str(tmp_path), handoff_pool.ALIGN * 4)
+        segment.map[: rows.nbytes] = rows.tobytes()
+        segment.map.close()  # the worker's mapping: gone with the worker
+        if owner == "dead":
+            name = segment.name.replace(f"-{os.getpid()}-", f"-{int(dead.stdout)}-")
+            os.rename(segment.path, tmp_path / name)
+        segments[owner] = segment.name if owner == "live" else name
+    views = handoff_pool.PoolViews()
+    packed = {owner: {"pool": name, "offset": 0, "nbytes": rows.nbytes} for owner, name in segments.items()}
+    held = views.view(str(tmp_path), packed["dead"], source=0)
+    live = views.view(str(tmp_path), packed["live"], source=0)
+    assert views.take_freed(0) == [] and segments["live"] in views.maps
+    assert segments["dead"] not in views.maps  # forgotten: its worker exited (was kept forever)
+    assert _mapped(segments["dead"]) and np.array_equal(held.view(np.float32), rows)  # a live tensor keeps it
+    del held, live
+    gc.collect()
+    assert not _mapped(segments["dead"])  # the memory is back
+    assert views.take_freed(0) == [[segments["live"], 0]]  # only the live worker hears of its region
