@@ -1,6 +1,6 @@
-"""The frontend's mappings of hand-off pool segments (``handoff_pool.PoolViews``): a segment
-whose worker exited is unmapped once its last tensor dies, not held for the life of the process
-(no engine: segments made here, one renamed to a dead worker's pid)."""
+"""Hand-off pool regions and mappings (no engine): a segment whose worker exited is unmapped
+once its last tensor dies, not held for the life of the process (segments made here, one renamed
+to a dead worker's pid), and an empty block never shares a live block's region."""
 
 from __future__ import annotations
 
@@ -42,3 +42,14 @@ def test_segments_of_an_exited_worker_are_unmapped_after_their_last_view(tmp_pat
     gc.collect()
     assert not _mapped(segments["dead"])  # the memory is back
     assert views.take_freed(0) == [[segments["live"], 0]]  # only the live worker hears of its region
+
+
+def test_an_empty_block_gets_a_region_of_its_own(tmp_path) -> None:
+    """A 0-byte block (``LENS_EVALS_HANDOFF_MIN_BYTES=0``) took no room, so the next block got
+    the same offset, and freeing the empty one freed the live block under its tensor."""
+    segment = handoff_pool._Segment(str(tmp_path), handoff_pool.ALIGN * 4)
+    empty, live = segment.take(0), segment.take(100)
+    assert empty is not None and live is not None and empty != live
+    assert segment.give(empty)
+    assert segment.take(100) != live  # the live block's region is still taken
+    segment.map.close()

@@ -60,7 +60,7 @@ class _Segment:
         self.used: dict[int, int] = {}  # offset -> length
 
     def take(self, nbytes: int) -> int | None:
-        size = -(-nbytes // ALIGN) * ALIGN
+        size = max(1, -(-nbytes // ALIGN)) * ALIGN  # an empty block too: else it shares the next one's offset
         for start in self.free_starts:  # first fit: low offsets stay in use, pages stay warm
             length = self.free_lengths[start]
             if length >= size:
