@@ -53,3 +53,20 @@ def test_an_empty_block_gets_a_region_of_its_own(tmp_path) -> None:
     assert segment.give(empty)
     assert segment.take(100) != live  # the live block's region is still taken
     segment.map.close()
+
+
+def test_a_worker_exiting_after_its_frontend_was_killed_removes_the_frontends_marker(tmp_path, monkeypatch) -> None:
+    """A frontend killed hard (SIGKILL) runs no exit handler; its engine's worker exits after it
+    and now removes the dead frontend's marker too (it stayed in /dev/shm until another
+    frontend started there)."""
+    from lens_evals.engine import handoff
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    marker = tmp_path / f"{handoff.MARKER_PREFIX}{'a' * 32}"
+    marker.write_text(dead.stdout.strip())
+    live = tmp_path / f"{handoff.MARKER_PREFIX}{'b' * 32}"
+    live.write_text(str(os.getpid()))
+    pool = handoff_pool.SharedPool(str(tmp_path), str(marker))
+    monkeypatch.setattr(handoff, "_files", handoff._WorkerFiles({}, set(), {"a" * 32: pool}))
+    handoff._cleanup_unclaimed()
+    assert not marker.exists() and live.exists()

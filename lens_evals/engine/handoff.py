@@ -14,7 +14,8 @@ The frontend proves it shares the directory with a marker file made once per pro
 (``HandoffTarget``). A worker that cannot see the marker, a frontend in the worker's own process
 (nothing is copied there), a block under ``LENS_EVALS_HANDOFF_MIN_BYTES`` (64 KiB) and a full directory keep the inline bytes.
 ``LENS_EVALS_HANDOFF=0`` turns the hand-off off, ``LENS_EVALS_HANDOFF_DIR`` picks the directory.
-Files a frontend never claimed (it died first) are deleted when the worker exits.
+Files a frontend never claimed (it died first) are deleted when the worker exits, with the marker of a
+frontend that died without its exit handlers.
 """
 
 from __future__ import annotations
@@ -224,8 +225,12 @@ _files = _WorkerFiles({}, set(), {})
 
 
 def _cleanup_unclaimed() -> None:
+    """At the worker's exit: its files, and what frontends that died (SIGKILL: the worker exits
+    because its engine's frontend is gone) left in their directories, their markers above all."""
     for path in list(_files.made) + [path for pool in _files.pools.values() for path in pool.segment_paths()]:
         _remove(path)
+    for directory in {pool.directory for pool in _files.pools.values()}:
+        sweep_stale(directory)
 
 
 atexit.register(_cleanup_unclaimed)
