@@ -228,6 +228,7 @@ def test_files_of_dead_processes_are_swept_when_a_frontend_starts(tmp_path) -> N
     left = {p.name for p in tmp_path.iterdir()}
     assert left == {name for name, (_, kept) in made.items() if kept} | {os.path.basename(new.marker)}
     assert (tmp_path / os.path.basename(new.marker)).read_text() == str(live_pid)
+    assert os.stat(new.marker).st_mode & 0o777 == 0o600  # as every hand-off file (docs/security.md)
 
 
 def _core_with_rows(address: dict, requests: int = 3, steps: int = 3, hidden: int = 300, probe: bool = False):

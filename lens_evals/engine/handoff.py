@@ -109,7 +109,8 @@ class HandoffTarget:
         self.token = uuid.uuid4().hex
         self.marker = os.path.join(directory, MARKER_PREFIX + self.token)
         sweep_stale(directory)
-        with open(self.marker, "x") as marker:
+        fd = os.open(self.marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # as every hand-off file
+        with os.fdopen(fd, "w") as marker:
             marker.write(str(os.getpid()))
         atexit.register(_remove, self.marker)
 
