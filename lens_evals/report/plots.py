@@ -13,7 +13,8 @@ import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from sklearn.metrics import roc_curve  # noqa: E402
 
-plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "figure.dpi": 100})
+# text.parse_math off: class names and families come from the log; "$...$" in one is text, not mathtext to parse
+plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "figure.dpi": 100, "text.parse_math": False})
 NEGATIVE_COLOUR, POSITIVE_COLOUR, CONTROL_COLOUR = "#2563eb", "#dc2626", "#6b7280"
 
 

@@ -22,7 +22,7 @@ figcaption{font-size:12px;color:#4b5563}
 .flagged{color:#b91c1c;font-weight:700}.calm{color:#4b5563}
 .turn{white-space:pre-wrap;margin:4px 0;font-size:13px}.turn.system,.turn.user{color:#374151}
 .response{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:13px;line-height:1.9;padding:4px;background:#fff}
-.tok{border-radius:2px;padding:1px 0}.tok.above{outline:1px solid #7f1d1d}
+.tok{border-radius:2px;padding:1px 0;unicode-bidi:isolate}.tok.above{outline:1px solid #7f1d1d}
 .tok.excluded,.excluded-sample{color:#9ca3af;background:#f3f4f6}
 .explanation{font-size:12px;color:#4b5563;margin:4px 0 0}
 details.context summary{cursor:pointer;font-size:12px;color:#4b5563}

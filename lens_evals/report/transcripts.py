@@ -23,14 +23,21 @@ def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
 
 
 def colour_spread(section: ProbeSection) -> float:
-    """Distance from the threshold at which a token's colour is full: the 95th percentile."""
+    """Distance from the threshold at which a token's colour is full: the 95th percentile of the
+    finite distances (one NaN or inf token score must not blank or wash out every colour)."""
     distances = [
-        abs(score - section.threshold) for sample in section.samples for score in sample.token_scores[sample.scored[0] : sample.scored[1]]
+        abs(score - section.threshold)
+        for sample in section.samples
+        for score in sample.token_scores[sample.scored[0] : sample.scored[1]]
+        if math.isfinite(score - section.threshold)
     ]
     return max(float(np.percentile(distances, 95)), 1e-6) if distances else 1.0
 
 
 def token_colour(score: float, threshold: float, spread: float) -> str:
+    """Red above the threshold, blue below, stronger further away; a NaN score has no colour."""
+    if math.isnan(score - threshold):
+        return "transparent"
     distance = (score - threshold) / spread
     red, green, blue = ABOVE if distance > 0 else BELOW
     return f"rgba({red},{green},{blue},{0.08 + 0.72 * min(abs(distance), 1.0):.2f})"
