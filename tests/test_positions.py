@@ -8,6 +8,9 @@ import pytest
 import torch
 
 from lens_evals import SteeringVector
+from lens_evals.engine.requests import WorkerRequest
+from lens_evals.hook_library import append_rows
+from lens_evals.hooks import Hook
 from tests.conftest import capture, greedy, make_llm, on_gpu
 from tests.hf_reference import HFReference
 from tests.tolerance import assert_stream_close, stream_bound
@@ -16,6 +19,10 @@ LONG_PROMPT = " ".join(f"the probe reads {n} small data." for n in range(12))  #
 LAYERS = [0, 1, 2, 3]
 STEER_LAYER = 1
 MAX_TOKENS = 6
+
+
+def record_positions(ctx, hidden) -> None:
+    append_rows(ctx.saved, "positions", ctx.positions)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +74,8 @@ def test_position_steering_in_later_chunk_and_decode_matches_hf(tiny_path, chunk
 
 
 def test_preemption_recompute_places_rows_by_position(tiny_path) -> None:
-    """A KV cache of 384 tokens for 6 requests of ~150 tokens forces preemption and recompute."""
+    """A KV cache of 384 tokens for 6 requests of ~150 tokens forces preemption and recompute;
+    a hook's ``saved`` is as if each request ran alone (each position seen once, in order)."""
     prompts = [LONG_PROMPT[i * 7 :] for i in range(6)]
     block_size = 16 if on_gpu() else 128  # vLLM's default KV block size per platform
     with make_llm(
@@ -78,7 +86,8 @@ def test_preemption_recompute_places_rows_by_position(tiny_path) -> None:
         max_num_seqs=6,
         disable_log_stats=False,
     ) as llm:
-        outs = llm.generate(prompts, greedy(60, output_residual_stream=[0, 3]))
+        hooks = [Hook(record_positions, [3])]
+        outs = llm.generate(prompts, greedy(60, output_residual_stream=[0, 3], apply_hooks=hooks))
         preemptions = sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
     assert preemptions > 0, "the test did not cause preemption"
     hf = HFReference(tiny_path)
@@ -86,4 +95,18 @@ def test_preemption_recompute_places_rows_by_position(tiny_path) -> None:
         tokens = list(out.prompt_token_ids) + list(out.outputs[0].token_ids)
         got = capture(out)
         assert got.shape[1] == len(tokens) - 1
+        seen = out.hook_results["0"]["positions"].tolist()
+        assert seen == list(range(len(tokens) - 1)), f"request {out.request_id}: the hook saw {len(seen)} rows"
         assert_stream_close(got, hf.residual_stream(tokens[:-1], [0, 3]), f"request {out.request_id} after preemption vs HF")
+
+
+def test_a_recompute_restarts_hooks_from_position_0_only() -> None:
+    """Recompute from 0 empties ``saved``; from a later position (prefix KV read back) the
+    hooks would see positions twice: an error, not a silent duplicate."""
+    req = WorkerRequest("k", [], saved={"0": {"rows": 1}}, set_saved={"0": {"rows": 2}})
+    assert req.hook_rows(0, 16) is None and req.hook_rows(16, 4) is None and req.saved
+    assert req.hook_rows(0, 16) is None
+    assert req.saved == {} and req.set_saved == {}
+    req.hook_rows(16, 8)
+    error = req.hook_rows(16, 8)
+    assert error is not None and "from position 16" in error and "below 24" in error

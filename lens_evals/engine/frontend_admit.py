@@ -129,6 +129,8 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
     normalised[INTERNAL_KEY] = spec
     params.extra_args = normalised  # a fresh dict: the caller's params stay untouched
     compat.set_request_cache_salt(request, key)
+    if lens.hooks or lens.hook_set is not None:
+        compat.recompute_from_scratch(params)
     pending_of(processor)[request_id] = PendingRequest(
         key,
         tuple(lens.capture_layers),

@@ -55,6 +55,23 @@ class WorkerRequest:
     set_hooks: list[WorkerHook] = field(default_factory=list)
     set_saved: dict[str, Any] = field(default_factory=dict)  # the same for the set's hooks
     handoff: dict[str, Any] | None = None  # the frontend's ``HandoffAddressWire`` (``early_write``)
+    hooked_until: int = 0  # one past the last position the hooks have run on
+
+    def hook_rows(self, first_position: int, num_rows: int) -> str | None:
+        """Note the positions the hooks run on this step. A step at positions already seen is a
+        recompute after preemption: from position 0 the hooks start over with empty ``saved``
+        dicts (as the request run alone); from a later position (its own prefix KV read back)
+        the hooks would see those positions twice, so the error text is returned."""
+        if first_position < self.hooked_until:
+            if first_position > 0:
+                return (
+                    f"recomputed from position {first_position} after preemption, below {self.hooked_until}: "
+                    "its hooks would see those positions twice"
+                )
+            self.saved.clear()
+            self.set_saved.clear()
+        self.hooked_until = first_position + num_rows
+        return None
 
 
 def decode_worker_request(

@@ -112,6 +112,12 @@ class WorkerCore:
     # ----------------------------------------------------------------- one step
     def plan_step(self, layout: compat.BatchLayout, input_ids: torch.Tensor | None) -> StepPlan | None:
         """The step's plan (None: no lens request in it), reused from the last step when it can be."""
+        requests = self.ledger.requests
+        for req_id, num_rows, first_position in zip(layout.req_ids, layout.num_rows, layout.start_positions):
+            req = requests.get(req_id)
+            if req is not None and num_rows and (req.hooks or req.set_hooks):
+                if (error := req.hook_rows(first_position, num_rows)) is not None:
+                    self.ledger.fail_key(req.key, error)
         return self.planner.plan(layout, self.ledger.requests, input_ids, set(self.ledger.errors))
 
     def begin_step(self, plan: StepPlan, hook_context: Callable[[HookCall, int], HookContext] = _no_hook_context) -> StepContext:

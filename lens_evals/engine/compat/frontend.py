@@ -78,6 +78,14 @@ def set_request_cache_salt(request: Any, salt: str) -> None:
     request.cache_salt = salt
 
 
+def recompute_from_scratch(params: Any) -> None:
+    """After preemption the request is recomputed from its first token, never from prefix KV
+    it left in the cache (vLLM >= 0.11: ``skip_reading_prefix_cache``). Hooks then see each
+    position again from 0, so the worker can start their ``saved`` over."""
+    if hasattr(params, "skip_reading_prefix_cache"):
+        params.skip_reading_prefix_cache = True
+
+
 def patch_offline_results(attach: Callable[[Any, list[Any]], None]) -> None:
     """After ``LLM.generate`` / ``LLM.chat`` finish, call ``attach(llm, outputs)``."""
     from vllm.entrypoints.llm import LLM
@@ -117,10 +125,25 @@ def shut_down_engines_at_exit() -> None:
     _patch(LLM, "__init__", make)
 
 
+# vLLM's engine core waits VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS for its workers, then 4 s more
+# after SIGTERM, and only then unlinks its executor's shared-memory ring; the frontend's process
+# manager kills the engine core after 5 s by default, so on a loaded host (workers slow to exit)
+# the ring leaked (tests/test_shm_cleanup.py). The engine core gets its own waits and this margin.
+ENGINE_TEARDOWN_MARGIN_S = 6.0
+
+
+def shut_down_engine_core(core: Any) -> None:
+    """Stop an offline engine's core (its process, workers and their memory) now, giving it the
+    time its own teardown may take before it is killed."""
+    from vllm import envs
+
+    core.shutdown(timeout=float(envs.VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS) + 4.0 + ENGINE_TEARDOWN_MARGIN_S)
+
+
 def _shut_down_open_engines() -> None:
     for core in list(_open_engine_cores):
         try:
-            core.shutdown()
+            shut_down_engine_core(core)
         except Exception as exc:  # at exit: report and go on with the other engines
             logger.warning("lens_evals: shutting down an engine at exit failed: %s", exc)
 
