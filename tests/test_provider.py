@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -231,3 +234,39 @@ def test_a_memoised_model_follows_the_base_url_variable_and_fails_fast_without_a
     assert time.monotonic() - started < 60
     monkeypatch.setenv(BASE_URL_ENV, f"{tiny_server.url}/v1")
     assert generate(model).completion == plain.completion
+
+
+class _KeyedServer(BaseHTTPRequestHandler):
+    """vLLM's rule for a server started with --api-key: /v1 routes answer 401 without the key."""
+
+    def _answer(self) -> None:
+        keyed = self.path.startswith("/v1") and self.headers.get("Authorization") != "Bearer secret"
+        status, body = (401, {"error": "Unauthorized"}) if keyed else (200, {"data": [{"id": "tiny-llama"}], "tokens": [1, 2]})
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        return None
+
+
+def test_the_providers_own_routes_send_the_api_key() -> None:
+    """served_models() (the oracle task asks it) and tokenize() against a server that needs a key."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _KeyedServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        api = get_model("vllm-lens/tiny-llama", base_url=url, api_key="secret", memoize=False).api
+        assert asyncio.run(api.served_models()) == ["tiny-llama"]
+        assert asyncio.run(api.tokenize(text="hello")) == [1, 2]
+        other = get_model("vllm-lens/tiny-llama", base_url=url, api_key="wrong", memoize=False).api
+        with pytest.raises(RuntimeError, match="HTTP 401"):
+            asyncio.run(other.served_models())
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -174,8 +174,9 @@ class VLLMLensAPI(OpenAICompatibleAPI):
     async def server_json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """The JSON answer of one of the server's own routes (``/tokenize``, ``/detokenize``, ``/v1/models``)."""
         root = str(self.base_url).rstrip("/").removesuffix("/v1")
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}  # a server started with --api-key
         async with httpx.AsyncClient(timeout=60) as client:
-            response = await client.request(method, f"{root}{path}", json=body)
+            response = await client.request(method, f"{root}{path}", json=body, headers=headers)
         if response.status_code != 200:
             raise RuntimeError(f"{method.upper()} {path} failed with HTTP {response.status_code}: {response.text[:500]}")
         return response.json()
