@@ -7,9 +7,19 @@ from __future__ import annotations
 import math
 import re
 from html import escape
+from pathlib import Path
 
 import numpy as np
+import pytest
+from inspect_ai import Task
+from inspect_ai import eval as inspect_eval
+from inspect_ai.dataset import Sample
+from inspect_ai.log import transcript
+from inspect_ai.scorer import Score, Scorer, Target, scorer
+from inspect_ai.solver import Generate, Solver, TaskState, solver
 
+from lens_evals.cli import main as cli
+from lens_evals.evals.shared.probe_reading import INFO_SOURCE
 from lens_evals.report.page import page_html
 from lens_evals.report.reading import ProbeSection, ReportData, ScoredSample, Turn
 from lens_evals.report.style import CSS
@@ -73,3 +83,40 @@ def test_token_text_is_escaped_and_bidi_isolated() -> None:
     assert [text for _, _, text in token_spans(html) if text != "ok"] == [escape(t) for t in hostile]
     # a right-to-left override in one token must not reverse the tokens after it
     assert re.search(r"\.tok\{[^}]*unicode-bidi:isolate", CSS)
+
+
+def probe_log(directory: Path) -> Path:
+    """A readable probe-task log without an engine: a solver logs a probe_tokens reading, a scorer
+    returns the probe score as probe_scorer does."""
+
+    @solver
+    def reading() -> Solver:
+        async def solve(state: TaskState, generate: Generate) -> TaskState:
+            data = {"probe": "p", "threshold": THRESHOLD, "scored": [0, 2], "rows": [["a", 0.0], ["b", 1.0]]}
+            transcript().info(data, source=INFO_SOURCE)
+            return state
+
+        return solve
+
+    @scorer(metrics=[])
+    def probe_score() -> Scorer:
+        async def score(state: TaskState, target: Target) -> Score:
+            return Score(value={"score": 0.5, "flagged": False, "label": "honest"}, metadata={"probe": "p", "label": 0})
+
+        return score
+
+    task = Task(dataset=[Sample(input="hi", target="honest")], solver=reading(), scorer=probe_score(), metadata={"probe": {"name": "p"}})
+    log = inspect_eval(task, model="mockllm/model", log_dir=str(directory), display="none")[0]
+    return Path(log.location)
+
+
+@pytest.mark.parametrize("where", ["the log", "a directory"])
+def test_the_page_never_replaces_the_log_or_a_directory(tmp_path, capsys, where: str) -> None:
+    log = probe_log(tmp_path)
+    assert cli(["report", str(log), "--out", str(tmp_path / "fine.html")]) == 0  # the log is a readable probe log
+    kept = log.read_bytes()
+    out = log if where == "the log" else tmp_path
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert cli(["report", str(log), "--out", str(out)]) == 2
+    assert ("the log itself" if where == "the log" else "a directory") in capsys.readouterr().err
+    assert log.read_bytes() == kept and sorted(p.name for p in tmp_path.iterdir()) == before

@@ -30,6 +30,10 @@ def write_report(log: str | Path, out: str | Path | None = None) -> Path:
     from lens_evals.report.reading import report_data
 
     target = Path(out) if out is not None else default_report_path(log)
+    if target.is_dir():
+        raise ReportError(f"{target}: a directory; --out takes the HTML file to write")
+    if target.exists() and Path(log).exists() and target.samefile(log):
+        raise ReportError(f"{target}: that is the log itself; the page would overwrite it")
     html = page_html(report_data(log))
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
