@@ -270,3 +270,13 @@ def test_the_providers_own_routes_send_the_api_key() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize("flag", ["port", "host", "served_model_name"])
+def test_flags_the_provider_sets_itself_are_refused_before_a_server_starts(flag: str) -> None:
+    """``-M port=N`` made the server listen where the health check never looked: a hang until
+    server_timeout (then an error naming no cause)."""
+    before = _descendants()
+    with pytest.raises(ValueError, match=f"-M {flag}: the provider sets --{flag.replace('_', '-')}"):
+        get_model("vllm-lens/tiny-llama", memoize=False, server_timeout=30, **{flag: "x"})
+    assert not _descendants() - before

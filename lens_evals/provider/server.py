@@ -32,10 +32,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Flags the provider sets itself: given again, the server would listen elsewhere than where the
+# health check waits (port, host, uds: a ten-minute hang) or serve another model than the one named.
+OWN_FLAGS = ("model", "served_model_name", "host", "port", "uds")
+
+
 def server_flags(args: Mapping[str, Any]) -> list[str]:
     """``{"max_model_len": 512, "enforce_eager": True}`` -> ``--max-model-len 512 --enforce-eager``."""
     flags: list[str] = []
     for key, value in args.items():
+        if key.replace("-", "_") in OWN_FLAGS:
+            raise ValueError(
+                f"-M {key}: the provider sets --{key.replace('_', '-')} of the server it starts itself; "
+                "for a server of your own, start it and pass --model-base-url"
+            )
         flag = "--" + key.replace("_", "-")
         if value is True:
             flags.append(flag)
@@ -53,6 +63,7 @@ class LensServer:
     def __init__(
         self, model: str, served_name: str, server_args: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
     ) -> None:
+        flags = server_flags(server_args or {})  # refused flags raise before anything is made
         self.model = model
         self.served_name = served_name
         self.port = free_port()
@@ -70,7 +81,7 @@ class LensServer:
             "127.0.0.1",
             "--port",
             str(self.port),
-            *server_flags(server_args or {}),
+            *flags,
         ]
         self.env = {**os.environ, **(env or {})}
         self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
