@@ -40,6 +40,9 @@ LENS_KEYS = (CAPTURE_KEY, STEERING_KEY, PROBE_KEY, HOOKS_KEY, HOOK_SET_KEY, ENCO
 INTERNAL_KEY = "_lens_evals"
 MAX_LAYERS_PER_REQUEST = 4096
 MAX_PROBES_PER_REQUEST = 4096
+# Each hook runs in Python once per layer and step: 2,000 hooks at 4 layers made 8 tokens of a
+# batch take 1.8 s instead of 0.04 s (tiny Llama, CPU), for every request of the batch.
+MAX_HOOKS_PER_REQUEST = 256
 
 
 def float32_array(value: Any) -> np.ndarray:
@@ -244,6 +247,13 @@ class LensRequest(BaseModel):
     def _encoding(cls, value: str) -> str:
         if value not in wire.RESPONSE_ENCODINGS:
             raise ValueError(f"{ENCODING_KEY} must be one of {', '.join(wire.RESPONSE_ENCODINGS)}, got {value!r}")
+        return value
+
+    @field_validator("hooks")
+    @classmethod
+    def _few_hooks(cls, value: list[Hook]) -> list[Hook]:
+        if len(value) > MAX_HOOKS_PER_REQUEST:
+            raise ValueError(f"{HOOKS_KEY}: too many hooks ({len(value)}), at most {MAX_HOOKS_PER_REQUEST} per request")
         return value
 
     @field_validator("probes")

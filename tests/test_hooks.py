@@ -211,6 +211,17 @@ def test_request_side_validation() -> None:
     assert wired.fn == "patch" and wired.args["values"].dtype == np.float32
 
 
+def test_hooks_per_request_are_bounded() -> None:
+    """Each hook runs in Python per layer and step, holding up the whole batch: a request (one
+    HTTP body of ~60 bytes per hook) may carry at most 256 of them."""
+    from lens_evals.request_args import parse_lens_args
+
+    one = {"name": "record_norm", "layer_indices": [0, 1, 2, 3]}
+    assert len(parse_lens_args({"apply_hooks": [one] * 256}).hooks) == 256
+    with pytest.raises(ValueError, match=r"too many hooks \(257\), at most 256"):
+        parse_lens_args({"apply_hooks": [one] * 257})
+
+
 def test_bad_module_path_fails_the_request(llm) -> None:
     with pytest.raises(LensRequestError, match="has no submodule 'mlp.nope'"):
         llm.generate([PROMPTS[0]], greedy(3, apply_hooks=[Hook(look_only, [1], module="mlp.nope")]))
