@@ -222,6 +222,23 @@ def test_hooks_per_request_are_bounded() -> None:
         parse_lens_args({"apply_hooks": [one] * 257})
 
 
+def test_a_call_refused_part_way_leaves_nothing_behind(llm) -> None:
+    """vLLM aborts the requests an LLM.generate had added when a later one is refused: their
+    pending fetches and hook callables (a closure may hold anything) are forgotten."""
+    from lens_evals.engine import compat, hook_refs
+    from lens_evals.engine.frontend_admit import pending_of
+
+    processor = compat.offline_input_processor(llm)
+    before = (len(pending_of(processor)), len(hook_refs._LOCAL_CALLABLES))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="unknown hook 'nope'"):
+            params = [greedy(3, apply_hooks=[Hook(lambda ctx, hidden: None, [1])]), greedy(3, apply_hooks=[Hook("nope", [1])])]
+            llm.generate(PROMPTS[:2], params)
+    assert (len(pending_of(processor)), len(hook_refs._LOCAL_CALLABLES)) == before
+    out = llm.generate([PROMPTS[0]], greedy(3, apply_hooks=[Hook("record_norm", [1])]))[0]
+    assert out.activations["saved"]["norm.1"].shape == (len(out.prompt_token_ids) + 2,)
+
+
 def test_bad_module_path_fails_the_request(llm) -> None:
     with pytest.raises(LensRequestError, match="has no submodule 'mlp.nope'"):
         llm.generate([PROMPTS[0]], greedy(3, apply_hooks=[Hook(look_only, [1], module="mlp.nope")]))

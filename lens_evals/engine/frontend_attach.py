@@ -156,6 +156,17 @@ async def attach_async(engine: Any, output: Any, generated: int) -> None:
         raise LensRequestError(f"request {output.request_id}: {error}")
 
 
+def discard_offline(engine: Any, request_ids: list[str]) -> None:
+    """Requests aborted offline (e.g. an ``LLM.generate`` refused part-way: vLLM aborts those it
+    had added): forget them here (their hooks' callables too) and release their worker rows."""
+    registry = pending_of(compat.async_input_processor(engine))
+    dropped = [registry.pop(request_id) for request_id in request_ids if request_id in registry]
+    for pending in dropped:
+        forget_local(list(pending.local_ids))
+    if dropped:
+        compat.offline_collective_rpc(engine, FETCH_METHOD, ([pending.key for pending in dropped], None))  # rows inline, dropped
+
+
 async def discard_async(engine: Any, request_id: str) -> None:
     """A request ended without a final output (abort, disconnect): release its worker rows."""
     pending = pending_of(compat.async_input_processor(engine)).pop(request_id, None)

@@ -54,6 +54,7 @@ def register() -> None:
     )
     compat.patch_input_processor(frontend_admit.on_request)
     compat.patch_offline_results(frontend_attach.attach_offline)
+    compat.patch_offline_aborts(frontend_attach.discard_offline)
     compat.shut_down_engines_at_exit()
     compat.patch_async_results(frontend_attach.attach_async, frontend_attach.discard_async)
     compat.patch_model_runner(on_load, on_step_start, around_forward)

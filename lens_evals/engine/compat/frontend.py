@@ -183,6 +183,27 @@ def patch_async_results(attach: Callable[[Any, Any, int], Any], discard: Callabl
     _patch(AsyncLLM, "generate", make)
 
 
+def patch_offline_aborts(discard: Callable[[Any, list[str]], None]) -> None:
+    """After ``LLMEngine.abort_request`` (an offline ``LLM`` call aborts the requests it added
+    when a later one is refused), ``discard(engine, request_ids)`` with the ids the input
+    processor saw (vLLM 0.32 aborts by its internal ids: their external ids are looked up)."""
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    def make(original: Method) -> Method:
+        def abort_request(self: Any, request_ids: Any, *args: Any, **kwargs: Any) -> Any:
+            ids = list(request_ids)
+            states = getattr(getattr(self, "output_processor", None), "request_states", {})
+            external = [getattr(states.get(request_id), "external_req_id", None) for request_id in ids]
+            try:
+                return original(self, ids, *args, **kwargs)
+            finally:
+                discard(self, ids + [request_id for request_id in external if request_id is not None])
+
+        return abort_request
+
+    _patch(LLMEngine, "abort_request", make)
+
+
 def async_input_processor(engine: Any) -> Any:
     return getattr(engine, "input_processor", None) or getattr(engine, "processor", None)
 
