@@ -239,6 +239,28 @@ def test_a_call_refused_part_way_leaves_nothing_behind(llm) -> None:
     assert out.activations["saved"]["norm.1"].shape == (len(out.prompt_token_ids) + 2,)
 
 
+def test_saved_over_the_limit_fails_its_request_while_it_runs(monkeypatch) -> None:
+    """The hooks' arrays stay on the device until the fetch: past LENS_EVALS_MAX_SAVED_MIB (their
+    encoded form is larger still) the request fails at the next step and they are let go, so a
+    request cannot fill the device before the limit is looked at; another request goes on."""
+    from lens_evals.engine.compat import BatchLayout
+    from lens_evals.engine.requests import WorkerRequest
+    from lens_evals.engine.worker_core import WorkerCore
+    from lens_evals.engine.worker_hooks import WorkerHook
+
+    monkeypatch.setenv("LENS_EVALS_MAX_SAVED_MIB", "1")
+    core = WorkerCore(torch.device("cpu"), torch.float32, {0, 1})
+    hook = WorkerHook("record", record_rows, [1], False, None, {})
+    big = WorkerRequest("big", [], hooks=[hook], saved={"0": {"rows.1": [torch.zeros(2**18 + 1)]}})  # 1 MiB + 4 B
+    small = WorkerRequest("small", [], hooks=[hook], set_saved={"0": {"rows.1": torch.zeros(2**18)}})  # 1 MiB
+    core.ledger.track("a", big)
+    core.ledger.track("b", small)
+    plan = core.plan_step(BatchLayout(["a", "b"], [1, 1], [4, 4]), None)
+    assert core.ledger.errors == {"big": core.ledger.errors.get("big")} and "LENS_EVALS_MAX_SAVED_MIB" in core.ledger.errors["big"]
+    assert big.saved == {} and small.set_saved["0"]["rows.1"].numel() == 2**18
+    assert plan is not None and [call.key for call in plan.hook_calls[(1, None, False)]] == ["small"]
+
+
 def test_bad_module_path_fails_the_request(llm) -> None:
     with pytest.raises(LensRequestError, match="has no submodule 'mlp.nope'"):
         llm.generate([PROMPTS[0]], greedy(3, apply_hooks=[Hook(look_only, [1], module="mlp.nope")]))

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lens_evals import wire
 from lens_evals.engine.probe_cache import LRU, probe_digest
 from lens_evals.engine.protocol import LensSpecWire
 from lens_evals.engine.transfer import to_device
@@ -72,6 +73,33 @@ class WorkerRequest:
             self.set_saved.clear()
         self.hooked_until = first_position + num_rows
         return None
+
+    def saved_over(self, limit: int) -> str | None:
+        """The error text when the arrays the hooks hold already pass ``limit`` (bytes): their
+        encoded form (base64, 4/3 of the bytes or more) would pass LENS_EVALS_MAX_SAVED_MIB at
+        the fetch, so the request fails now instead of filling the device until it ends."""
+        for what, saved in (("saved", self.saved), ("hook set saved", self.set_saved)):
+            if (held := _array_bytes(saved)) > limit:
+                return (
+                    f"{what} holds {held / 2**20:.1f} MiB of arrays, over the per-request limit of "
+                    f"{limit / 2**20:.1f} MiB (LENS_EVALS_MAX_SAVED_MIB)"
+                )
+        return None
+
+
+def _array_bytes(value: Any, depth: int = 0) -> int:
+    """Bytes of the tensors and arrays in a ``saved`` tree (deeper than the wire allows: 0)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if depth > wire.MAX_TREE_DEPTH:
+        return 0
+    if isinstance(value, dict):
+        return sum(_array_bytes(item, depth + 1) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_array_bytes(item, depth + 1) for item in value)
+    return 0
 
 
 def decode_worker_request(

@@ -116,8 +116,11 @@ class WorkerCore:
         for req_id, num_rows, first_position in zip(layout.req_ids, layout.num_rows, layout.start_positions):
             req = requests.get(req_id)
             if req is not None and num_rows and (req.hooks or req.set_hooks):
-                if (error := req.hook_rows(first_position, num_rows)) is not None:
+                error = req.hook_rows(first_position, num_rows) or req.saved_over(self.fetch.max_saved_chars)
+                if error is not None and not self.ledger.has_failed(req.key):
                     self.ledger.fail_key(req.key, error)
+                    req.saved.clear()  # its device memory back now
+                    req.set_saved.clear()
         return self.planner.plan(layout, self.ledger.requests, input_ids, set(self.ledger.errors))
 
     def begin_step(self, plan: StepPlan, hook_context: Callable[[HookCall, int], HookContext] = _no_hook_context) -> StepContext:
