@@ -123,27 +123,39 @@ def shut_down_engines_at_exit() -> None:
         return __init__
 
     _patch(LLM, "__init__", make)
+    _give_engine_cores_their_teardown_time()
 
 
-# vLLM's engine core waits VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS for its workers, then 4 s more
-# after SIGTERM, and only then unlinks its executor's shared-memory ring; the frontend's process
-# manager kills the engine core after 5 s by default, so on a loaded host (workers slow to exit)
-# the ring leaked (tests/test_shm_cleanup.py). The engine core gets its own waits and this margin.
-ENGINE_TEARDOWN_MARGIN_S = 6.0
+# Seconds an engine core is given past its own waits for its workers before it is killed
+ENGINE_TEARDOWN_MARGIN_S = 20.0
 
 
-def shut_down_engine_core(core: Any) -> None:
-    """Stop an offline engine's core (its process, workers and their memory) now, giving it the
-    time its own teardown may take before it is killed."""
+def _give_engine_cores_their_teardown_time() -> None:
+    """vLLM's engine core waits ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` for its workers to exit,
+    4 s more after SIGTERM, and only then unlinks its executor's shared-memory ring; but the
+    frontend's process manager kills the engine core after 5 s when no timeout is given (every
+    ``shutdown()`` without one, and the finalizer of an ``LLM`` that is garbage-collected). On a
+    loaded host the workers take longer than that, so the ring leaked (tests/test_shm_cleanup.py).
+    With no timeout given, the engine core now gets its own waits plus a margin (it is waited for
+    only as long as it runs); an explicit timeout is kept."""
     from vllm import envs
+    from vllm.v1.engine import utils as engine_utils
 
-    core.shutdown(timeout=float(envs.VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS) + 4.0 + ENGINE_TEARDOWN_MARGIN_S)
+    def make(original: Method) -> Method:
+        def shutdown(procs: Any, timeout: float | None = None) -> None:
+            if timeout is None:
+                timeout = float(envs.VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS) + 4.0 + ENGINE_TEARDOWN_MARGIN_S
+            original(procs, timeout=timeout)
+
+        return shutdown
+
+    _patch(engine_utils, "shutdown", make)
 
 
 def _shut_down_open_engines() -> None:
     for core in list(_open_engine_cores):
         try:
-            shut_down_engine_core(core)
+            core.shutdown()
         except Exception as exc:  # at exit: report and go on with the other engines
             logger.warning("lens_evals: shutting down an engine at exit failed: %s", exc)
 
