@@ -267,6 +267,10 @@ def test_the_providers_own_routes_send_the_api_key() -> None:
         other = get_model("vllm-lens/tiny-llama", base_url=url, api_key="wrong", memoize=False).api
         with pytest.raises(RuntimeError, match="HTTP 401"):
             asyncio.run(other.served_models())
+        with pytest.MonkeyPatch.context() as env:  # Inspect's SERVICE_API_KEY convention
+            env.setenv("VLLM_LENS_API_KEY", "secret")
+            from_env = get_model("vllm-lens/tiny-llama", base_url=url, memoize=False).api
+            assert asyncio.run(from_env.served_models()) == ["tiny-llama"]
     finally:
         server.shutdown()
         server.server_close()

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("lens_evals")
 PROVIDER_NAME = "vllm-lens"
 BASE_URL_ENV = "VLLM_LENS_BASE_URL"  # Inspect's SERVICE_BASE_URL convention: reach a running server
+API_KEY_ENV = "VLLM_LENS_API_KEY"  # and SERVICE_API_KEY: its key (a server started with --api-key)
 _RAW_ACTIVATIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("lens_raw_activations", default=None)
 # The real (array-carrying) vllm_xargs items of the request being built, keyed by their logged form.
 _WIRE_PAYLOADS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("lens_wire_payloads", default=None)
@@ -94,7 +95,7 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         super().__init__(
             model_name=model_name,
             base_url=base_url,
-            api_key=api_key or "lens-evals-local",
+            api_key=api_key or os.environ.get(API_KEY_ENV) or "lens-evals-local",
             config=config,
             service=PROVIDER_NAME,
             service_base_url=base_url,
