@@ -77,15 +77,15 @@ run() {  # run NAME pytest-args...: pytest processes, junit XML and the log to $
 # start-up being most of it). "solo": tests whose engines must have the device to themselves (the
 # bench's systems ask for 0.85 of it and profile its memory), never run in lanes.
 P1="tests/test_engine_tiny.py tests/test_positions.py tests/test_capture_hf.py tests/test_hooks.py tests/test_hook_sets.py
-    tests/test_probes.py tests/test_graph_mode.py tests/test_failures_and_disable.py tests/test_store.py tests/test_handoff.py
+    tests/test_probes.py tests/test_graph_mode.py tests/test_failures_and_disable.py tests/test_store.py tests/test_handoff.py tests/test_handoff_views.py
     tests/test_wire_spec.py tests/test_engine_modes.py"
 P2A="tests/test_server.py tests/test_server_auth.py tests/test_provider.py"
 P2C="tests/test_hardening_inputs.py tests/test_hardening_fuzz.py tests/test_hardening_load.py"
 P2B="tests/test_lora_engine.py tests/test_oracle_solver.py"
 P3A="tests/test_architectures.py tests/test_docs_links.py tests/test_gguf_models.py tests/test_layout.py"
-P3B="tests/test_capture_cmd.py tests/test_coup.py"
+P3B="tests/test_capture_cmd.py tests/test_capture_faults.py tests/test_coup.py"
 P3C="tests/test_roleplaying_eval.py tests/test_roleplaying_file.py tests/test_petri_inspectors.py tests/test_parallel.py
-     tests/test_report.py"
+     tests/test_report.py tests/test_report_values.py"
 PSOLO="tests/test_bench.py"
 part_files() {  # part_files PART: its test files (3d: every file no other part names; new files land there)
   case $1 in
