@@ -156,13 +156,33 @@ def load_probe_set(path: str | Path) -> ProbeSet:
     json_path, npz_path = set_files(path)
     if not json_path.is_file() or not npz_path.is_file():
         raise FileNotFoundError(f"probe set missing: {json_path} and {npz_path} (train one with `lens-evals probes train-set`)")
+    try:  # a damaged or foreign file is refused with its name, not a bare KeyError
+        return _read_probe_set(json_path, npz_path)
+    except (KeyError, TypeError, ValueError) as exc:
+        detail = f"no key {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ValueError(f"{json_path} + {npz_path.name} is not a usable probe set: {detail}") from None
+
+
+def _read_probe_set(json_path: Path, npz_path: Path) -> ProbeSet:
     meta = json.loads(json_path.read_text(encoding="utf-8"))
-    with np.load(npz_path, allow_pickle=False) as weights:
-        readouts = {
-            name: Readout(name, int(r["layer"]), weights[name].astype(np.float32), float(r["bias"]), float(r["threshold"]))
-            for name, r in meta["readouts"].items()
-        }
-    return ProbeSet(meta["model"], int(meta["layer"]), readouts, {k: int(v) for k, v in meta["fold_of"].items()}, meta["card"])
+    layer = int(meta["layer"])
+    with np.load(npz_path, allow_pickle=False) as arrays:  # never unpickles: an object array is refused
+        readouts = {name: _readout(name, entry, arrays) for name, entry in dict(meta["readouts"]).items()}
+    shapes, layers = {r.weights.shape for r in readouts.values()}, {layer, *(r.layer for r in readouts.values())}
+    if len(shapes) != 1 or min(layers) < 0:
+        raise ValueError(f"its readouts must share one hidden size and read layers 0 or more: shapes {shapes}, layers {layers}")
+    return ProbeSet(meta["model"], layer, readouts, {k: int(v) for k, v in meta["fold_of"].items()}, meta["card"])
+
+
+def _readout(name: str, entry: dict[str, Any], arrays: Any) -> Readout:
+    if name not in arrays.files:
+        raise ValueError(f"readout {name!r} has no weights in the .npz")
+    weights, bias = arrays[name], float(entry["bias"])
+    if weights.ndim != 1 or weights.size == 0 or weights.dtype.kind not in "fiu":
+        raise ValueError(f"readout {name!r}: weights must be a non-empty 1-D real array, got {weights.dtype} {weights.shape}")
+    if not (np.isfinite(weights).all() and np.isfinite(bias)):
+        raise ValueError(f"readout {name!r}: weights or bias hold NaN or inf")
+    return Readout(name, int(entry["layer"]), weights.astype(np.float32), bias, float(entry["threshold"]))
 
 
 def fit_probe_set(

@@ -25,7 +25,8 @@ PROBE_SUFFIX, CARD_SUFFIX = ".joblib", ".json"
 class ProbeCard(BaseModel):
     """What a probe was trained on and how it did; saved as JSON beside the joblib file."""
 
-    model_config = ConfigDict(extra="forbid")
+    # NaN (a validation AUROC with one class held out) is written as "NaN": JSON null would not load back
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
     name: str
     model: str
@@ -125,4 +126,9 @@ def load_probe(path: str | Path) -> Probe:
     pipeline = joblib.load(probe_file)
     if not isinstance(pipeline, Pipeline):
         raise TypeError(f"{probe_file} does not hold a scikit-learn Pipeline")
+    if getattr(pipeline, "n_features_in_", None) != card.hidden_size:
+        raise ValueError(
+            f"{probe_file} reads {getattr(pipeline, 'n_features_in_', 'an unknown number of')} features but its card "
+            f"{card_file.name} says hidden_size {card.hidden_size}: the two files do not belong together"
+        )
     return Probe(pipeline=pipeline, card=card)
