@@ -154,10 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--scale", type=float, default=8.0, help="steering strength in percent of ||h||")
     add_engine_arg_option(demo)
     demo.set_defaults(func=_demo)
+    from lens_evals.probing.science_cli import add_probe_commands, layer_index, positive_float, positive_int, training_set
+
     probes = sub.add_parser("probes", help="train linear probes on engine activations")
     probes_sub = probes.add_subparsers(dest="probes_command", required=True)
     train = probes_sub.add_parser("train", help="train one probe, write probes/NAME.joblib and its JSON card")
-    train.add_argument("--layer", type=int, default=None, help="default: the model's chosen layer")
+    train.add_argument("--layer", type=layer_index, default=None, help="default: the model's chosen layer")
     train.add_argument("--name", default=None)
     train.add_argument("--out", default="probes")
     sweep = probes_sub.add_parser("sweep", help="validation AUROC per layer, as JSON and PNG")
@@ -166,13 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (train, sweep):
         command.add_argument("--model", default="smollm2-135m-instruct")
         command.add_argument(
-            "--dataset", default="instructed-pairs", help="instructed-pairs, geometry-of-truth, geometry-of-truth:SET[,SET], or coup"
+            "--dataset",
+            type=training_set,
+            default="instructed-pairs",
+            help="instructed-pairs, geometry-of-truth, geometry-of-truth:SET[,SET], or coup",
         )
-        command.add_argument("--C", type=float, default=0.1, help="inverse L2 strength of the logistic regression")
-        command.add_argument("--limit", type=int, default=None, help="use about this many dialogues")
+        command.add_argument("--C", type=positive_float, default=0.1, help="inverse L2 strength of the logistic regression")
+        command.add_argument("--limit", type=positive_int, default=None, help="use about this many dialogues")
         add_engine_arg_option(command)
-    from lens_evals.probing.science_cli import add_probe_commands
-
     add_probe_commands(probes_sub)
     probes.set_defaults(func=_probes)
     role = sub.add_parser("roleplaying", help="main job: Roleplaying probe eval on the default model (prepares what is missing)")
