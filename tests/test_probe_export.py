@@ -10,8 +10,10 @@ from lens_evals.probing.multi import ProbeSet, Readout, export_single_probe, loa
 from lens_evals.probing.probe import load_probe
 from tests.tolerance import assert_values_close
 
+CARD = {"dtype": "bfloat16", "C": 0.1, "n_instructed_pairs": 40, "n_control": 12, "validation_auroc": {"ip-lr": 0.9, "ip-dom": 0.8}}
 
-def saved_set(tmp_path, weights, bias, threshold=1.25):
+
+def saved_set(tmp_path, weights, bias, threshold=1.25, card=CARD):
     probes = ProbeSet(
         "some-model",
         3,
@@ -19,7 +21,7 @@ def saved_set(tmp_path, weights, bias, threshold=1.25):
             "ip-lr": Readout("ip-lr", 3, np.asarray(weights, np.float32), bias, threshold),
             "rp-lr/fold0": Readout("rp-lr/fold0", 3, np.ones(len(weights), np.float32), 0.0, 2.0),
         },
-        card={"dtype": "bfloat16", "C": 0.1, "n_instructed_pairs": 40, "n_control": 12, "validation_auroc": {"ip-lr": 0.9, "ip-dom": 0.8}},
+        card=card,
     )
     return probes.save(tmp_path / "some-model__probe-set")
 
@@ -48,3 +50,11 @@ def test_a_fold_readout_or_an_unknown_one_is_not_exported(tmp_path):
     for kind in ("rp-lr", "ip-dom"):
         with pytest.raises(ValueError, match="not a single readout"):
             export_single_probe(set_path, kind, tmp_path / "single")
+
+
+def test_a_set_without_validation_auroc_exports_nan_not_zero(tmp_path):
+    # `probes train-set` measures no validation AUROC: the exported card said 0.000 (worst possible)
+    card = {k: v for k, v in CARD.items() if k != "validation_auroc"}
+    probe = load_probe(export_single_probe(saved_set(tmp_path, [1.0, 2.0], 0.5, card=card), "ip-lr", tmp_path / "single"))
+    assert np.isnan(probe.card.validation_auroc)
+    assert probe.card.threshold == 1.25

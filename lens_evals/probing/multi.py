@@ -334,7 +334,7 @@ def export_single_probe(probe_set: str | Path, kind: str, out_dir: str | Path) -
             n_val_dialogues=0,
             n_train_tokens=0,
             regularization_C=float(card.get("C", APOLLO_C)),
-            validation_auroc=float(card.get("validation_auroc", {}).get(kind, 0.0)),
+            validation_auroc=float(card.get("validation_auroc", {}).get(kind, "nan")),  # not measured: NaN, not 0
             threshold=readout.threshold,
             control_set=f"the probe set's control answers ({card.get('n_control', '?')})",
             n_control=int(card.get("n_control", 0)),
