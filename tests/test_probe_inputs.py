@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lens_evals.probing.metrics import recall_at_threshold, threshold_at_fpr
-from lens_evals.probing.multi import ProbeSet, Readout, load_probe_set
+from lens_evals.probing.multi import ProbeSet, Readout, fit_difference_of_means, load_probe_set
 from lens_evals.probing.probe import Probe, load_probe
 from lens_evals.probing.train import fit_pipeline
 from tests.test_probing import _card
@@ -98,3 +98,11 @@ def test_a_damaged_probe_set_is_refused_with_its_name(tmp_path, damage, message)
     damage(json_path, json_path.with_suffix(".npz"))
     with pytest.raises(ValueError, match=f"set.json \\+ set.npz is not a usable probe set: .*{message}"):
         load_probe_set(json_path)
+
+
+def test_a_difference_of_means_on_one_class_is_refused_not_nan() -> None:
+    one_class = [np.ones((2, 3)), np.zeros((1, 3))]
+    with pytest.raises(ValueError, match="both classes, got labels \\[1\\]"):
+        fit_difference_of_means("ip-dom", 1, one_class, [1, 1])  # was: weights and bias all NaN
+    readout = fit_difference_of_means("ip-dom", 1, one_class, [1, 0])  # hand: w = 1 - 0, bias = -w . (1 + 0) / 2
+    assert readout.weights.tolist() == [1.0, 1.0, 1.0] and readout.bias == -1.5

@@ -70,6 +70,8 @@ def fit_logistic(name: str, layer: int, features: Sequence[np.ndarray], labels: 
 
 def fit_difference_of_means(name: str, layer: int, features: Sequence[np.ndarray], labels: Sequence[int]) -> Readout:
     rows, row_labels = _rows(features, labels)
+    if not ((row_labels == 1).any() and (row_labels == 0).any()):
+        raise ValueError(f"{name}: a difference of means needs rows of both classes, got labels {sorted(set(row_labels.tolist()))}")
     deceptive, honest = rows[row_labels == 1].mean(axis=0), rows[row_labels == 0].mean(axis=0)
     weights = (deceptive - honest).astype(np.float32)
     return Readout(name, layer, weights, float(-weights.astype(np.float64) @ ((deceptive + honest) / 2)))
