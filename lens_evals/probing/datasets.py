@@ -185,13 +185,23 @@ def coup_split(path: str | Path | None = None) -> tuple[list[Dialogue], list[Dia
     return [d for d in dialogues if not d.metadata["held_out"]], [d for d in dialogues if d.metadata["held_out"]]
 
 
+def check_training_set(name: str) -> None:
+    """Refuse a training set name :func:`training_dialogues` does not know (no file is read)."""
+    if name in TRAINING_SETS:
+        return
+    if not name.startswith("geometry-of-truth:"):
+        raise ValueError(f"unknown training set {name!r}; known: {', '.join(TRAINING_SETS)} or geometry-of-truth:SET[,SET]")
+    for set_name in name.split(":", 1)[1].split(","):
+        if set_name not in GEOMETRY_OF_TRUTH_SETS:
+            raise ValueError(f"unknown Geometry of Truth set {set_name!r}; known: {', '.join(GEOMETRY_OF_TRUTH_SETS)}")
+
+
 def training_dialogues(name: str) -> list[Dialogue]:
+    check_training_set(name)
     if name == "coup":
         return coup_split()[0]
     if name == "instructed-pairs":
         return instructed_pairs()
     if name == "geometry-of-truth":
         return geometry_of_truth()
-    if name.startswith("geometry-of-truth:"):
-        return geometry_of_truth(name.split(":", 1)[1].split(","))
-    raise ValueError(f"unknown training set {name!r}; known: {', '.join(TRAINING_SETS)} or geometry-of-truth:SET[,SET]")
+    return geometry_of_truth(name.split(":", 1)[1].split(","))

@@ -34,11 +34,12 @@ def positive_float(text: str) -> float:
 
 
 def training_set(name: str) -> str:
-    """A training set name that :func:`datasets.training_dialogues` knows (checked before an engine starts)."""
+    """A training set name that :func:`datasets.training_dialogues` knows (checked by name before an
+    engine starts; the dialogues are read once, by the command)."""
     from lens_evals.probing import datasets
 
     try:
-        datasets.training_dialogues(name)
+        datasets.check_training_set(name)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return name
