@@ -31,7 +31,7 @@ if __name__ == "__main__":
 # another engine, 2026-12-04): vLLM's frontend killed the engine core 5 s after SIGTERM, while the
 # engine core still waited for its slow worker (5 s, then 4 s after SIGTERM) and had not unlinked
 # its ring yet. Since the plugin gives it those waits and a margin (compat
-# ``_give_engine_cores_their_teardown_time``): 3 of 3 passed with three busy loops beside it on
+# ``give_engine_cores_their_teardown_time``): 3 of 3 passed with three busy loops beside it on
 # the 2-core machine (load ~4, 2026-12-05).
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")

@@ -56,6 +56,7 @@ def register() -> None:
     compat.patch_offline_results(frontend_attach.attach_offline)
     compat.patch_offline_aborts(frontend_attach.discard_offline)
     compat.shut_down_engines_at_exit()
+    compat.give_engine_cores_their_teardown_time()
     compat.patch_async_results(frontend_attach.attach_async, frontend_attach.discard_async)
     compat.patch_model_runner(on_load, on_step_start, around_forward)
     compat.patch_http_app(http_middleware.add_middleware, http_middleware.MIDDLEWARE_PATH)

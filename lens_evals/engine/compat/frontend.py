@@ -123,14 +123,13 @@ def shut_down_engines_at_exit() -> None:
         return __init__
 
     _patch(LLM, "__init__", make)
-    _give_engine_cores_their_teardown_time()
 
 
 # Seconds an engine core is given past its own waits for its workers before it is killed
 ENGINE_TEARDOWN_MARGIN_S = 20.0
 
 
-def _give_engine_cores_their_teardown_time() -> None:
+def give_engine_cores_their_teardown_time() -> None:
     """vLLM's engine core waits ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` for its workers to exit,
     4 s more after SIGTERM, and only then unlinks its executor's shared-memory ring; but the
     frontend's process manager kills the engine core after 5 s when no timeout is given (every
