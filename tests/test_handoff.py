@@ -360,7 +360,7 @@ def test_a_request_cancelled_during_its_fetch_still_frees_its_pool_regions(tmp_p
     worker = handoff_pool.SharedPool(str(tmp_path), HandoffTarget._current.marker)
     processor = type("Processor", (), {})()
     pending_of(processor)["r"] = PendingRequest(key="k", capture_layers=(0, 1), probe_names=(), prompt_len=2)
-    monkeypatch.setattr(frontend_attach.compat, "async_input_processor", lambda engine: processor)
+    monkeypatch.setattr(frontend_attach.compat, "input_processor", lambda engine: processor)
     written: list[dict] = []
 
     async def fetch_rpc(engine, method, args):  # the worker's fetch: rows into the pool, then the reply travels

@@ -228,7 +228,7 @@ def test_a_call_refused_part_way_leaves_nothing_behind(llm) -> None:
     from lens_evals.engine import compat, hook_refs
     from lens_evals.engine.frontend_admit import pending_of
 
-    processor = compat.offline_input_processor(llm)
+    processor = compat.input_processor(llm.llm_engine)
     before = (len(pending_of(processor)), len(hook_refs._LOCAL_CALLABLES))
     for _ in range(2):
         with pytest.raises(ValueError, match="unknown hook 'nope'"):

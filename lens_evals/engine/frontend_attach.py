@@ -92,7 +92,7 @@ def _apply(
 
 
 def attach_offline(llm: Any, outputs: list[Any]) -> None:
-    processor = compat.offline_input_processor(llm)
+    processor = compat.input_processor(llm.llm_engine)
     registry = pending_of(processor)
     pending = {o.request_id: registry.pop(o.request_id) for o in outputs if o.request_id in registry}
     if not pending:
@@ -137,7 +137,7 @@ def _orphan_done(fetch: asyncio.Future[list[FetchReply]]) -> None:
 
 
 async def attach_async(engine: Any, output: Any, generated: int) -> None:
-    processor = compat.async_input_processor(engine)
+    processor = compat.input_processor(engine)
     pending = pending_of(processor).pop(output.request_id, None)
     if pending is None:
         return
@@ -159,7 +159,7 @@ async def attach_async(engine: Any, output: Any, generated: int) -> None:
 def discard_offline(engine: Any, request_ids: list[str]) -> None:
     """Requests aborted offline (e.g. an ``LLM.generate`` refused part-way: vLLM aborts those it
     had added): forget them here (their hooks' callables too) and release their worker rows."""
-    registry = pending_of(compat.async_input_processor(engine))
+    registry = pending_of(compat.input_processor(engine))
     dropped = [registry.pop(request_id) for request_id in request_ids if request_id in registry]
     for pending in dropped:
         forget_local(list(pending.local_ids))
@@ -169,7 +169,7 @@ def discard_offline(engine: Any, request_ids: list[str]) -> None:
 
 async def discard_async(engine: Any, request_id: str) -> None:
     """A request ended without a final output (abort, disconnect): release its worker rows."""
-    pending = pending_of(compat.async_input_processor(engine)).pop(request_id, None)
+    pending = pending_of(compat.input_processor(engine)).pop(request_id, None)
     if pending is not None:
         forget_local(list(pending.local_ids))
         await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key], None))  # rows inline, dropped

@@ -209,18 +209,18 @@ class HookSet:
     def collect(self) -> dict[str, Any]:
         """{"id", "results": [{"request_id", "saved": {...}, "hook_results": {index: {...}}}],
         "refused": n} (tensors); empties the set."""
-        return _decode_results(store_of(compat.offline_input_processor(self.llm)).collect(self.id))
+        return _decode_results(store_of(compat.input_processor(self.llm.llm_engine)).collect(self.id))
 
     def clear(self) -> int:
         """Unregister the set; returns how many uncollected results were dropped."""
-        record = store_of(compat.offline_input_processor(self.llm)).remove(self.id)
+        record = store_of(compat.input_processor(self.llm.llm_engine)).remove(self.id)
         compat.offline_collective_rpc(self.llm, CLEAR_SET_METHOD, (self.id,))
         return len(record.results)
 
 
 def register_hook_set(llm: Any, hooks: Sequence[Any]) -> HookSet:
     """Register hooks once on an offline engine (callables or registered hooks)."""
-    processor = compat.offline_input_processor(llm)
+    processor = compat.input_processor(llm.llm_engine)
     set_id, record = prepare(processor, hooks)
     store = store_of(processor)
     try:
@@ -242,7 +242,7 @@ def register_hook_set(llm: Any, hooks: Sequence[Any]) -> HookSet:
 
 # --------------------------------------------------------------------------- server (AsyncLLM)
 async def register_async(engine: Any, hooks: Sequence[Any]) -> dict[str, Any]:
-    processor = compat.async_input_processor(engine)
+    processor = compat.input_processor(engine)
     set_id, record = prepare(processor, hooks)
     store = store_of(processor)
     try:
@@ -263,10 +263,10 @@ async def register_async(engine: Any, hooks: Sequence[Any]) -> dict[str, Any]:
 
 def collect_async(engine: Any, set_id: str) -> dict[str, Any]:
     """Raw (per-hook) results; ``union_view`` gives our HTTP form."""
-    return store_of(compat.async_input_processor(engine)).collect(set_id)
+    return store_of(compat.input_processor(engine)).collect(set_id)
 
 
 async def clear_async(engine: Any, set_id: str) -> dict[str, Any]:
-    record = store_of(compat.async_input_processor(engine)).remove(set_id)
+    record = store_of(compat.input_processor(engine)).remove(set_id)
     await compat.async_collective_rpc(engine, CLEAR_SET_METHOD, (set_id,))
     return {"id": set_id, "dropped_results": len(record.results)}

@@ -159,11 +159,6 @@ def _shut_down_open_engines() -> None:
             logger.warning("lens_evals: shutting down an engine at exit failed: %s", exc)
 
 
-def offline_input_processor(llm: Any) -> Any:
-    engine = llm.llm_engine
-    return getattr(engine, "input_processor", None) or getattr(engine, "processor", None)
-
-
 def patch_async_results(attach: Callable[[Any, Any, int], Any], discard: Callable[[Any, str], Any]) -> None:
     """Wrap ``AsyncLLM.generate``: ``await attach(engine, output, generated)`` on the final
     output of a request (``generated``: its number of generated tokens, counted over the stream
@@ -215,8 +210,10 @@ def patch_offline_aborts(discard: Callable[[Any, list[str]], None]) -> None:
     _patch(LLMEngine, "abort_request", make)
 
 
-def async_input_processor(engine: Any) -> Any:
-    return getattr(engine, "input_processor", None) or getattr(engine, "processor", None)
+def input_processor(engine: Any) -> Any:
+    """The engine's input processor (offline ``LLMEngine`` = ``LLM.llm_engine``, or ``AsyncLLM``),
+    where the front end keeps its per-engine state (pending requests, hook sets)."""
+    return engine.input_processor
 
 
 def force_eager_unless(reason: str, graph_layers: Callable[[], Any], config_key: str) -> None:
