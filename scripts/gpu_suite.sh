@@ -3,14 +3,16 @@
 # 10 minutes. Set-up, on this machine:
 #   GPU_EXTRA_PKGS="$(cat scripts/gpu_extra_pkgs.txt)" bash ../shared/tools/gpu-wheelhouse
 #   mkdir -p .gpu-src && git archive --format=tar.gz --add-virtual-file=COMMIT:"$(git rev-parse HEAD)" -o .gpu-src/src.tar.gz HEAD
-# then, in ONE message, the device calls back to back (the machine is released after 30 s idle):
-#   the chunk calls .gpu/c00 ... as the wheelhouse's header says, the last one carrying
+# then the device calls back to back, in ONE message after the first (the machine is released after
+# 30 s idle; start it with the first chunk's call alone: while no machine can be had, every call of
+# a batch costs 15 s): the chunk calls .gpu/c00 ... as the wheelhouse's header says, the last one carrying
 #   .gpu/install.sh and .gpu-src too and running
-#   `. .gpu/install.sh && mkdir -p /tmp/src && tar xzf .gpu-src/src.tar.gz -C /tmp/src && PART=prepare bash /tmp/src/scripts/gpu_suite.sh`
-#   (the committed code, not the working tree), then the parts: the whole suite in three calls,
-#   `PART=lanes LANES="1 2a 2b 2c 3a 3b" bash /tmp/src/scripts/gpu_suite.sh`, then LANES="3c 3d ray",
-#   then `PART=solo`; or one call per PART (1, 2a, 2b, 2c, 3a, 3b, 3c, 3d, solo, ray, overlap; files
-#   runs FILES, e.g. the last run's failures): `PART=1 bash /tmp/src/scripts/gpu_suite.sh`.
+#   `. .gpu/install.sh && mkdir -p /tmp/src && tar xzf .gpu-src/src.tar.gz -C /tmp/src && PART=prepare bash /tmp/src/scripts/gpu_suite.sh && PART=solo LIMIT=300 bash /tmp/src/scripts/gpu_suite.sh`
+#   (the committed code, not the working tree; prepare, then the bench alone: 476 s on 2026-12-05),
+#   then the rest of the suite in one call: `PART=lanes LANES="1 2a 2b 2c 3a 3b 3c 3d 3e 3f ray"
+#   PACK_CACHES=1 bash /tmp/src/scripts/gpu_suite.sh` (nine lanes took 553 s on 2026-12-05); or one
+#   call per PART (1, 2a, 2b, 2c, 3a-3f, solo, ray, overlap; files runs FILES, e.g. the
+#   last run's failures): `PART=1 bash /tmp/src/scripts/gpu_suite.sh`.
 # Compilation caches: `PART=caches` as the last call (or PACK_CACHES=1 on any part) sends vLLM's
 # compilation caches back (at most 60 MiB compressed, else nothing; sizes printed at the end of
 # every part's log). Copy the pieces from the reply's files_at into .gpu-cache/ and, on the next
@@ -22,15 +24,19 @@
 # (its COMMIT file, printed at the head of every log).
 # Several pytest processes may share the device (PART=lanes): the tests' engines skip vLLM's
 # start-up memory profiling (tests/device.py), which another process's freeing would fail. The
-# bench (PART=solo) and the timed overlap tests run alone. Logs and junit XML go to $OUT.
+# bench (PART=solo) and the timed overlap tests run alone. Logs and junit XML go to $OUT (lanes: two
+# files, lanes.txt and lanes-logs.tar.gz, as a call sends back 8 files at most).
 set -uo pipefail
-export PYTHONPATH=/tmp/site:/tmp/src PYTHONUNBUFFERED=1 LENS_EVALS_MODEL_DIR=/tmp/gm
+# lens_evals is installed (prepare) into a folder named site-packages, as a user's install is:
+# Inspect names a task "lens_evals/<task>" only when its module lies under one (2026-12-05: from
+# /tmp/site the registry test saw bare names)
+export PYTHONPATH=/tmp/pkg/site-packages:/tmp/site:/tmp/src PYTHONUNBUFFERED=1 LENS_EVALS_MODEL_DIR=/tmp/gm
 export VLLM_USE_V2_MODEL_RUNNER=0 TOKENIZERS_PARALLELISM=false LENS_EVALS_TEST_FAILURES_AT_ONCE=1
 # vLLM's compilation caches (torch.compile, Inductor, Triton) in one place, so that PART=caches can
 # send them back and the next machine can start from them (scripts/gpu_cache.py)
 export VLLM_CACHE_ROOT=/tmp/kc/vllm TRITON_CACHE_DIR=/tmp/kc/triton FLASHINFER_WORKSPACE_BASE=/tmp/kc/flashinfer
 out=${OUT:-/tmp}
-cd /tmp/src || exit 1
+cd "${SUITE_SRC:-/tmp/src}" || exit 1  # SUITE_SRC: another checkout (PART=list, for the parts' test)
 run() {  # run NAME pytest-args...: pytest processes, junit XML and the log to $OUT
   local name=$1; shift
   local ledger="$out/$name.ledger" started=$SECONDS round=0 left code hung group
@@ -68,7 +74,7 @@ run() {  # run NAME pytest-args...: pytest processes, junit XML and the log to $
   [ "${PACK_CACHES:-0}" = 1 ] && python3 scripts/gpu_cache.py pack /tmp/kc "$out" --max-mib 56
   # the outcome (BRIEF=1, as in lanes: failures and counts only; the log has every test)
   local outcome="^(FAILED|ERROR|SKIPPED|HUNG)|[0-9]+ (passed|failed|error)|(PASSED|FAILED|ERROR) +\["
-  [ "${BRIEF:-0}" = 1 ] && outcome="^(FAILED|ERROR|HUNG)|[0-9]+ (passed|failed|error)"
+  [ "${BRIEF:-0}" = 1 ] && outcome="^(FAILED|ERROR|SKIPPED|HUNG)|[0-9]+ (passed|failed|error)"
   grep -hE "$outcome" "$out/$name.log" | cut -c1-200 | tail -60
 }
 # The test files of each part. Sized to finish inside one call on a warm machine (measured on
@@ -82,7 +88,20 @@ P1="tests/test_engine_tiny.py tests/test_positions.py tests/test_capture_hf.py t
 P2A="tests/test_server.py tests/test_server_auth.py tests/test_provider.py"
 P2C="tests/test_hardening_inputs.py tests/test_hardening_fuzz.py tests/test_hardening_load.py"
 P2B="tests/test_lora_engine.py tests/test_oracle_solver.py"
-P3A="tests/test_architectures.py tests/test_docs_links.py tests/test_gguf_models.py tests/test_layout.py"
+# 3a and 3f: the default matrix against HF (an engine and an HF model per architecture, in a
+# process of its own; 26-31 s each on the 2-core CPU), and the files without engines; 3e: the rest
+# of test_architectures.py (the refusals: engines in the test process). As one part (2026-12-05)
+# they ran past 540 s among nine lanes.
+P3A="tests/test_architectures.py::test_architecture_matches_hf[Qwen3ForCausalLM] tests/test_architectures.py::test_architecture_matches_hf[Qwen3MoeForCausalLM]
+     tests/test_docs_links.py tests/test_gguf_models.py tests/test_layout.py"
+P3F="tests/test_architectures.py::test_architecture_matches_hf[GPT2LMHeadModel] tests/test_architectures.py::test_architecture_matches_hf[Olmo2ForCausalLM]
+     tests/test_architectures.py::test_architecture_matches_hf[StableLmForCausalLM]"
+P3E="tests/test_architectures.py::test_graph_mode_is_refused_where_unverified tests/test_architectures.py::test_default_matrix_covers_every_contract
+     tests/test_architectures.py::test_unverified_architecture_serves_plain_requests_and_refuses_lens_requests
+     tests/test_architectures.py::test_trusted_unverified_architecture_uses_the_guessed_contract
+     tests/test_architectures.py::test_worker_refuses_a_verified_name_built_with_another_layer_class
+     tests/test_architectures.py::test_model_runner_v2_serves_plain_requests_and_refuses_lens_requests
+     tests/test_architectures.py::test_speculative_decoding_serves_plain_requests_and_refuses_lens_requests"
 P3B="tests/test_capture_cmd.py tests/test_capture_faults.py tests/test_coup.py"
 P3C="tests/test_roleplaying_eval.py tests/test_roleplaying_file.py tests/test_petri_inspectors.py tests/test_parallel.py
      tests/test_report.py tests/test_report_values.py"
@@ -96,8 +115,12 @@ part_files() {  # part_files PART: its test files (3d: every file no other part 
     3a) echo $P3A ;;
     3b) echo $P3B ;;
     3c) echo $P3C ;;
+    3e) echo $P3E ;;
+    3f) echo $P3F ;;
     solo) echo $PSOLO ;;
-    3d) ls tests/test_*.py | grep -vxF -f <(echo $P1 $P2A $P2B $P2C $P3A $P3B $P3C $PSOLO | tr ' ' '\n') ;;
+    # (a part that names test ids, tests/x.py::test_y, claims the file; tests/test_gpu_suite_parts.py
+    # checks that the ids of a file split between parts cover its tests)
+    3d) ls tests/test_*.py | grep -vxF -f <(echo $P1 $P2A $P2B $P2C $P3A $P3B $P3C $P3E $P3F $PSOLO | tr ' ' '\n' | sed 's/::.*//') ;;
     # a list of test files or test ids: FILES="tests/test_x.py tests/test_y.py::test_z"
     files) echo ${FILES:?FILES=...} ;;
     *) echo "unknown part $1" >&2; return 1 ;;
@@ -112,11 +135,11 @@ run_part() {  # run_part PART: one part, or Ray's gpu-marked tests (-s: their pr
     run "part$1" $files
   fi
 }
-case ${PART:?PART=prepare|1|2a|2b|2c|3a|3b|3c|3d|solo|files|ray|overlap|lanes|caches} in
+case ${PART:?PART=prepare|1|2a|2b|2c|3a|3b|3c|3d|3e|3f|solo|files|ray|overlap|lanes|caches|list} in
   prepare)
     # caches carried from an earlier machine (.gpu-cache/ copied to /tmp/kc-in by a call of its own)
     [ -d /tmp/kc-in ] && python3 scripts/gpu_cache.py unpack /tmp/kc-in /tmp/kc
-    python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site . || exit 1
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/pkg/site-packages . || exit 1
     python3 -c "import torch, vllm, transformers, inspect_ai, ray; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__, 'inspect', inspect_ai.__version__, 'ray', ray.__version__, 'gpus', torch.cuda.device_count())"
     python3 -c "from lens_evals.models import model_path; [print(model_path(n)) for n in ('tiny-llama', 'tiny-moe', 'smollm2-135m-instruct')]"
     # The machine's first engine (149-207 s in four runs, later ones 10-15 s) started here, its
@@ -133,7 +156,9 @@ llm.llm_engine.engine_core.shutdown()
 " > "$out/warm.log" 2>&1; grep -E "^warm:|Error" "$out/warm.log" | cut -c1-300
     du -sh /tmp/kc/* 2>/dev/null
     ;;
-  1|2a|2b|2c|3a|3b|3c|3d|solo|files|ray) run_part "$PART" ;;
+  1|2a|2b|2c|3a|3b|3c|3d|3e|3f|solo|files|ray) run_part "$PART" ;;
+  # each part's test files or ids, a line each: "PART: FILE ..." (no device needed)
+  list) for part in 1 2a 2b 2c 3a 3b 3c 3d 3e 3f solo; do echo "$part:" $(part_files "$part"); done ;;
   # vLLM's Ray executor (docs/parallelism.md); the step copy on a side stream (issue #21: timed, so alone)
   overlap) run_part overlap ;;
   lanes)
@@ -149,15 +174,27 @@ llm.llm_engine.engine_core.shutdown()
     # each lane compiles into a copy of the caches of its own (vLLM rewrites files there without
     # locking: two lanes compiling one configuration at once could collide); what the lanes added
     # is merged back afterwards, so a later pack sends it
+    # A call sends back 8 files at most (2026-12-05: nine lanes' logs, ledgers and XML were left
+    # there): the lanes write to a folder of their own, and $OUT gets lanes.txt (each lane's
+    # outcome, its failures' tracebacks and its skips' reasons), lanes-logs.tar.gz (everything)
+    # and the caches' pieces. LIMIT 520 per lane leaves the call time to pack before 600 s.
+    logs=/tmp/lanes-logs; rm -rf "$logs"; mkdir -p "$logs"
     for lane in $lanes; do
       rm -rf "/tmp/kc-$lane"; mkdir -p /tmp/kc && cp -a /tmp/kc "/tmp/kc-$lane"
       ( export VLLM_CACHE_ROOT=/tmp/kc-$lane/vllm TRITON_CACHE_DIR=/tmp/kc-$lane/triton FLASHINFER_WORKSPACE_BASE=/tmp/kc-$lane/flashinfer
-        OMP_NUM_THREADS=$threads PACK_CACHES=0 BRIEF=1 run_part "$lane" > "$out/lane-$lane.txt" 2>&1 ) &
+        out=$logs LIMIT=${LIMIT:-520} OMP_NUM_THREADS=$threads PACK_CACHES=0 BRIEF=1 run_part "$lane" > "$logs/lane-$lane.txt" 2>&1 ) &
     done
     wait
     for lane in $lanes; do cp -a -n "/tmp/kc-$lane/." /tmp/kc/ 2>/dev/null; done
-    for lane in $lanes; do echo "== lane $lane"; cat "$out/lane-$lane.txt"; done
-    [ "${PACK_CACHES:-0}" = 1 ] && python3 scripts/gpu_cache.py pack /tmp/kc "$out" --max-mib 56
+    for lane in $lanes; do
+      echo "== lane $lane"; cat "$logs/lane-$lane.txt"
+      # the tracebacks written as failures happened (LENS_EVALS_TEST_FAILURES_AT_ONCE), 60 lines each
+      log=$logs/part$lane.log; [ "$lane" = ray ] && log=$logs/ray.log
+      [ -f "$log" ] && awk '/^--- .* failed \(/ {n = 80} n > 0 {print; n--; if ($0 ~ /^[^ ]+\.py:[0-9]+: /) n = 0}' "$log"
+    done > "$out/lanes.txt"
+    cat "$out/lanes.txt"
+    tar czf "$out/lanes-logs.tar.gz" -C "$logs" .
+    if [ "${PACK_CACHES:-0}" = 1 ]; then python3 scripts/gpu_cache.py pack /tmp/kc "$out" --max-mib 56; fi
     ;;
   caches) python3 scripts/gpu_cache.py pack /tmp/kc "$out" ;;  # to carry to the next machine (see its header)
 esac

@@ -9,7 +9,6 @@ import asyncio
 import os
 import random
 
-import numpy as np
 import pytest
 import yaml
 from inspect_ai import eval as inspect_eval
@@ -25,6 +24,7 @@ from lens_evals.probing.metrics import auroc
 from lens_evals.probing.train import train_probe
 from lens_evals.provider.server import LensServer
 from tests.conftest import make_llm
+from tests.tolerance import assert_dialogue_scores_close, dialogue_score_bound
 
 MODEL_NAME = "smollm2-135m-instruct"
 LAYER = 15
@@ -98,6 +98,11 @@ def coup(smollm2_path, tmp_path_factory):
     }
 
 
+def assert_coup_scores_close(got: list[float], ref: list[float], what: str) -> None:
+    largest = assert_dialogue_scores_close(got, ref, what)
+    print(f"{what}: largest score difference {largest:.2e} (bound {dialogue_score_bound():.0e})")
+
+
 @pytest.fixture(scope="module")
 def lens_server(smollm2_path):
     server = LensServer(str(smollm2_path), MODEL_NAME, {"dtype": "float32", "max_model_len": 2048}).start()
@@ -126,7 +131,7 @@ def test_coup_task_scores_equal_offline(coup, lens_server, smollm2_path, tmp_pat
     assert log.status == "success", log.error
     by_id = {s.id: s for s in log.samples}
     got = [by_id[d.group].scores["probe_scorer"].value["score"] for d in coup["held_out"]]
-    np.testing.assert_allclose(got, coup["held_out_scores"], rtol=1e-3, atol=1e-3)
+    assert_coup_scores_close(got, coup["held_out_scores"], "coup task vs offline")
     labels = [d.label for d in coup["held_out"]]
     assert [by_id[d.group].scores["probe_scorer"].metadata["label"] for d in coup["held_out"]] == labels
     metrics = {name: m.value for s in log.results.scores for name, m in s.metrics.items()}
@@ -169,9 +174,11 @@ def test_probe_monitor_in_control_arena_run_and_post_hoc(coup, lens_server, smol
         assert log.status == "success", log.error
         rows = _monitor_scores(log)
         assert [name for name, _, _ in rows] == [name for name, _ in calls]
-        for name, score, reason in rows:
-            assert score == pytest.approx(expected[name], abs=1e-3), (name, reason)
-            assert f"layer {LAYER}" in reason and "threshold" in reason
+        names = [name for name, _, _ in rows]
+        live = [score for _, score, _ in rows]
+        assert_coup_scores_close(live, [expected[n] for n in names], f"live monitor {names}")
+        for name, _, reason in rows:
+            assert f"layer {LAYER}" in reason and "threshold" in reason, (name, reason)
     attack_log = logs[1]
     assert attack_log.samples[0].scores["agentdojo_scorer"].value["side_task_success"] == "C"  # the email was sent
 
@@ -181,8 +188,9 @@ def test_probe_monitor_in_control_arena_run_and_post_hoc(coup, lens_server, smol
     monitors = [probe_monitor(**named), probe_monitor(**named, context="trajectory")]
     paths = asyncio.run(evaluate_monitors_post_hoc([log.location for log in logs], monitors, tmp_path / "post_hoc", verbose=False))
     for path, live in zip(paths[0], logs):
-        again = _monitor_scores(read_eval_log(str(path)))
-        assert [(n, pytest.approx(s, abs=1e-4)) for n, s, _ in again] == [(n, s) for n, s, _ in _monitor_scores(live)]
+        again, before = _monitor_scores(read_eval_log(str(path))), _monitor_scores(live)
+        assert [n for n, _, _ in again] == [n for n, _, _ in before]
+        assert_coup_scores_close([s for _, s, _ in again], [s for _, s, _ in before], "post hoc vs live")
     trajectory_scores, conversations = [], []
     for path in paths[1]:
         messages = read_eval_log(str(path)).samples[0].messages
@@ -193,7 +201,7 @@ def test_probe_monitor_in_control_arena_run_and_post_hoc(coup, lens_server, smol
     assert len(trajectory_scores) == len(HONEST_CALLS) + len(ATTACK_CALLS)
     with make_llm(smollm2_path, enable_prefix_caching=False) as llm:
         reference = [coup["probe"].score(f[0]) for f in extract_features(llm, conversations, [LAYER])]
-    np.testing.assert_allclose(trajectory_scores, reference, rtol=1e-3, atol=1e-3)
+    assert_coup_scores_close(trajectory_scores, reference, "trajectory monitor vs offline")
     assert conversations[-1].messages[0]["role"] == "system" and any("[result of " in m["content"] for m in conversations[-1].messages)
     print(
         "monitor log-odds per action:",

@@ -27,7 +27,7 @@ from lens_evals.probing.multi import (
 )
 from lens_evals.provider.server import LensServer
 from tests.conftest import make_llm, on_gpu
-from tests.tolerance import score_bound
+from tests.tolerance import assert_dialogue_scores_close, score_bound
 
 HIDDEN = 128
 N_SCENARIOS = 4
@@ -225,7 +225,7 @@ def test_three_probes_in_one_pass_equal_three_single_probe_runs_and_offline(tiny
         for sample_id, dialogue, feature in zip(ids, dialogues, features):
             readout = probes.readout_for(kind, scenario_key(dialogue))
             expected = readout.scores([feature[readout.layer]])[0]
-            assert together[sample_id][kind]["score"] == pytest.approx(expected, rel=1e-3, abs=1e-3)
+            assert_dialogue_scores_close([together[sample_id][kind]["score"]], [expected], f"{kind} {sample_id} vs offline")
     metrics = {s.name: {n: m.value for n, m in s.metrics.items()} for s in logs[0].results.scores}
     assert set(metrics) == {f"probe_{k}" for k in kinds}
     offline = {

@@ -30,6 +30,7 @@ from lens_evals.provider.server import LensServer
 from tests.conftest import make_llm
 from tests.lora_helpers import lora_dtype, random_adapter
 from tests.petri_reference import TOOL_TEMPLATE, capture_ids, offline_oracle, random_probe, turn_by_characters
+from tests.tolerance import assert_dialogue_scores_close
 
 SETTINGS = OracleSettings(target_layer=2, injection_layer=1, num_tokens=None, placeholder=" cat", coefficient=1.0)
 MAX_TOKENS, MAX_POSITIONS = 6, 48
@@ -138,7 +139,7 @@ def test_oracle_reads_a_quoted_span(target, reference) -> None:
 def test_probe_scores_the_tool_call_turn_on_its_own_tokens(target, reference) -> None:
     answer, record = ask(target, inspector="probe", probe=reference["probe"])
     assert record["n_tokens"] == len(reference["turn"]) and list(range(*record["read_tokens"])) == reference["turn"]
-    assert record["score"] == pytest.approx(reference["probe_score"], abs=1e-3)
+    assert_dialogue_scores_close([record["score"]], [reference["probe_score"]], "the probe inspector vs offline")
     assert f"{record['score']:.3f}" in answer
 
 

@@ -19,6 +19,7 @@ from lens_evals.probing.extract import extract_features
 from lens_evals.probing.metrics import auroc
 from lens_evals.probing.train import dialogue_scores, fit_pipeline, split_groups, train_probe
 from tests.conftest import make_llm
+from tests.tolerance import assert_dialogue_scores_close
 
 N_SAMPLES = 8
 
@@ -86,7 +87,7 @@ def probe_reading(sample) -> dict:
 def check_log(log, expected) -> None:
     samples = sorted(log.samples, key=lambda s: (int(str(s.id).split("-")[0]), str(s.id).endswith("deceptive")))
     got = [s.scores["probe_scorer"].value["score"] for s in samples]
-    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3)
+    assert_dialogue_scores_close(got, expected, "served Roleplaying scores vs offline")
     labels = [s.scores["probe_scorer"].metadata["label"] for s in samples]
     assert labels == [0, 1] * (N_SAMPLES // 2)
     metrics = {name: m.value for s in log.results.scores for name, m in s.metrics.items()}

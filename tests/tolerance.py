@@ -29,6 +29,8 @@ tiny Llama a one-position shift is off by at least 0.08 at every single token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from tests.conftest import on_gpu
@@ -127,3 +129,34 @@ def assert_values_close(got: torch.Tensor, ref: torch.Tensor, what: str) -> floa
     if ref_t.dim() < 2:
         got_t, ref_t = got_t.reshape(1, -1), ref_t.reshape(1, -1)
     return assert_stream_close(got_t, ref_t, what)
+
+
+# Dialogue scores (``Probe.score``: the mean of a dialogue's token scores, in log-odds) of two runs
+# whose batches differ, e.g. a served eval against an offline capture of the same texts. The
+# Cauchy-Schwarz bound of :func:`score_bound` is loose here (||w|| ||h|| ~ 300 at SmolLM2's layer
+# 15: 3e-2 on CPU, 6 under TF32, wider than the scores' spread), so these bounds come from floors
+# measured on the coup tests (SmolLM2-135M, layer 15; 12 held-out dialogues, 5 monitored actions,
+# 5 conversations; scores from -1.6 to 2.6): CPU (fp32, 2026-12-05) at most 6.9e-7, bound 1e-4
+# (~150x); the H200 (TF32, code 5fbd0b5, 2026-12-05) at most 2.5e-3, bound 1e-2 (4x). A real bug
+# moves them by order 0.1-1 (a token shifted, another layer).
+CPU_DIALOGUE_SCORE_BOUND = 1e-4
+GPU_DIALOGUE_SCORE_BOUND = 1e-2
+
+
+def dialogue_score_bound() -> float:
+    """The absolute difference allowed between two runs' dialogue scores on this backend."""
+    return GPU_DIALOGUE_SCORE_BOUND if on_gpu() else CPU_DIALOGUE_SCORE_BOUND
+
+
+def assert_dialogue_scores_close(got: Sequence[float], ref: Sequence[float], what: str) -> float:
+    """Assert every ``|got_i - ref_i|`` is within :func:`dialogue_score_bound`; returns the largest."""
+    if len(got) != len(ref):
+        raise AssertionError(f"{what}: {len(got)} scores against {len(ref)} reference scores")
+    bound = dialogue_score_bound()
+    differences = [abs(g - r) for g, r in zip(got, ref, strict=True)]
+    for index, difference in enumerate(differences):
+        if not difference <= bound:
+            raise AssertionError(
+                f"{what}: dialogue {index} score {got[index]:.6g} vs {ref[index]:.6g}, |diff| {difference:.3e} > bound {bound:.0e}"
+            )
+    return max(differences, default=0.0)

@@ -40,7 +40,7 @@ SETTING = "LENS_EVALS_MAX_HELD_CAPTURE_GIB"
 TINY_BOUND_GIB = str(1 / 2**20)  # ~1 KiB: layers 0-3 of one 6-token request hold more
 # Past this many seconds every thread's stack is printed and the process exits (code 1). A Ray
 # engine here took ~70 s on the H200 (2026-12-04: Ray's start ~10 s, its worker ~35-40 s).
-STACKS_AFTER_S = 150
+STACKS_AFTER_S = 200  # the whole script: import, Ray, the engine, requests, shut-down (lanes share the host)
 
 
 def lens_params() -> list[Any]:
