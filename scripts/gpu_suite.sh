@@ -9,9 +9,9 @@
 #   .gpu/install.sh and .gpu-src too and running
 #   `. .gpu/install.sh && mkdir -p /tmp/src && tar xzf .gpu-src/src.tar.gz -C /tmp/src && PART=prepare bash /tmp/src/scripts/gpu_suite.sh && PART=solo LIMIT=300 bash /tmp/src/scripts/gpu_suite.sh`
 #   (the committed code, not the working tree; prepare, then the bench alone: 476 s on 2026-12-05),
-#   then the rest of the suite in one call: `PART=lanes LANES="1 2a 2b 2c 3a 3b 3c 3d 3e 3f ray"
-#   PACK_CACHES=1 bash /tmp/src/scripts/gpu_suite.sh` (nine lanes took 553 s on 2026-12-05); or one
-#   call per PART (1, 2a, 2b, 2c, 3a-3f, solo, ray, overlap; files runs FILES, e.g. the
+#   then the rest of the suite in one call: `PART=lanes LANES="1 2a 2b 2c 2d 3a 3b 3c 3d 3e 3f
+#   ray" PACK_CACHES=1 bash /tmp/src/scripts/gpu_suite.sh` (nine lanes took 553 s on 2026-12-05); or one
+#   call per PART (1, 2a-2d, 3a-3f, solo, ray, overlap; files runs FILES, e.g. the
 #   last run's failures): `PART=1 bash /tmp/src/scripts/gpu_suite.sh`.
 # Compilation caches: `PART=caches` as the last call (or PACK_CACHES=1 on any part) sends vLLM's
 # compilation caches back (at most 60 MiB compressed, else nothing; sizes printed at the end of
@@ -85,7 +85,9 @@ run() {  # run NAME pytest-args...: pytest processes, junit XML and the log to $
 P1="tests/test_engine_tiny.py tests/test_positions.py tests/test_capture_hf.py tests/test_hooks.py tests/test_hook_sets.py
     tests/test_probes.py tests/test_graph_mode.py tests/test_failures_and_disable.py tests/test_store.py tests/test_handoff.py tests/test_handoff_views.py
     tests/test_wire_spec.py tests/test_engine_modes.py"
-P2A="tests/test_server.py tests/test_server_auth.py tests/test_provider.py"
+# 2a and 2d: 493 s as one part among nine lanes (2026-12-05); on the 2-core CPU server 46 s, auth 20 s, provider 129 s
+P2A="tests/test_server.py tests/test_server_auth.py"
+P2D="tests/test_provider.py"
 P2C="tests/test_hardening_inputs.py tests/test_hardening_fuzz.py tests/test_hardening_load.py"
 P2B="tests/test_lora_engine.py tests/test_oracle_solver.py"
 # 3a and 3f: the default matrix against HF (an engine and an HF model per architecture, in a
@@ -112,6 +114,7 @@ part_files() {  # part_files PART: its test files (3d: every file no other part 
     2a) echo $P2A ;;
     2b) echo $P2B ;;
     2c) echo $P2C ;;
+    2d) echo $P2D ;;
     3a) echo $P3A ;;
     3b) echo $P3B ;;
     3c) echo $P3C ;;
@@ -120,7 +123,7 @@ part_files() {  # part_files PART: its test files (3d: every file no other part 
     solo) echo $PSOLO ;;
     # (a part that names test ids, tests/x.py::test_y, claims the file; tests/test_gpu_suite_parts.py
     # checks that the ids of a file split between parts cover its tests)
-    3d) ls tests/test_*.py | grep -vxF -f <(echo $P1 $P2A $P2B $P2C $P3A $P3B $P3C $P3E $P3F $PSOLO | tr ' ' '\n' | sed 's/::.*//') ;;
+    3d) ls tests/test_*.py | grep -vxF -f <(echo $P1 $P2A $P2B $P2C $P2D $P3A $P3B $P3C $P3E $P3F $PSOLO | tr ' ' '\n' | sed 's/::.*//') ;;
     # a list of test files or test ids: FILES="tests/test_x.py tests/test_y.py::test_z"
     files) echo ${FILES:?FILES=...} ;;
     *) echo "unknown part $1" >&2; return 1 ;;
@@ -135,7 +138,7 @@ run_part() {  # run_part PART: one part, or Ray's gpu-marked tests (-s: their pr
     run "part$1" $files
   fi
 }
-case ${PART:?PART=prepare|1|2a|2b|2c|3a|3b|3c|3d|3e|3f|solo|files|ray|overlap|lanes|caches|list} in
+case ${PART:?PART=prepare|1|2a|2b|2c|2d|3a|3b|3c|3d|3e|3f|solo|files|ray|overlap|lanes|caches|list} in
   prepare)
     # caches carried from an earlier machine (.gpu-cache/ copied to /tmp/kc-in by a call of its own)
     [ -d /tmp/kc-in ] && python3 scripts/gpu_cache.py unpack /tmp/kc-in /tmp/kc
@@ -156,9 +159,9 @@ llm.llm_engine.engine_core.shutdown()
 " > "$out/warm.log" 2>&1; grep -E "^warm:|Error" "$out/warm.log" | cut -c1-300
     du -sh /tmp/kc/* 2>/dev/null
     ;;
-  1|2a|2b|2c|3a|3b|3c|3d|3e|3f|solo|files|ray) run_part "$PART" ;;
+  1|2a|2b|2c|2d|3a|3b|3c|3d|3e|3f|solo|files|ray) run_part "$PART" ;;
   # each part's test files or ids, a line each: "PART: FILE ..." (no device needed)
-  list) for part in 1 2a 2b 2c 3a 3b 3c 3d 3e 3f solo; do echo "$part:" $(part_files "$part"); done ;;
+  list) for part in 1 2a 2b 2c 2d 3a 3b 3c 3d 3e 3f solo; do echo "$part:" $(part_files "$part"); done ;;
   # vLLM's Ray executor (docs/parallelism.md); the step copy on a side stream (issue #21: timed, so alone)
   overlap) run_part overlap ;;
   lanes)
@@ -177,12 +180,14 @@ llm.llm_engine.engine_core.shutdown()
     # A call sends back 8 files at most (2026-12-05: nine lanes' logs, ledgers and XML were left
     # there): the lanes write to a folder of their own, and $OUT gets lanes.txt (each lane's
     # outcome, its failures' tracebacks and its skips' reasons), lanes-logs.tar.gz (everything)
-    # and the caches' pieces. LIMIT 520 per lane leaves the call time to pack before 600 s.
+    # and the caches' pieces. LIMIT 520 per lane (Ray's RAY_LIMIT 555) leaves the call time to pack
+    # before 600 s (13 s on 2026-12-05).
     logs=/tmp/lanes-logs; rm -rf "$logs"; mkdir -p "$logs"
     for lane in $lanes; do
       rm -rf "/tmp/kc-$lane"; mkdir -p /tmp/kc && cp -a /tmp/kc "/tmp/kc-$lane"
       ( export VLLM_CACHE_ROOT=/tmp/kc-$lane/vllm TRITON_CACHE_DIR=/tmp/kc-$lane/triton FLASHINFER_WORKSPACE_BASE=/tmp/kc-$lane/flashinfer
-        out=$logs LIMIT=${LIMIT:-520} OMP_NUM_THREADS=$threads PACK_CACHES=0 BRIEF=1 run_part "$lane" > "$logs/lane-$lane.txt" 2>&1 ) &
+        limit=${LIMIT:-520}; [ "$lane" = ray ] && limit=${RAY_LIMIT:-555}  # Ray's five engines took 534 s among nine lanes
+        out=$logs LIMIT=$limit OMP_NUM_THREADS=$threads PACK_CACHES=0 BRIEF=1 run_part "$lane" > "$logs/lane-$lane.txt" 2>&1 ) &
     done
     wait
     for lane in $lanes; do cp -a -n "/tmp/kc-$lane/." /tmp/kc/ 2>/dev/null; done

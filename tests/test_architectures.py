@@ -20,6 +20,7 @@ from tests import arch_zoo
 from tests.arch_matrix import run_matrix_isolated, stream_bound
 from tests.arch_zoo import ZOO, build
 from tests.conftest import capture, greedy, make_llm
+from tests.tolerance import assert_stream_close
 
 # one per contract: fused (Qwen3), fused MoE (Qwen3-MoE), stream from a vLLM layer (GPT-2),
 # stream from a transformers layer (OLMo2 on the Transformers backend), first of a tuple (StableLM)
@@ -157,7 +158,7 @@ def test_trusted_unverified_architecture_uses_the_guessed_contract(unverified_mo
         reference = capture(llm.generate(["the cat reads a book."], greedy(4, output_residual_stream=[0, 3]))[0])
     with make_llm(unverified_model) as llm:
         got = capture(llm.generate(["the cat reads a book."], greedy(4, output_residual_stream=[0, 3]))[0])
-    torch.testing.assert_close(got, reference, atol=1e-5, rtol=1e-5)
+    assert_stream_close(got, reference, "the trusted unverified name vs the verified one")
 
 
 def refusal_in_fresh_process(mode: str, path) -> str:

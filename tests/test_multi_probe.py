@@ -214,7 +214,7 @@ def test_three_probes_in_one_pass_equal_three_single_probe_runs_and_offline(tiny
         for sample in single_log.samples:
             alone = sample.metadata["probes"][kind]
             assert alone["readout"] == together[sample.id][kind]["readout"]
-            assert alone["score"] == pytest.approx(together[sample.id][kind]["score"], rel=1e-5, abs=1e-5)
+            assert_dialogue_scores_close([alone["score"]], [together[sample.id][kind]["score"]], f"{kind} {sample.id}: alone vs together")
             assert sample.scores[f"probe_{kind}"].value == pytest.approx(alone["score"])
 
     # independent reference: the same readouts applied on the host to an offline capture
