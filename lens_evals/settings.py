@@ -7,14 +7,15 @@ exception, kept for speed: ``LENS_EVALS_TIMING`` is read once when :mod:`lens_ev
 is imported (the worker imports it when it starts).
 
 Parsing: an unset or empty variable takes the default. Flags accept ``1/true/yes/on`` and
-``0/false/no/off`` (any case); any other value, or a number that does not parse, is a
-``ValueError`` naming the variable. ``docs/settings.md`` holds :func:`markdown_table`;
+``0/false/no/off`` (any case); numbers are finite and 0 or more; any other value, or a number
+that does not parse, is a ``ValueError`` naming the variable. ``docs/settings.md`` holds :func:`markdown_table`;
 ``tests/test_settings.py`` checks that it matches and that every ``LENS_EVALS_*`` name in the
 package is listed here. No vllm, no torch, no numpy.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,17 +74,25 @@ def _flag(text: str) -> bool:
 
 
 def _number(text: str) -> float:
+    """A size or limit: finite and 0 or more (NaN passes every ``>`` check as false, -1 makes a
+    negative byte count; neither means anything here)."""
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise ValueError("expected a number") from None
+    if not 0 <= value < math.inf:
+        raise ValueError("expected a finite number, 0 or more")
+    return value
 
 
 def _integer(text: str) -> int:
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise ValueError("expected an integer") from None
+    if value < 0:
+        raise ValueError("expected an integer, 0 or more")
+    return value
 
 
 def flag(name: str, default: bool, where: str, meaning: str) -> Setting[bool]:

@@ -137,3 +137,24 @@ def test_a_child_process_reads_the_environment_it_starts_with() -> None:
     env = {"PATH": "/usr/bin:/bin", "LENS_EVALS_MAX_HELD_CAPTURE_GIB": "0.25", "LENS_EVALS_DISABLE": "yes"}
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split() == [str(2**28), "True"]
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf", "-1", "-0.5"])
+def test_a_size_that_is_negative_or_not_finite_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    """NaN used to pass as a limit (every comparison with it is false) and fail later in
+    ``in_bytes`` with "cannot convert float NaN to integer"; -1 became a limit of -2**30 bytes."""
+    monkeypatch.setenv("LENS_EVALS_MAX_CAPTURE_GIB", raw)
+    with pytest.raises(ValueError, match=rf"LENS_EVALS_MAX_CAPTURE_GIB='{re.escape(raw)}': expected a finite number, 0 or more"):
+        settings.MAX_CAPTURE_GIB.get()
+    with pytest.raises(ValueError, match="LENS_EVALS_MAX_CAPTURE_GIB="):
+        settings.MAX_CAPTURE_GIB.in_bytes()
+
+
+def test_a_negative_count_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LENS_EVALS_MAX_HOOK_SETS", "-5")
+    with pytest.raises(ValueError, match="LENS_EVALS_MAX_HOOK_SETS='-5': expected an integer, 0 or more"):
+        settings.MAX_HOOK_SETS.get()
+    monkeypatch.setenv("LENS_EVALS_HANDOFF_POOL_MIB", "0")  # 0 is a documented value (no pool)
+    assert settings.HANDOFF_POOL_MIB.in_bytes() == 0
+    monkeypatch.setenv("LENS_EVALS_WRITE_THREADS", "0")
+    assert settings.WRITE_THREADS.get() == 0
