@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from lens_evals.cli_checks import check_layer, check_probe_for_model, model_name, model_name_or_dir, oracle_recipe
 from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
 
 
@@ -113,8 +114,6 @@ def _oracle(args: argparse.Namespace) -> int:
     if args.oracle_command == "train":
         from lens_evals.oracle.build import build_oracle
 
-        if args.name not in RECIPES:
-            raise SystemExit(f"unknown oracle recipe {args.name!r}; known: {', '.join(sorted(RECIPES))}")
         overrides = {
             key: value
             for key, value in (
@@ -145,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="embedded models")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     path = models_sub.add_parser("path", help="print a prepared model's directory (prepare if missing)")
-    path.add_argument("name")
+    path.add_argument("name", type=model_name)
     models_sub.add_parser("list", help="list embedded model names")
     models.set_defaults(func=_models)
     demo = sub.add_parser("demo", help="capture and steer on the embedded default model")
@@ -166,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", default="probes/sweep", help="path without suffix for .json and .png")
     sweep.add_argument("--no-roleplaying", action="store_true", help="skip the Roleplaying transfer curve")
     for command in (train, sweep):
-        command.add_argument("--model", default="smollm2-135m-instruct")
+        command.add_argument("--model", type=model_name_or_dir, default="smollm2-135m-instruct")
         command.add_argument(
             "--dataset",
             type=training_set,
@@ -179,10 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_probe_commands(probes_sub)
     probes.set_defaults(func=_probes)
     role = sub.add_parser("roleplaying", help="main job: Roleplaying probe eval on the default model (prepares what is missing)")
-    role.add_argument("--model", default="smollm2-135m-instruct")
+    role.add_argument("--model", type=model_name, default="smollm2-135m-instruct")
     role.add_argument("--probe", default=None, help="probe .joblib (default: the model's Instructed-Pairs probe)")
     role.add_argument("--dataset", default=None, help="scenarios YAML in Apollo's schema (default: ours)")
-    role.add_argument("--limit", type=int, default=None)
+    role.add_argument("--limit", type=positive_int, default=None)
     role.add_argument("--log-dir", default="logs")
     role.set_defaults(func=_roleplaying)
     report = sub.add_parser("report", help="one self-contained HTML page for an eval log (probe tasks, oracle tasks)")
@@ -204,10 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     oracle = sub.add_parser("oracle", help="activation oracles: train one, find it")
     oracle_sub = oracle.add_subparsers(dest="oracle_command", required=True)
     oracle_train = oracle_sub.add_parser("train", help="train an oracle adapter (CPU, minutes) into the oracle cache")
-    oracle_train.add_argument("--name", default="smollm2-135m-oracle")
-    oracle_train.add_argument("--train-per-family", type=int)
-    oracle_train.add_argument("--eval-per-family", type=int)
-    oracle_train.add_argument("--epochs", type=int)
+    oracle_train.add_argument("--name", type=oracle_recipe, default="smollm2-135m-oracle")
+    oracle_train.add_argument("--train-per-family", type=positive_int)
+    oracle_train.add_argument("--eval-per-family", type=positive_int)
+    oracle_train.add_argument("--epochs", type=positive_int)
     add_engine_arg_option(oracle_train)
     for oracle_command in ("path", "card"):
         what = "directory" if oracle_command == "path" else "card"
@@ -219,7 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "probes" and args.probes_command in ("train", "train-set"):
+        check_layer(parser, args.model, args.layer)
+    if args.command == "roleplaying" and args.probe:
+        check_probe_for_model(parser, args.probe, args.model)
     return int(args.func(args) or 0)
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lens_evals.cli_checks import model_name_or_dir
 from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
 
 
@@ -55,7 +56,7 @@ def add_probe_commands(probes_sub: Any) -> None:
     science.add_argument("--roleplaying-limit", type=positive_int, default=None, help="first N Roleplaying scenarios (checks only)")
     for command in (train_set, science):
         add_engine_arg_option(command)
-        command.add_argument("--model", default="smollm2-135m-instruct")
+        command.add_argument("--model", type=model_name_or_dir, default="smollm2-135m-instruct")
         command.add_argument("--limit", type=positive_int, default=None, help="about this many Instructed-Pairs dialogues")
         command.add_argument("--control-limit", type=positive_int, default=None, help="first N control requests (default: all)")
         command.add_argument("--control-max-tokens", type=positive_int, default=48)

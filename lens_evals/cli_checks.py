@@ -1,0 +1,92 @@
+"""Checks of `lens-evals` arguments that know about models, probes and oracle recipes: each
+mistake is an argparse error (exit 2) naming the value and what was expected, found before an
+engine starts (not a KeyError from :mod:`lens_evals.models`, an OSError from the HF hub or the
+engine's refusal of a layer minutes later). No vllm, no torch at import."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _known_models() -> list[str]:
+    from lens_evals.models import PREPARERS
+
+    return sorted(PREPARERS)
+
+
+def model_name(text: str) -> str:
+    """An embedded model name (what :func:`lens_evals.models.model_path` prepares)."""
+    known = _known_models()
+    if text not in known:
+        raise argparse.ArgumentTypeError(f"unknown model {text!r}; expected one of {', '.join(known)}")
+    return text
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def model_name_or_dir(text: str) -> str:
+    """An embedded model name, a model directory (or file) that exists, or a hub id already in the
+    local HF cache (nothing is downloaded)."""
+    if text in _known_models() or Path(text).exists() or (text.count("/") == 1 and _in_hub_cache(text)):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"unknown model {text!r}; expected one of {', '.join(_known_models())}, a model directory or a hub id in the local cache"
+    )
+
+
+def oracle_recipe(text: str) -> str:
+    from lens_evals.oracle.adapters import RECIPES
+
+    if text not in RECIPES:
+        raise argparse.ArgumentTypeError(f"unknown oracle recipe {text!r}; expected one of {', '.join(sorted(RECIPES))}")
+    return text
+
+
+def model_config(model: str) -> dict[str, Any] | None:
+    """The model's HF config (its text model's, for a model with one), or None where there is no
+    ``config.json`` to read (a GGUF file, a hub id): the engine then checks alone."""
+    from lens_evals.models import resolve_model
+
+    config_file = Path(resolve_model(model)) / "config.json"
+    if not config_file.is_file():
+        return None
+    config: dict[str, Any] = json.loads(config_file.read_text(encoding="utf-8"))
+    text_config = config.get("text_config")
+    return text_config if isinstance(text_config, dict) and "num_hidden_layers" in text_config else config
+
+
+def check_layer(parser: argparse.ArgumentParser, model: str, layer: int | None) -> None:
+    """``--layer`` within the model's decoder layers (exit 2 otherwise)."""
+    n_layers = (model_config(model) or {}).get("num_hidden_layers") if layer is not None else None
+    if isinstance(n_layers, int) and layer is not None and layer >= n_layers:
+        parser.error(f"argument --layer: {layer} is past the last layer of {Path(model).name} ({n_layers} layers: 0..{n_layers - 1})")
+
+
+def check_probe_for_model(parser: argparse.ArgumentParser, probe: str, model: str) -> None:
+    """``--probe``: its files exist and its card fits ``model`` (trained on it, its hidden size, one
+    of its layers). A probe of another model or layer would otherwise give scores that mean nothing."""
+    from lens_evals.probing.probe import load_probe
+
+    try:
+        card = load_probe(probe).card
+    except (FileNotFoundError, TypeError, ValueError) as exc:
+        parser.error(f"argument --probe: {exc}")
+    name = Path(model).name
+    if card.model != name:
+        parser.error(
+            f"argument --probe: {probe} was trained on {card.model}, not {name}; train one with `lens-evals probes train --model {model}`"
+        )
+    config = model_config(model) or {}
+    hidden = config.get("hidden_size")
+    if isinstance(hidden, int) and card.hidden_size != hidden:
+        parser.error(f"argument --probe: {probe} reads hidden size {card.hidden_size} but {name}'s is {hidden}")
+    n_layers = config.get("num_hidden_layers")
+    if isinstance(n_layers, int) and card.layer >= n_layers:
+        parser.error(f"argument --probe: {probe} reads layer {card.layer} but {name} has {n_layers} layers (0..{n_layers - 1})")
