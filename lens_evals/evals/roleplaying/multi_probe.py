@@ -24,7 +24,7 @@ from inspect_ai.solver import Generate, Solver, TaskState, solver
 
 from lens_evals.evals.roleplaying.scenarios import roleplaying_samples
 from lens_evals.evals.shared.probe_reading import INFO_SOURCE
-from lens_evals.evals.shared.probe_solver import given_turn_reading, send_given_turn, served_tokenizer, state_chat
+from lens_evals.evals.shared.probe_solver import check_probe_model, given_turn_reading, send_given_turn, served_tokenizer, state_chat
 from lens_evals.probing import metrics as detection
 from lens_evals.probing.datasets import load_roleplaying
 from lens_evals.probing.dialogues import Dialogue
@@ -110,6 +110,7 @@ def multi_probe_scores(probes: ProbeSet, kinds: Sequence[str], tokenizer: str | 
     """Score the final assistant turn with every probe in ``kinds`` in one request."""
 
     async def solve(state: TaskState, generate: Generate) -> TaskState:
+        check_probe_model(state, probes.model, "set")
         tok = served_tokenizer(state, tokenizer)
         messages = state_chat(state)
         if not messages or messages[-1]["role"] != "assistant":

@@ -48,6 +48,18 @@ def served_tokenizer(state: TaskState, tokenizer: str | None) -> Any:
     return _local_tokenizer(tokenizer or str(state.model).split("/", 1)[-1])
 
 
+def check_probe_model(state: TaskState, trained_on: str, probe_name: str) -> None:
+    """Refuse a probe trained on another model than the evaluated one (``vllm-lens/NAME`` or
+    ``vllm-lens/DIR``: its last path part). Models of one shape (hidden size, layers) pass every
+    engine check, so the scores would silently read another model's activations."""
+    served = Path(str(state.model).split("/", 1)[-1]).name
+    if trained_on != served:
+        raise ValueError(
+            f"probe {probe_name} was trained on {trained_on}, not on the evaluated model {served}: its scores would read "
+            f"another model's activations (train one with `lens-evals probes train --model {served}`)"
+        )
+
+
 def state_chat(state: TaskState) -> list[dict[str, str]]:
     return [{"role": m.role, "content": m.text} for m in state.messages]
 
@@ -90,6 +102,7 @@ def probe_scores(
     lens = {"extra_args": {PROBE_KEY: [loaded.linear_probe()]} if on_worker else {CAPTURE_KEY: [loaded.layer]}, "return_token_ids": True}
 
     async def solve(state: TaskState, generate: Generate) -> TaskState:
+        check_probe_model(state, loaded.card.model, loaded.card.name)
         tok = served_tokenizer(state, tokenizer)
         messages = state_chat(state)
         continuing = bool(messages) and messages[-1]["role"] == "assistant"
