@@ -168,6 +168,11 @@ def sample_mix(
     return mix
 
 
+def taboo_prompt_sets() -> list[str]:
+    """The names :func:`taboo_prompts` takes (``data/activation_oracles_secret_keeping/*.txt``)."""
+    return sorted(path.stem for path in data_file("activation_oracles_secret_keeping").glob("*.txt"))
+
+
 def taboo_prompts(name: str = "taboo_standard_test") -> list[str]:
     """User prompts of the Taboo secret-keeping benchmark (``data/activation_oracles_secret_keeping``)."""
     lines = data_file("activation_oracles_secret_keeping", f"{name}.txt").read_text(encoding="utf-8").splitlines()

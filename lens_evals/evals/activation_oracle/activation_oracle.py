@@ -23,7 +23,7 @@ from inspect_ai.solver import Solver
 
 from lens_evals.evals.activation_oracle.oracle_scorers import oracle_answer_match, zero_vector_match
 from lens_evals.evals.activation_oracle.oracle_solver import QUESTION_METADATA_KEY, activation_oracle
-from lens_evals.oracle.qa_items import FAMILIES, QUESTIONS, all_items, sample_mix, taboo_prompts
+from lens_evals.oracle.qa_items import FAMILIES, QUESTIONS, all_items, sample_mix, taboo_prompt_sets, taboo_prompts
 
 TABOO_WORDS = (
     "ship",
@@ -66,6 +66,28 @@ def card_solver(card: dict[str, Any], lora: str, num_tokens: int | None | UseCar
     )
 
 
+def _count(name: str, value: object, none_means: str = "") -> None:
+    """A `-T` count: an integer, 1 or more (0 or -1 would give an empty dataset or, for
+    num_tokens, fail every sample once the engine ran)."""
+    if value is None and none_means:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be 1 or more{none_means}, got {value!r}")
+
+
+def _families(text: str) -> list[str]:
+    """``families``: comma-separated names of :data:`FAMILIES` (a misspelt one is an error, not
+    a family with no items)."""
+    chosen = [family.strip() for family in str(text).split(",") if family.strip()]
+    expected = f"expected some of {', '.join(FAMILIES)}, comma-separated"
+    if not chosen:
+        raise ValueError(f"families: no family given; {expected}")
+    for family in chosen:
+        if family not in FAMILIES:
+            raise ValueError(f"families: unknown family {family!r}; {expected}")
+    return chosen
+
+
 def _card(oracle: str | None) -> dict[str, Any]:
     """The oracle's card (its name or directory; default: the default oracle). The oracle store
     needs torch, so it is imported only here: the task registry loads in a client-only install."""
@@ -76,8 +98,9 @@ def _card(oracle: str | None) -> dict[str, Any]:
 
 def oracle_heldout_task(oracle: str | None, lora: str = "oracle", per_family: int = 40, families: str = ",".join(FAMILIES)) -> Task:
     """``oracle``: the card to read (name or directory); ``lora``: the adapter name the server serves."""
+    chosen = _families(families)
+    _count("per_family", per_family)
     card = _card(oracle)
-    chosen = [family for family in families.split(",") if family]
     items = sample_mix(all_items(), "heldout", per_family, seed=card["config"]["seed"] + 1, families=chosen)
     samples = [
         Sample(
@@ -106,6 +129,11 @@ def secret_word_task(
 ) -> Task:
     """``num_tokens=None`` reads every position (the secret word's own tokens in the system prompt
     included); ``num_tokens=K`` only the last K (the user prompt's end: the word is not there)."""
+    if prompts not in taboo_prompt_sets():
+        raise ValueError(f"prompts: unknown prompt set {prompts!r}; expected one of {', '.join(taboo_prompt_sets())}")
+    _count("per_word", per_word)
+    if num_tokens != USE_CARD:
+        _count("num_tokens", num_tokens, none_means=", or None for every position")
     card = _card(oracle)
     user_prompts = taboo_prompts(prompts)
     samples = [
