@@ -26,19 +26,27 @@ def model_name(text: str) -> str:
 
 
 def _in_hub_cache(repo_id: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # a client-only install (the provider alone) has no hub cache to look in
+        return False
     return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
 
 
+def unknown_model(text: str) -> str | None:
+    """Why ``text`` names no model here, or None: an embedded model name, a model directory (or
+    file) that exists, or a hub id already in the local HF cache (nothing is downloaded)."""
+    known = _known_models()
+    if text in known or Path(text).exists() or (text.count("/") == 1 and _in_hub_cache(text)):
+        return None
+    return f"unknown model {text!r}; expected one of {', '.join(known)}, a model directory or a hub id in the local cache"
+
+
 def model_name_or_dir(text: str) -> str:
-    """An embedded model name, a model directory (or file) that exists, or a hub id already in the
-    local HF cache (nothing is downloaded)."""
-    if text in _known_models() or Path(text).exists() or (text.count("/") == 1 and _in_hub_cache(text)):
-        return text
-    raise argparse.ArgumentTypeError(
-        f"unknown model {text!r}; expected one of {', '.join(_known_models())}, a model directory or a hub id in the local cache"
-    )
+    problem = unknown_model(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def oracle_recipe(text: str) -> str:

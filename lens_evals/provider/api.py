@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import importlib.metadata
 import logging
+import math
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -79,7 +80,7 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         base_url = base_url or self._env_base_url
         self.server: LensServer | None = None
         self._server_spec: tuple[str, str, dict[str, Any], float] | None = None
-        server_timeout = float(model_args.pop("server_timeout", 600))
+        server_timeout = _server_timeout(model_args.pop("server_timeout", 600))
         self._own_server_args = (dict(model_args), server_timeout)
         if api_key == _model_info_lookup_key():
             # Inspect builds a throwaway instance to look up model info: start nothing.
@@ -254,10 +255,25 @@ def _take_lens_fields(completion: Any) -> None:
         )
 
 
+def _server_timeout(value: Any) -> float:
+    """``-M server_timeout``: seconds a server we start has to come up (0, negative or NaN gave it none)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not seconds > 0:
+        raise ValueError(f"-M server_timeout={value!r}: expected a number of seconds above 0")
+    return seconds
+
+
 def _own_server_spec(model_name: str, model_args: dict[str, Any], timeout: float) -> tuple[str, str, dict[str, Any], float]:
     """(model path, served name, server args, start timeout) for a server this provider starts."""
+    from lens_evals.cli_checks import unknown_model
     from lens_evals.models import PREPARERS, resolve_model
 
+    problem = unknown_model(model_name)
+    if problem:  # else a server starts and asks the HF hub for it
+        raise ValueError(f"{PROVIDER_NAME}/{model_name}: {problem}")
     model_args = dict(model_args)
     if model_name in PREPARERS:
         # Embedded models are stored in fp32; vLLM's "auto" would downcast them, and probes

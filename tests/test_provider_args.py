@@ -1,0 +1,28 @@
+"""Wrong `-M` model args and model names of the `vllm-lens` provider: a ValueError naming the
+value and what was expected, before a server starts. `vllm-lens/nosuch` used to start a vLLM
+server that asked the HF hub for "nosuch" (no network here: a server-log error after its start);
+`-M server_timeout=abc` was Python's "could not convert string to float: 'abc'"; 0, -1 or nan a
+server given no time at all to start."""
+
+from __future__ import annotations
+
+import pytest
+from inspect_ai.model import get_model
+
+
+def test_an_unknown_model_is_refused_before_a_server_starts() -> None:
+    with pytest.raises(ValueError, match="vllm-lens/nosuch: unknown model 'nosuch'; expected one of .*tiny-llama.*, a model directory"):
+        get_model("vllm-lens/nosuch", memoize=False, server_timeout=60)
+
+
+@pytest.mark.parametrize("value", ["abc", 0, -1, "nan"])
+def test_a_bad_server_timeout_is_refused_naming_it(value: object) -> None:
+    with pytest.raises(ValueError, match=r"-M server_timeout=.*: expected a number of seconds above 0"):
+        get_model("vllm-lens/tiny-llama", memoize=False, server_timeout=value)
+
+
+def test_a_model_directory_passes_the_name_check(tiny_path) -> None:
+    from lens_evals.provider.api import _own_server_spec
+
+    path, served, _, _ = _own_server_spec(str(tiny_path), {}, 60.0)
+    assert (path, served) == (str(tiny_path), str(tiny_path))
