@@ -26,3 +26,12 @@ def test_a_model_directory_passes_the_name_check(tiny_path) -> None:
 
     path, served, _, _ = _own_server_spec(str(tiny_path), {}, 60.0)
     assert (path, served) == (str(tiny_path), str(tiny_path))
+
+
+def test_an_adapter_trained_on_another_base_model_is_refused(tmp_path) -> None:
+    """An oracle's card names its base model; served on another, its answers read nothing it learned
+    (a model of the same shape would load it)."""
+    (tmp_path / "adapter_config.json").write_text('{"r": 8}')
+    (tmp_path / "card.json").write_text('{"base_model": "smollm2-135m-instruct"}')
+    with pytest.raises(ValueError, match=r"-M lora_modules: adapter oracle \(.*\) was trained on smollm2-135m-instruct, not tiny-llama"):
+        get_model("vllm-lens/tiny-llama", memoize=False, server_timeout=60, lora_modules=f"oracle={tmp_path}")

@@ -279,7 +279,7 @@ def _own_server_spec(model_name: str, model_args: dict[str, Any], timeout: float
         # Embedded models are stored in fp32; vLLM's "auto" would downcast them, and probes
         # trained offline on fp32 activations must see the same numbers.
         model_args.setdefault("dtype", "float32")
-    server_args = lora_server_args(model_args)
+    server_args = lora_server_args(model_args, model_name)
     if server_args.get("enable_lora") and "dtype" in server_args:
         from lens_evals.engine.compat.lora import lora_engine_dtype
 

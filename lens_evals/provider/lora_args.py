@@ -48,12 +48,27 @@ def adapter_rank(adapter_dir: Path) -> int:
         return int(json.load(f)["r"])
 
 
-def lora_server_args(model_args: Mapping[str, Any]) -> dict[str, Any]:
-    """``model_args`` with the LoRA flags completed; unchanged when no ``lora_modules``."""
+def check_base_model(name: str, adapter_dir: Path, model: str) -> None:
+    """An oracle trained here (its ``card.json`` names ``base_model``) served on another model is
+    refused: a same-shaped model loads it, and its answers then read nothing it learned."""
+    card_file = adapter_dir / "card.json"
+    if not card_file.is_file():
+        return  # an adapter from elsewhere: its base is not recorded in a form we can compare
+    base = json.loads(card_file.read_text(encoding="utf-8")).get("base_model")
+    if base and Path(str(base)).name != Path(model).name:
+        raise ValueError(f"-M lora_modules: adapter {name} ({adapter_dir}) was trained on {base}, not {Path(model).name}")
+
+
+def lora_server_args(model_args: Mapping[str, Any], model: str | None = None) -> dict[str, Any]:
+    """``model_args`` with the LoRA flags completed; unchanged when no ``lora_modules``. With
+    ``model`` (the served model's name or directory), each oracle's base model is checked."""
     args = dict(model_args)
     if not args.get("lora_modules"):
         return args
     modules = {name: resolve_adapter(path) for name, path in parse_lora_modules(args["lora_modules"]).items()}
+    for name, adapter_dir in modules.items():
+        if model is not None:
+            check_base_model(name, adapter_dir, model)
     args["lora_modules"] = [f"{name}={path}" for name, path in modules.items()]
     args["enable_lora"] = True
     args.setdefault("max_loras", len(modules) + 1)
