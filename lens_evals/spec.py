@@ -104,9 +104,9 @@ class SteeringVector(_WireModel):
     """Add ``scale * v`` (or ``scale * ||h|| * v / ||v||`` with ``norm_match``) to the
     residual stream after each layer in ``layer_indices``.
 
-    ``activations`` is ``(n_layers, hidden)`` (every position) or
-    ``(n_layers, n_positions, hidden)`` with one row per entry of
-    ``position_indices``, which are absolute token positions in the sequence
+    ``activations`` is ``(n_layers, hidden)`` (at every position, or at each entry of
+    ``position_indices`` when given) or ``(n_layers, n_positions, hidden)`` with one row per
+    entry of ``position_indices``, which are absolute token positions in the sequence
     (prompt and generated tokens counted from 0; None with 3-D activations: 0..n_positions-1).
     ``activations`` is held as float32: a torch tensor where torch is installed, else numpy
     (``array`` is always numpy). ``model_dump(mode="json")`` encodes it (see ``lens_evals.wire``).

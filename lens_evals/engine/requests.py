@@ -172,6 +172,8 @@ def _decode_steering(vec: SteeringVector, device: torch.device, dtype: torch.dty
     acts = vec.per_position()  # (n_layers, n_pos or 1, hidden)
     positions = None
     if vec.position_indices is not None:
+        if vec.array.ndim == 2:  # one vector per layer, added at each of the given positions
+            acts = np.repeat(acts, len(vec.position_indices), axis=1)
         order = np.argsort(vec.position_indices)
         positions = np.asarray(vec.position_indices, dtype=np.int64)[order]
         acts = acts[:, order, :]

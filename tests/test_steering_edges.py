@@ -1,0 +1,50 @@
+"""Steering edge cases a researcher hits, on the tiny Llama. References: HF transformers on the
+same weights with the same additions by a forward hook (tests/hf_reference.py), and each
+request run alone on the engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lens_evals import SteeringVector
+from tests.conftest import TINY_PROMPTS, capture, greedy, make_llm
+from tests.hf_reference import HFReference
+from tests.tolerance import assert_stream_close
+
+HIDDEN = 128
+LAYERS = [1, 3]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_path):
+    with make_llm(tiny_path) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_path):
+    return HFReference(tiny_path)
+
+
+def tokens_of(out) -> list[int]:
+    return list(out.prompt_token_ids) + list(out.outputs[0].token_ids)
+
+
+def test_a_2d_vector_at_positions_is_added_at_each_position(llm, hf) -> None:
+    """A (n_layers, hidden) vector with ``position_indices`` (the ``steer`` solver's ``(hidden,)``
+    vector with positions) is that vector at each position. Before: the worker indexed a
+    per-position table of one row with two positions, the IndexError came out of
+    ``llm.generate`` for the whole batch and the engine hung on the next call."""
+    acts = np.random.default_rng(21).normal(size=(1, HIDDEN)).astype(np.float32)
+    positions = [5, 2]
+    vec = SteeringVector(activations=acts, layer_indices=[1], scale=4.0, position_indices=positions)
+    plain = greedy(4, output_residual_stream=LAYERS)
+    steered, neighbour = llm.generate(TINY_PROMPTS[:2], [greedy(4, output_residual_stream=LAYERS, apply_steering_vectors=[vec]), plain])
+    added = torch.from_numpy(acts[0] * 4.0)
+    reference = hf.residual_stream(tokens_of(steered)[:-1], LAYERS, additions={1: {p: added for p in positions}})
+    assert_stream_close(capture(steered), reference, "2-D vector at positions [5, 2] vs HF with the same additions")
+    alone = llm.generate([TINY_PROMPTS[1]], plain)[0]
+    assert neighbour.outputs[0].token_ids == alone.outputs[0].token_ids
+    assert_stream_close(capture(neighbour), capture(alone), "unsteered neighbour vs alone")
