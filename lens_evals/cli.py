@@ -222,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "probes" and args.probes_command in ("train", "train-set"):
         check_layer(parser, args.model, args.layer)
+    if args.command == "bench" and not args.gpu:
+        from lens_evals.bench.main import CPU_MODEL, PREFILL_CPU_MODEL
+
+        check_layer(parser, args.model or (PREFILL_CPU_MODEL if args.workload == "prefill" else CPU_MODEL), args.layer)
     if args.command == "roleplaying" and args.probe:
         check_probe_for_model(parser, args.probe, args.model)
     return int(args.func(args) or 0)

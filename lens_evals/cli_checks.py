@@ -49,6 +49,32 @@ def model_name_or_dir(text: str) -> str:
     return text
 
 
+def count(text: str) -> int:
+    """An integer, 0 or more."""
+    value = int(text)  # argparse turns a ValueError into "invalid count value"
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def batch_sizes(text: str) -> str:
+    """Comma-separated positive integers (kept as text: the command splits it)."""
+    parts = text.split(",")
+    if not all(part.strip().isdigit() and int(part) > 0 for part in parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, e.g. 4,8,16; got {text!r}")
+    return text
+
+
+def bench_systems(text: str) -> str:
+    """Comma-separated names of :data:`lens_evals.bench.systems.ALL_SYSTEMS` (kept as text)."""
+    from lens_evals.bench.systems import ALL_SYSTEMS
+
+    for name in text.split(","):
+        if name not in ALL_SYSTEMS:
+            raise argparse.ArgumentTypeError(f"unknown system {name!r}; expected some of {', '.join(ALL_SYSTEMS)}, comma-separated")
+    return text
+
+
 def oracle_recipe(text: str) -> str:
     from lens_evals.oracle.adapters import RECIPES
 

@@ -30,6 +30,17 @@ from tests.test_probing import _card
         ("oracle train --train-per-family -3", "--train-per-family: must be a positive integer, got -3"),
         ("oracle train --eval-per-family 0", "--eval-per-family: must be a positive integer, got 0"),
         ("oracle train --name nosuch", "--name: unknown oracle recipe 'nosuch'; expected one of smollm2-135m-oracle"),
+        # bench: 0 used to become the default silently (`args.prompts or 64`), the rest tracebacks
+        ("bench --prompts 0", "--prompts: must be a positive integer, got 0"),
+        ("bench --max-tokens 0", "--max-tokens: must be a positive integer, got 0"),
+        ("bench --repeats 0", "--repeats: must be a positive integer, got 0"),
+        ("bench --hf-batch 0", "--hf-batch: must be a positive integer, got 0"),
+        ("bench --check-prompts -1", "--check-prompts: must be 0 or more, got -1"),
+        ("bench --hf-batches 4,x", "--hf-batches: expected comma-separated positive integers, e.g. 4,8,16; got '4,x'"),
+        ("bench --systems lens-plain,bogus", "--systems: unknown system 'bogus'; expected some of vllm-graphs, vllm-eager"),
+        ("bench --timeout 0", "--timeout: must be a positive finite number, got 0"),
+        ("bench --layer -1", "--layer: a layer index is 0 or more, got -1"),
+        ("bench --model nosuch", "--model: unknown model 'nosuch'"),
     ],
 )
 def test_a_wrong_argument_exits_2_naming_it(argv: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -49,6 +60,13 @@ def test_a_layer_past_the_models_last_is_refused_before_the_engine(command: str,
     # tiny-llama has 4 decoder layers (its config.json): 4 is one past the last
     with pytest.raises(SystemExit) as exit_info:
         main(["probes", command, "--model", "tiny-llama", "--layer", "4"])
+    assert exit_info.value.code == 2
+    assert "--layer: 4 is past the last layer of tiny-llama (4 layers: 0..3)" in capsys.readouterr().err
+
+
+def test_a_bench_layer_past_the_models_last_is_refused(tiny_path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--model", "tiny-llama", "--layer", "4", "--out", "/nonexistent/never-written"])
     assert exit_info.value.code == 2
     assert "--layer: 4 is past the last layer of tiny-llama (4 layers: 0..3)" in capsys.readouterr().err
 

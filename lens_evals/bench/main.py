@@ -10,6 +10,8 @@ from pathlib import Path
 
 from lens_evals.bench.config import BenchConfig
 from lens_evals.bench.systems import ALL_SYSTEMS, resolve
+from lens_evals.cli_checks import batch_sizes, bench_systems, count, model_name_or_dir
+from lens_evals.probing.science_cli import layer_index, positive_float, positive_int
 
 CPU_MODEL = "smollm2-135m-instruct"
 # On 2 CPU cores SmolLM2's prefill is ~99.8 % model time (22,583 tokens: 99-162 s a run, ours
@@ -25,36 +27,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="decode: 8-64-token prompts, many new tokens; prefill: Alpaca-like 40-400-token prompts, "
         "max_tokens=1, every token captured (issue #21)",
     )
-    parser.add_argument("--prompts", type=int, default=None, help="number of prompts (decode: CPU 64, GPU 256; prefill: CPU 128, GPU 1000)")
-    parser.add_argument("--max-tokens", type=int, default=None, help="generated tokens per prompt (decode: CPU 32, GPU 128; prefill: 1)")
-    parser.add_argument("--layer", type=int, default=None, help="hooked layer (default: the middle one)")
-    parser.add_argument("--systems", default=None, help=f"comma-separated subset of: {', '.join(ALL_SYSTEMS)}")
+    parser.add_argument(
+        "--prompts", type=positive_int, default=None, help="number of prompts (decode: CPU 64, GPU 256; prefill: CPU 128, GPU 1000)"
+    )
+    parser.add_argument(
+        "--max-tokens", type=positive_int, default=None, help="generated tokens per prompt (decode: CPU 32, GPU 128; prefill: 1)"
+    )
+    parser.add_argument("--layer", type=layer_index, default=None, help="hooked layer (default: the middle one)")
+    parser.add_argument("--systems", type=bench_systems, default=None, help=f"comma-separated subset of: {', '.join(ALL_SYSTEMS)}")
     parser.add_argument("--out", type=Path, default=Path("logs/bench"), help="output directory")
     parser.add_argument(
-        "--model", default=None, help=f"CPU: a `lens-evals models` name or a directory (default {CPU_MODEL}; prefill {PREFILL_CPU_MODEL})"
+        "--model",
+        type=model_name_or_dir,
+        default=None,
+        help=f"CPU: a `lens-evals models` name or a directory (default {CPU_MODEL}; prefill {PREFILL_CPU_MODEL})",
     )
     parser.add_argument("--gpu", action="store_true", help="random Llama-8B-shaped model in bf16 on the GPU")
     parser.add_argument("--gpu-model-dir", type=Path, default=Path("/tmp/lens-evals-bench-llama8b"), help="where --gpu builds its model")
-    parser.add_argument("--gpu-layers", type=int, default=32, help="decoder layers of the --gpu model (32: Llama-8B)")
-    parser.add_argument("--hf-batch", type=int, default=None, help="batch size of the HF-based systems (CPU 16, GPU 64)")
+    parser.add_argument("--gpu-layers", type=positive_int, default=32, help="decoder layers of the --gpu model (32: Llama-8B)")
+    parser.add_argument("--hf-batch", type=positive_int, default=None, help="batch size of the HF-based systems (CPU 16, GPU 64)")
     parser.add_argument(
-        "--hf-batches", default=None, help="hf-forward: batch sizes to try, the fastest is timed (CPU 4,8,16; GPU 16,32,64)"
+        "--hf-batches",
+        type=batch_sizes,
+        default=None,
+        help="hf-forward: batch sizes to try, the fastest is timed (CPU 4,8,16; GPU 16,32,64)",
     )
     parser.add_argument(
         "--engine", choices=("inprocess", "multiprocess"), default=None, help="vLLM engine (CPU inprocess, GPU multiprocess)"
     )
     parser.add_argument("--steer-scale", type=float, default=0.0, help="0 keeps the work of steering and the tokens of pure vLLM")
-    parser.add_argument("--check-prompts", type=int, default=2, help="prompts whose captured layer is compared with HF")
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per system, the best reported (decode 1, prefill 2)")
+    parser.add_argument("--check-prompts", type=count, default=2, help="prompts whose captured layer is compared with HF")
+    parser.add_argument("--repeats", type=positive_int, default=None, help="timed runs per system, the best reported (decode 1, prefill 2)")
     parser.add_argument(
         "--sync-debug",
         action="store_true",
         help="GPU, --engine inprocess: count host-GPU syncs of each vLLM system (one extra untimed run)",
     )
     parser.add_argument("--resume", action="store_true", help="keep results in --out from an earlier run of the same work")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM systems: tensor parallel workers (CPU: one core each)")
-    parser.add_argument("--pipeline-parallel-size", type=int, default=1, help="vLLM systems: pipeline stages")
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed per system")
+    parser.add_argument(
+        "--tensor-parallel-size", type=positive_int, default=1, help="vLLM systems: tensor parallel workers (CPU: one core each)"
+    )
+    parser.add_argument("--pipeline-parallel-size", type=positive_int, default=1, help="vLLM systems: pipeline stages")
+    parser.add_argument("--timeout", type=positive_float, default=3600.0, help="seconds allowed per system")
 
 
 def _model(args: argparse.Namespace) -> tuple[Path, str]:
