@@ -164,7 +164,7 @@ class SteeringVector(_WireModel):
                 raise ValueError(f"activations has {acts.shape[1]} position rows but position_indices has {len(positions)}")
         if not np.isfinite(acts).all():
             raise ValueError("activations contain NaN or inf")
-        if self.norm_match and (np.linalg.norm(acts, axis=-1) == 0).any():
+        if self.norm_match and (np.linalg.norm(acts.astype(np.float64), axis=-1) == 0).any():  # float32 squares underflow
             raise ValueError("norm_match needs non-zero vectors (a zero vector has no direction)")
         return self
 

@@ -48,3 +48,21 @@ def test_a_2d_vector_at_positions_is_added_at_each_position(llm, hf) -> None:
     alone = llm.generate([TINY_PROMPTS[1]], plain)[0]
     assert neighbour.outputs[0].token_ids == alone.outputs[0].token_ids
     assert_stream_close(capture(neighbour), capture(alone), "unsteered neighbour vs alone")
+
+
+@pytest.mark.parametrize("magnitude", [1e20, 1e-25])
+def test_norm_match_uses_the_direction_whatever_the_vector_norm(llm, magnitude: float) -> None:
+    """With ``norm_match`` only v's direction counts: v * 1e20 and v * 1e-25 steer as v does.
+    Before: ||v|| was taken in float32, whose squares overflow past ~1e19 (v / inf = 0: the
+    request ran unsteered, change 0.0 against 0.5 * ||h|| ~ 5.9) and underflow below ~1e-19
+    (a valid direction refused as a zero vector)."""
+    unit = np.random.default_rng(22).normal(size=(1, HIDDEN)).astype(np.float32)
+
+    def steered(acts: np.ndarray):
+        vec = SteeringVector(activations=acts, layer_indices=[1], scale=0.5, norm_match=True)
+        return llm.generate([TINY_PROMPTS[0]], greedy(3, output_residual_stream=LAYERS, apply_steering_vectors=[vec]))[0]
+
+    reference = steered(unit)
+    out = steered(unit * np.float32(magnitude))
+    assert out.outputs[0].token_ids == reference.outputs[0].token_ids
+    assert_stream_close(capture(out), capture(reference), f"norm-matched v * {magnitude:g} vs v")

@@ -180,10 +180,11 @@ def _decode_steering(vec: SteeringVector, device: torch.device, dtype: torch.dty
     digest = steering_digest(acts, list(vec.layer_indices), positions, vec.norm_match)
 
     def decode() -> torch.Tensor:
-        tensor = to_device(np.asarray(acts, dtype=np.float32), device)
-        if vec.norm_match:
-            tensor = tensor / tensor.norm(dim=-1, keepdim=True)
-        return tensor.to(dtype)
+        array = np.asarray(acts, dtype=np.float32)
+        if vec.norm_match:  # in float64: float32 squares overflow past ~1e19 and underflow below ~1e-19
+            wide = array.astype(np.float64)
+            array = (wide / np.linalg.norm(wide, axis=-1, keepdims=True)).astype(np.float32)
+        return to_device(array, device).to(dtype)
 
     small = acts.size * 4 <= CACHED_STEERING_BYTES
     tensor = _device_steering.get_or_make((digest, str(device), str(dtype)), decode) if small else decode()
