@@ -49,12 +49,23 @@ def model_name_or_dir(text: str) -> str:
     return text
 
 
-def count(text: str) -> int:
-    """An integer, 0 or more."""
-    value = int(text)  # argparse turns a ValueError into "invalid count value"
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+def _integer_at_least(lowest: int, text: str, complaint: str) -> int:
+    value = int(text)  # argparse turns a ValueError into "invalid <type> value"
+    if value < lowest:
+        raise argparse.ArgumentTypeError(f"{complaint}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _integer_at_least(1, text, "must be a positive integer")
+
+
+def layer_index(text: str) -> int:
+    return _integer_at_least(0, text, "a layer index is 0 or more")
+
+
+def count(text: str) -> int:
+    return _integer_at_least(0, text, "must be 0 or more")
 
 
 def batch_sizes(text: str) -> str:

@@ -9,22 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lens_evals.cli_checks import model_name_or_dir
+from lens_evals.cli_checks import layer_index, model_name_or_dir, positive_int
 from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
-
-
-def positive_int(text: str) -> int:
-    value = int(text)  # argparse turns a ValueError into "invalid positive_int value"
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def layer_index(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a layer index is 0 or more, got {value}")
-    return value
 
 
 def positive_float(text: str) -> float:
