@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from lens_evals.cli_checks import check_layer, check_probe_for_model, model_name, model_name_or_dir, oracle_recipe
+from lens_evals.cli_checks import check_layer, check_probe_for_model, existing_file, model_name, model_name_or_dir, oracle_recipe
 from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
 
 
@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     role = sub.add_parser("roleplaying", help="main job: Roleplaying probe eval on the default model (prepares what is missing)")
     role.add_argument("--model", type=model_name, default="smollm2-135m-instruct")
     role.add_argument("--probe", default=None, help="probe .joblib (default: the model's Instructed-Pairs probe)")
-    role.add_argument("--dataset", default=None, help="scenarios YAML in Apollo's schema (default: ours)")
+    role.add_argument("--dataset", type=existing_file, default=None, help="scenarios YAML in Apollo's schema (default: ours)")
     role.add_argument("--limit", type=positive_int, default=None)
     role.add_argument("--log-dir", default="logs")
     role.set_defaults(func=_roleplaying)

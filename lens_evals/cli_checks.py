@@ -68,6 +68,13 @@ def count(text: str) -> int:
     return _integer_at_least(0, text, "must be 0 or more")
 
 
+def existing_file(text: str) -> str:
+    """A file that exists (checked before a model is prepared or a default probe trained)."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    return text
+
+
 def batch_sizes(text: str) -> str:
     """Comma-separated positive integers (kept as text: the command splits it)."""
     parts = text.split(",")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lens_evals.cli_checks import layer_index, model_name_or_dir, positive_int
+from lens_evals.cli_checks import existing_file, layer_index, model_name_or_dir, positive_int
 from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
 
 
@@ -35,7 +35,9 @@ def training_set(name: str) -> str:
 def add_probe_commands(probes_sub: Any) -> None:
     train_set = probes_sub.add_parser("train-set", help="train ip-lr, ip-dom and rp-lr at one layer (probes/MODEL__probe-set)")
     train_set.add_argument("--layer", type=layer_index, default=None, help="default: the model's chosen layer")
-    train_set.add_argument("--roleplaying", default=None, help="Roleplaying YAML for rp-lr's grouped CV (default: ours)")
+    train_set.add_argument(
+        "--roleplaying", type=existing_file, default=None, help="Roleplaying YAML for rp-lr's grouped CV (default: ours)"
+    )
     science = probes_sub.add_parser("science", help="every layer, the three probes, AUROC and recall at 1%% FPR (JSON)")
     science.add_argument("--dtype", default=None, help="engine dtype (default: float32 for embedded models)")
     science.add_argument("--out", default="docs/results")
