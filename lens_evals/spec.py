@@ -123,7 +123,9 @@ class SteeringVector(_WireModel):
     @field_validator("activations", mode="before")
     @classmethod
     def _to_array(cls, value: Any) -> Any:
-        return _as_tensor(float32_array(value))
+        # a copy: a float32 array or tensor would otherwise be shared with the caller, who may
+        # refill or normalise it in place before the request is sent
+        return _as_tensor(np.array(float32_array(value), dtype=np.float32, copy=True))
 
     @field_serializer("activations")
     def _encode_activations(self, value: Any) -> dict[str, Any]:

@@ -66,3 +66,27 @@ def test_norm_match_uses_the_direction_whatever_the_vector_norm(llm, magnitude: 
     out = steered(unit * np.float32(magnitude))
     assert out.outputs[0].token_ids == reference.outputs[0].token_ids
     assert_stream_close(capture(out), capture(reference), f"norm-matched v * {magnitude:g} vs v")
+
+
+@pytest.mark.parametrize("source", ["numpy", "torch"])
+def test_a_vector_keeps_its_values_when_the_caller_reuses_the_array(llm, source: str) -> None:
+    """A sweep that refills one buffer (or normalises a tensor in place) after building each
+    request's vector: every request steers with the values it was built with. Before: a float32
+    array or tensor was held without a copy, so all requests steered with the buffer's last
+    values (request 0 got request 1's tokens)."""
+    rng = np.random.default_rng(23)
+    values = [rng.normal(size=(1, HIDDEN)).astype(np.float32) * 3 for _ in range(2)]
+    buffer = np.zeros((1, HIDDEN), dtype=np.float32)
+    held = buffer if source == "numpy" else torch.from_numpy(buffer)
+    params = []
+    for value in values:
+        buffer[:] = value
+        vec = SteeringVector(activations=held, layer_indices=[1], scale=2.0)
+        params.append(greedy(4, output_residual_stream=LAYERS, apply_steering_vectors=[vec]))
+    buffer[:] = np.nan  # what the caller does with its buffer afterwards is its own business
+    got = llm.generate(TINY_PROMPTS[:2], params)
+    for i, value in enumerate(values):
+        own = SteeringVector(activations=value.copy(), layer_indices=[1], scale=2.0)
+        alone = llm.generate([TINY_PROMPTS[i]], greedy(4, output_residual_stream=LAYERS, apply_steering_vectors=[own]))[0]
+        assert got[i].outputs[0].token_ids == alone.outputs[0].token_ids, f"request {i} steered with other values"
+        assert_stream_close(capture(got[i]), capture(alone), f"request {i} vs its own vector alone")
