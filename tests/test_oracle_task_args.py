@@ -59,3 +59,25 @@ def test_good_arguments_build_the_tasks(oracle_dir) -> None:
     heldout = oracle_heldout_task(oracle_dir, families="sentiment,topic", per_family=5)
     assert sorted({sample.metadata["family"] for sample in heldout.dataset}) == ["sentiment", "topic"] and len(heldout.dataset) == 10
     assert len(secret_word_task(oracle_dir, prompts="taboo_direct_val", per_word=3, num_tokens=4).dataset) == 60
+
+
+def test_an_oracle_card_of_another_base_model_is_refused_by_the_eval(oracle_dir, tmp_path) -> None:
+    """The task takes its settings (target layer, placeholder, coefficient) from the card; on a
+    model the oracle was not trained on they mean nothing, and with -M base_url no server flag
+    check sees the adapter. Refused at the first sample, before any request, naming both models."""
+    from inspect_ai import eval as inspect_eval
+
+    card_file = tmp_path / "card.json"
+    card_file.write_text(json.dumps({**json.loads(card_file.read_text()), "base_model": "smollm2-135m-instruct"}))
+    log = inspect_eval(
+        oracle_heldout_task(oracle_dir, per_family=1), model="mockllm/model", limit=1, log_dir=str(tmp_path / "logs"), display="none"
+    )[0]
+    assert log.status == "error" and log.error is not None
+    assert "oracle trained on smollm2-135m-instruct, not on the evaluated model model" in log.error.message
+    # the right base model on a provider without activations: a clear error, not
+    # AttributeError("'MockLLM' object has no attribute 'served_models'")
+    card_file.write_text(json.dumps({**json.loads(card_file.read_text()), "base_model": "model"}))
+    log = inspect_eval(
+        oracle_heldout_task(oracle_dir, per_family=1), model="mockllm/model", limit=1, log_dir=str(tmp_path / "logs"), display="none"
+    )[0]
+    assert log.error is not None and "activation_oracle needs a vllm-lens/<model> model, got mockllm/model" in log.error.message

@@ -63,6 +63,7 @@ def card_solver(card: dict[str, Any], lora: str, num_tokens: int | None | UseCar
         lora=lora,
         max_tokens=4,
         zero_vector_baseline=True,
+        base_model=card.get("base_model"),
     )
 
 

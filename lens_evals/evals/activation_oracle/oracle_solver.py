@@ -16,6 +16,7 @@ With ``zero_vector_baseline`` the same prompt is also answered with nothing inje
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ QUESTION_METADATA_KEY = "oracle_question"
 
 def _lens_api(model: Any) -> Any:
     api = model.api
-    if not hasattr(api, "tokenize"):
+    if not (hasattr(api, "tokenize") and hasattr(api, "served_models")):  # Inspect's ModelAPI has tokenize now
         raise RuntimeError(f"activation_oracle needs a vllm-lens/<model> model, got {model}")
     return api
 
@@ -106,14 +107,21 @@ def activation_oracle(
     coefficient: float = 1.0,
     max_tokens: int = 8,
     zero_vector_baseline: bool = False,
+    base_model: str | None = None,
 ) -> Solver:
     """Ask ``question`` (or the sample's ``metadata["oracle_question"]``) about the target's
     activations after ``target_layer``: all positions of the conversation's prompt, or the last
-    ``num_tokens``. ``lora`` is the adapter name the server serves."""
+    ``num_tokens``. ``lora`` is the adapter name the server serves. ``base_model``: the model the
+    oracle was trained on (its card's); another evaluated model is refused."""
     settings = OracleSettings(target_layer, injection_layer, num_tokens, placeholder, coefficient)
 
     async def solve(state: TaskState, generate: Generate) -> TaskState:
         model = get_model()
+        if base_model and Path(base_model).name != Path(model.name).name:
+            raise ValueError(
+                f"oracle trained on {base_model}, not on the evaluated model {model.name}: its settings (target layer "
+                f"{target_layer}, placeholder, coefficient) and adapter mean nothing there"
+            )
         asked = question or (state.metadata or {}).get(QUESTION_METADATA_KEY)
         if not asked:
             raise ValueError(f"no question: pass question= or set the sample's metadata[{QUESTION_METADATA_KEY!r}]")
