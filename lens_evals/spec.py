@@ -52,11 +52,18 @@ def float32_array(value: Any) -> np.ndarray:
     if isinstance(value, Mapping):
         return wire.decode_array(value).astype(np.float32)
     if hasattr(value, "detach"):  # torch.Tensor, without importing torch
-        value = value.detach().float().cpu().numpy()
+        value = value.detach()
+        value = value.resolve_conj().cpu().numpy() if value.is_complex() else value.float().cpu().numpy()
     try:
-        return np.asarray(value, dtype=np.float32)
+        array = np.asarray(value)
+        if not np.iscomplexobj(array):
+            return np.asarray(array, dtype=np.float32)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"activations must be a numeric array: {exc}") from None
+    # complex (np.linalg.eig's eigenvectors): the real part, unless it would drop an imaginary one
+    if np.any(array.imag != 0):
+        raise ValueError("activations must be real, got non-zero imaginary parts")
+    return array.real.astype(np.float32)
 
 
 def _as_tensor(array: np.ndarray) -> Any:

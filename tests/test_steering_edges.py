@@ -90,3 +90,15 @@ def test_a_vector_keeps_its_values_when_the_caller_reuses_the_array(llm, source:
         alone = llm.generate([TINY_PROMPTS[i]], greedy(4, output_residual_stream=LAYERS, apply_steering_vectors=[own]))[0]
         assert got[i].outputs[0].token_ids == alone.outputs[0].token_ids, f"request {i} steered with other values"
         assert_stream_close(capture(got[i]), capture(alone), f"request {i} vs its own vector alone")
+
+
+@pytest.mark.parametrize("make", [np.asarray, torch.tensor], ids=["numpy", "torch"])
+def test_complex_activations_with_imaginary_parts_are_refused(make) -> None:
+    """np.linalg.eig of a non-symmetric matrix gives complex eigenvectors: a vector with non-zero
+    imaginary parts is refused with the reason (before: accepted, the imaginary part dropped with
+    a warning only); all-zero imaginary parts are the real vector."""
+    real = np.random.default_rng(24).normal(size=(1, HIDDEN))
+    with pytest.raises(ValueError, match="imaginary"):
+        SteeringVector(activations=make(real + 0.5j), layer_indices=[1])
+    vec = SteeringVector(activations=make(real + 0j), layer_indices=[1])
+    np.testing.assert_array_equal(vec.array, real.astype(np.float32))
