@@ -45,6 +45,8 @@ def _sample(dialogue: Dialogue, sample_id: str) -> Sample:
 
 def read_trajectories(path: str | Path) -> list[Dialogue]:
     source = Path(path)
+    if not source.is_file():
+        raise FileNotFoundError(f'trajectories: no such file: {source} (JSONL, one {{"messages": [...], "label": 0|1|null}} a line)')
     dialogues = []
     for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
