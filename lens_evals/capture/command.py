@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from lens_evals.cli_checks import model_name_or_dir
 from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
 
 MIB = 1 << 20
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="JSONL (prompt / messages / prompt_token_ids per line), a datasets file "
         "(.parquet, .arrow, .csv, a save_to_disk directory) or an Inspect .eval log",
     )
-    parser.add_argument("--model", required=True, help="embedded model name or a model directory")
+    parser.add_argument("--model", type=model_name_or_dir, required=True, help="embedded model name or a model directory")
     parser.add_argument("--layers", type=_layers, required=True, help="comma-separated layer indices, e.g. 3,15")
     parser.add_argument("--out", required=True, help="directory for the shards and manifest.json (resumes a partial capture)")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per engine call")
