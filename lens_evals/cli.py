@@ -8,7 +8,15 @@ import os
 import sys
 from pathlib import Path
 
-from lens_evals.cli_checks import check_layer, check_probe_for_model, existing_file, model_name, model_name_or_dir, oracle_recipe
+from lens_evals.cli_checks import (
+    check_layer,
+    check_probe_for_model,
+    existing_file,
+    model_name,
+    model_name_or_dir,
+    oracle_recipe,
+    probe_name,
+)
 from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
 
 
@@ -160,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     probes_sub = probes.add_subparsers(dest="probes_command", required=True)
     train = probes_sub.add_parser("train", help="train one probe, write probes/NAME.joblib and its JSON card")
     train.add_argument("--layer", type=layer_index, default=None, help="default: the model's chosen layer")
-    train.add_argument("--name", default=None)
+    train.add_argument("--name", type=probe_name, default=None)
     train.add_argument("--out", default="probes")
     sweep = probes_sub.add_parser("sweep", help="validation AUROC per layer, as JSON and PNG")
     sweep.add_argument("--out", default="probes/sweep", help="path without suffix for .json and .png")

@@ -68,6 +68,14 @@ def count(text: str) -> int:
     return _integer_at_least(0, text, "must be 0 or more")
 
 
+def probe_name(text: str) -> str:
+    """``--name``: the probe's file name in ``--out`` (a "/" wrote elsewhere or failed at saving,
+    after the training, on a missing subdirectory)."""
+    if not text or "/" in text or "\\" in text or text in (".", ".."):
+        raise argparse.ArgumentTypeError(f"a probe name is a file name without '/', got {text!r} (--out picks the directory)")
+    return text
+
+
 def existing_file(text: str) -> str:
     """A file that exists (checked before a model is prepared or a default probe trained)."""
     if not Path(text).is_file():

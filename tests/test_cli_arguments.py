@@ -30,6 +30,8 @@ from tests.test_probing import _card
         ("oracle train --train-per-family -3", "--train-per-family: must be a positive integer, got -3"),
         ("oracle train --eval-per-family 0", "--eval-per-family: must be a positive integer, got 0"),
         ("oracle train --name nosuch", "--name: unknown oracle recipe 'nosuch'; expected one of smollm2-135m-oracle"),
+        ("probes train --name runs/p1", "--name: a probe name is a file name without '/', got 'runs/p1' (--out picks the directory)"),
+        ("probes train --name ..", "--name: a probe name is a file name without '/', got '..'"),
         ("capture p.jsonl --layers 1 --out o --model nosuch", "--model: unknown model 'nosuch'"),
         ("roleplaying --dataset /no/such.yaml", "--dataset: no such file: /no/such.yaml"),
         ("probes train-set --roleplaying /no/such.yaml", "--roleplaying: no such file: /no/such.yaml"),
