@@ -116,7 +116,7 @@ def _oracle(args: argparse.Namespace) -> int:
         if args.oracle_command == "card":
             print(json.dumps(read_card(args.name), indent=2))
             return 0
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 1
     if args.oracle_command == "train":

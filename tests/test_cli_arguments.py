@@ -96,3 +96,10 @@ def test_roleplaying_refuses_a_probe_that_does_not_fit_the_model(tmp_path, tiny_
         assert exit_info.value.code == 2, probe
         assert message in capsys.readouterr().err
     assert not (tmp_path / "logs").exists()  # no eval ran
+
+
+def test_a_damaged_oracle_card_is_named_not_a_traceback(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "adapter_config.json").write_text('{"r": 8}')
+    (tmp_path / "card.json").write_text("{broken")
+    assert main(["oracle", "card", str(tmp_path)]) == 1
+    assert f"{tmp_path / 'card.json'}: not a JSON oracle card (" in capsys.readouterr().err

@@ -55,8 +55,11 @@ def oracle_path(name_or_path: str) -> Path:
 
 
 def read_card(name_or_path: str) -> dict[str, Any]:
-    with open(oracle_path(name_or_path) / CARD_NAME, encoding="utf-8") as f:
-        card: dict[str, Any] = json.load(f)
+    path = oracle_path(name_or_path) / CARD_NAME
+    try:
+        card: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{path}: not a JSON oracle card ({exc})") from None
     return card
 
 
