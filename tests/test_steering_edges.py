@@ -102,3 +102,28 @@ def test_complex_activations_with_imaginary_parts_are_refused(make) -> None:
         SteeringVector(activations=make(real + 0.5j), layer_indices=[1])
     vec = SteeringVector(activations=make(real + 0j), layer_indices=[1])
     np.testing.assert_array_equal(vec.array, real.astype(np.float32))
+
+
+def test_a_vector_failing_on_the_worker_fails_its_request_only(llm, monkeypatch) -> None:
+    """An error while the worker puts a vector on the device (here a simulated out-of-memory
+    RuntimeError) fails that request with the reason; its neighbour completes and the engine
+    serves the next call. Before: only ValueError and four other types were caught, the
+    RuntimeError came out of ``llm.generate`` for the whole batch and the next call hung."""
+    from lens_evals.engine import requests as worker_requests
+    from lens_evals.engine.frontend_attach import LensRequestError
+
+    real = worker_requests._decode_steering
+
+    def out_of_memory(vec, device, dtype):
+        if vec.scale == 7.0:
+            raise RuntimeError("device out of memory (simulated)")
+        return real(vec, device, dtype)
+
+    monkeypatch.setattr(worker_requests, "_decode_steering", out_of_memory)
+    bad = SteeringVector(activations=np.ones((1, HIDDEN), dtype=np.float32), layer_indices=[1], scale=7.0)
+    with pytest.raises(LensRequestError, match="could not decode.*RuntimeError: device out of memory") as info:
+        llm.generate(TINY_PROMPTS[:2], [greedy(4, apply_steering_vectors=[bad]), greedy(4)])
+    assert len(info.value.outputs[1].outputs[0].token_ids) == 4
+    monkeypatch.undo()
+    plain = llm.generate([TINY_PROMPTS[1]], greedy(4, output_residual_stream=LAYERS))[0]
+    assert capture(plain).shape[:2] == (len(LAYERS), len(plain.prompt_token_ids) + 3)

@@ -121,9 +121,11 @@ class LensWorkerState:
             return
         try:
             req = decode_worker_request(extra, self.core.device, self.core.dtype, self.hook_sets)
-        except (ValueError, KeyError, TypeError, ImportError, AttributeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure here is this request's (escaping, it wedged the engine)
+            if not isinstance(exc, (ValueError, KeyError, TypeError, ImportError, AttributeError)):
+                logger.exception("lens_evals: decoding lens request %s on the worker failed", req_id)
             key = str((extra or {}).get(INTERNAL_KEY, {}).get("key", req_id))
-            ledger.refuse(req_id, key, f"could not decode lens request on the worker: {exc}")
+            ledger.refuse(req_id, key, f"could not decode lens request on the worker: {type(exc).__name__}: {exc}")
             return
         ledger.track(req_id, req)
 
