@@ -71,6 +71,8 @@ def roleplaying_task(
 ) -> Task:
     if mode not in ("off_policy", "on_policy"):
         raise ValueError(f"mode must be off_policy or on_policy, got {mode!r}")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1 (the on-policy answer's length), got {max_tokens}")
     if mode == "on_policy" and not grader:
         raise ValueError("on_policy mode needs a grader model to label answers: -T grader=PROVIDER/MODEL")
     loaded = load_probe(probe)
@@ -103,6 +105,18 @@ def roleplaying_probe(
     ``probes=ip-lr,ip-dom,rp-lr`` (any of them) reads those probes of ``probe_set`` (default: the
     default model's, ``lens-evals probes train-set``) in one engine pass, off-policy; metrics per probe."""
     if probes is not None or probe_set is not None:
+        # the probe-set task is off-policy and scores on the worker: what it cannot honour is refused,
+        # not dropped (mode=on_policy with probes= used to run off-policy without a word)
+        ignored = {
+            "probe": probe is not None,
+            "mode": mode != "off_policy",
+            "grader": grader is not None,
+            "max_tokens": max_tokens != 48,
+            "on_worker": not on_worker,
+        }
+        if any(ignored.values()):
+            names = ", ".join(name for name, given in ignored.items() if given)
+            raise ValueError(f"probes= / probe_set= run the probe set off-policy on the worker; {names} cannot be combined with them")
         return roleplaying_probes_task(probe_set or default_probe_set(probe_dir), probes=probes, dataset=dataset, tokenizer=tokenizer)
     return roleplaying_task(
         probe or default_probe(probe_dir),
