@@ -127,3 +127,20 @@ def test_a_vector_failing_on_the_worker_fails_its_request_only(llm, monkeypatch)
     monkeypatch.undo()
     plain = llm.generate([TINY_PROMPTS[1]], greedy(4, output_residual_stream=LAYERS))[0]
     assert capture(plain).shape[:2] == (len(LAYERS), len(plain.prompt_token_ids) + 3)
+
+
+def test_a_bf16_engine_steers_by_the_scale_asked_not_its_bf16_rounding(tiny_path) -> None:
+    """Scales 4.0, 4.01 and 4.02 (bf16, spacing 1/32 at 4, rounds them to 4.0, 4.0 and 4.03125)
+    steer by 4.0, 4.01 and 4.02: the step h' - h at the steered layer, projected on v and averaged
+    over the prompt tokens (bf16 noise: 4.0 measured as 4.0004). Before: the scale was rounded to
+    bf16 first (4.01 measured 4.0004, a sweep over close scales got identical runs)."""
+    v = np.random.default_rng(25).normal(size=(1, HIDDEN)).astype(np.float32)
+    with make_llm(tiny_path, dtype="bfloat16") as engine:
+        base = capture(engine.generate([TINY_PROMPTS[0]], greedy(1, output_residual_stream=[1]))[0])[0].float()
+        for scale in (4.0, 4.01, 4.02):
+            vec = SteeringVector(activations=v, layer_indices=[1], scale=scale)
+            out = engine.generate([TINY_PROMPTS[0]], greedy(1, output_residual_stream=[1], apply_steering_vectors=[vec]))[0]
+            step = capture(out)[0].float() - base
+            unit = torch.from_numpy(v[0]).to(torch.bfloat16).float()
+            got = float((step @ unit).mean() / (unit @ unit))
+            assert abs(got - scale) < 3e-3, f"scale {scale}: the stream moved by {got:.5f} v"

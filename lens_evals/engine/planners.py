@@ -191,7 +191,7 @@ class SteeringPlanner:
         norm = np.repeat(np.array([p[3] for p in parts], dtype=bool), counts)
         scale = np.repeat(np.array([p[2] for p in parts], dtype=np.float32), counts)
         vectors = torch.cat([part[1] for part in parts])
-        scale_t = to_device(scale, device).to(self.dtype).unsqueeze(1)
+        scale_t = to_device(scale, device).unsqueeze(1)  # float32: the delta is rounded once, at the add
         any_norm = bool(norm.any())
         return LayerSteer(
             rows=to_device(rows, device),
@@ -208,7 +208,7 @@ class SteeringPlanner:
         """Every steered row of the layer gets the same vector, scale and norm matching (e.g. one
         steering vector sent with every request of a batch): one (1, hidden) row, broadcast over
         the span by the add, instead of a (rows, hidden) block built on the host every step."""
-        scale_t = torch.full((1, 1), scale, dtype=self.dtype, device=self.device)
+        scale_t = torch.full((1, 1), scale, dtype=torch.float32, device=self.device)
         return LayerSteer(
             rows=to_device(rows, self.device),
             vectors=vector,

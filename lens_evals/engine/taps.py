@@ -176,7 +176,7 @@ def _apply_steering(hidden: torch.Tensor, residual: torch.Tensor | None, steer: 
     delta = steer.delta if steer.delta is not None else steer.vectors * steer.scale
     if steer.any_norm_match:
         rows_stream = _gather_stream(hidden, residual, steer.span, steer.rows)
-        norms = rows_stream.float().norm(dim=-1, keepdim=True).to(hidden.dtype)
+        norms = rows_stream.float().norm(dim=-1, keepdim=True)
         delta = delta * torch.where(steer.norm_match, norms, torch.ones_like(norms))
     if steer.span is not None:
         hidden[steer.span[0] : steer.span[1]].add_(delta.to(hidden.dtype))
