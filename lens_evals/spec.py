@@ -217,7 +217,8 @@ class LinearProbe(_WireModel):
     @field_validator("weights", mode="before")
     @classmethod
     def _to_array(cls, value: Any) -> np.ndarray:
-        return float32_array(value)
+        # a copy, as for SteeringVector: the caller may refill its array before the request is sent
+        return np.array(float32_array(value), dtype=np.float32, copy=True)
 
     @field_serializer("weights")
     def _encode_weights(self, value: np.ndarray) -> dict[str, Any]:

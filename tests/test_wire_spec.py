@@ -278,3 +278,14 @@ def test_client_decoders_refuse_hostile_response_shapes_with_wire_errors(body: d
         with pytest.raises(wire.WireError, match=message):
             decode(body)
     assert client.activations_from_response({"activations": RESPONSE_ITEM})["residual_stream"].tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_a_probe_keeps_its_weights_when_the_caller_reuses_the_array(kind) -> None:
+    """A sweep that refills one buffer for each probe must not change the probes built before."""
+    import torch
+
+    buffer = np.arange(8, dtype=np.float32) if kind == "numpy" else torch.arange(8, dtype=torch.float32)
+    probe = LinearProbe(name="p", layer=0, weights=buffer)
+    buffer[:] = -1.0
+    np.testing.assert_array_equal(probe.weights, np.arange(8, dtype=np.float32))
