@@ -12,9 +12,11 @@ from lens_evals.cli_checks import (
     check_layer,
     check_probe_for_model,
     existing_file,
+    layer_index,
     model_name,
     model_name_or_dir,
     oracle_recipe,
+    positive_int,
     probe_name,
 )
 from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
@@ -156,12 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     models_sub.add_parser("list", help="list embedded model names")
     models.set_defaults(func=_models)
     demo = sub.add_parser("demo", help="capture and steer on the embedded default model")
-    demo.add_argument("--model", default="smollm2-135m-instruct")
-    demo.add_argument("--layer", type=int, default=15)
+    demo.add_argument("--model", type=model_name_or_dir, default="smollm2-135m-instruct")
+    demo.add_argument("--layer", type=layer_index, default=15)
     demo.add_argument("--scale", type=float, default=8.0, help="steering strength in percent of ||h||")
     add_engine_arg_option(demo)
     demo.set_defaults(func=_demo)
-    from lens_evals.cli_checks import layer_index, positive_int
     from lens_evals.probing.science_cli import add_probe_commands, positive_float, training_set
 
     probes = sub.add_parser("probes", help="train linear probes on engine activations")
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "probes" and args.probes_command in ("train", "train-set"):
+    if (args.command == "probes" and args.probes_command in ("train", "train-set")) or args.command == "demo":
         check_layer(parser, args.model, args.layer)
     if args.command == "bench" and not args.gpu:
         from lens_evals.bench.main import CPU_MODEL, PREFILL_CPU_MODEL

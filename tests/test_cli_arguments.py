@@ -46,6 +46,8 @@ from tests.test_probing import _card
         ("bench --timeout 0", "--timeout: must be a positive finite number, got 0"),
         ("bench --layer -1", "--layer: a layer index is 0 or more, got -1"),
         ("bench --model nosuch", "--model: unknown model 'nosuch'"),
+        ("demo --model nosuch", "--model: unknown model 'nosuch'"),
+        ("demo --layer -1", "--layer: a layer index is 0 or more, got -1"),
     ],
 )
 def test_a_wrong_argument_exits_2_naming_it(argv: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -103,3 +105,10 @@ def test_a_damaged_oracle_card_is_named_not_a_traceback(tmp_path, capsys: pytest
     (tmp_path / "card.json").write_text("{broken")
     assert main(["oracle", "card", str(tmp_path)]) == 1
     assert f"{tmp_path / 'card.json'}: not a JSON oracle card (" in capsys.readouterr().err
+
+
+def test_a_demo_layer_past_the_models_last_is_refused(tiny_path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--model", "tiny-llama", "--layer", "4"])
+    assert exit_info.value.code == 2
+    assert "--layer: 4 is past the last layer of tiny-llama (4 layers: 0..3)" in capsys.readouterr().err
