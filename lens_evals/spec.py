@@ -66,6 +66,12 @@ def float32_array(value: Any) -> np.ndarray:
     return array.real.astype(np.float32)
 
 
+def owned_float32_array(value: Any) -> np.ndarray:
+    """:func:`float32_array` as a copy of its own: a float32 array or tensor would otherwise be
+    shared with the caller, who may refill or normalise it in place before the request is sent."""
+    return np.array(float32_array(value), dtype=np.float32, copy=True)
+
+
 def _as_tensor(array: np.ndarray) -> Any:
     """A torch tensor sharing ``array``'s memory where torch is installed (vllm-lens's users call
     tensor methods on ``activations``), else the array itself."""
@@ -130,9 +136,7 @@ class SteeringVector(_WireModel):
     @field_validator("activations", mode="before")
     @classmethod
     def _to_array(cls, value: Any) -> Any:
-        # a copy: a float32 array or tensor would otherwise be shared with the caller, who may
-        # refill or normalise it in place before the request is sent
-        return _as_tensor(np.array(float32_array(value), dtype=np.float32, copy=True))
+        return _as_tensor(owned_float32_array(value))
 
     @field_serializer("activations")
     def _encode_activations(self, value: Any) -> dict[str, Any]:
@@ -217,8 +221,7 @@ class LinearProbe(_WireModel):
     @field_validator("weights", mode="before")
     @classmethod
     def _to_array(cls, value: Any) -> np.ndarray:
-        # a copy, as for SteeringVector: the caller may refill its array before the request is sent
-        return np.array(float32_array(value), dtype=np.float32, copy=True)
+        return owned_float32_array(value)
 
     @field_serializer("weights")
     def _encode_weights(self, value: np.ndarray) -> dict[str, Any]:
