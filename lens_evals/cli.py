@@ -16,6 +16,7 @@ from lens_evals.cli_checks import (
     model_name,
     model_name_or_dir,
     oracle_recipe,
+    positive_float,
     positive_int,
     probe_name,
 )
@@ -163,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--scale", type=float, default=8.0, help="steering strength in percent of ||h||")
     add_engine_arg_option(demo)
     demo.set_defaults(func=_demo)
-    from lens_evals.probing.science_cli import add_probe_commands, positive_float, training_set
+    from lens_evals.probing.science_cli import add_probe_commands, training_set
 
     probes = sub.add_parser("probes", help="train linear probes on engine activations")
     probes_sub = probes.add_subparsers(dest="probes_command", required=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,13 @@ def _integer_at_least(lowest: int, text: str, complaint: str) -> int:
     value = int(text)  # argparse turns a ValueError into "invalid <type> value"
     if value < lowest:
         raise argparse.ArgumentTypeError(f"{complaint}, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)  # argparse turns a ValueError into "invalid <type> value"
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
     return value
 
 

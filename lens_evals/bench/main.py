@@ -10,8 +10,7 @@ from pathlib import Path
 
 from lens_evals.bench.config import BenchConfig
 from lens_evals.bench.systems import ALL_SYSTEMS, resolve
-from lens_evals.cli_checks import batch_sizes, bench_systems, count, layer_index, model_name_or_dir, positive_int
-from lens_evals.probing.science_cli import positive_float
+from lens_evals.cli_checks import batch_sizes, bench_systems, count, layer_index, model_name_or_dir, positive_float, positive_int
 
 CPU_MODEL = "smollm2-135m-instruct"
 # On 2 CPU cores SmolLM2's prefill is ~99.8 % model time (22,583 tokens: 99-162 s a run, ours

@@ -4,20 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from lens_evals.cli_checks import existing_file, layer_index, model_name_or_dir, positive_int
 from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
-    return value
 
 
 def training_set(name: str) -> str:
