@@ -129,13 +129,16 @@ part_files() {  # part_files PART: its test files (3d: every file no other part 
     *) echo "unknown part $1" >&2; return 1 ;;
   esac
 }
+part_name() {  # part_name PART: the name its log, ledger and XML files take
+  case $1 in ray|overlap) echo "$1" ;; *) echo "part$1" ;; esac
+}
 run_part() {  # run_part PART: one part, or Ray's gpu-marked tests (-s: their printed errors)
-  if [ "$1" = ray ]; then MARK=gpu run ray -s tests/test_ray_executor.py
-  elif [ "$1" = overlap ]; then MARK=gpu run overlap tests/test_copy_overlap.py
+  if [ "$1" = ray ]; then MARK=gpu run "$(part_name ray)" -s tests/test_ray_executor.py
+  elif [ "$1" = overlap ]; then MARK=gpu run "$(part_name overlap)" tests/test_copy_overlap.py
   else
     local files; files=$(part_files "$1") || return 1
     [ -n "$files" ] || { echo "part $1: no test files" >&2; return 1; }
-    run "part$1" $files
+    run "$(part_name "$1")" $files
   fi
 }
 case ${PART:?PART=prepare|1|2a|2b|2c|2d|3a|3b|3c|3d|3e|3f|solo|files|ray|overlap|lanes|caches|list} in
@@ -194,7 +197,7 @@ llm.llm_engine.engine_core.shutdown()
     for lane in $lanes; do
       echo "== lane $lane"; cat "$logs/lane-$lane.txt"
       # the tracebacks written as failures happened (LENS_EVALS_TEST_FAILURES_AT_ONCE), 60 lines each
-      log=$logs/part$lane.log; [ "$lane" = ray ] && log=$logs/ray.log
+      log=$logs/$(part_name "$lane").log
       [ -f "$log" ] && awk '/^--- .* failed \(/ {n = 80} n > 0 {print; n--; if ($0 ~ /^[^ ]+\.py:[0-9]+: /) n = 0}' "$log"
     done > "$out/lanes.txt"
     cat "$out/lanes.txt"
