@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -53,10 +54,11 @@ if __name__ == "__main__":
 """
 
 
-def test_disable_makes_the_plugin_a_no_op_and_plain_tokens_match(llm, tiny_path) -> None:
-    env = {**os.environ, "LENS_EVALS_DISABLE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+def run_script(script: str, tiny_path, env: dict[str, str]) -> Any:
+    """Run ``script`` in a fresh Python (the tiny model, PROMPTS, the tests' eager engine options
+    as its arguments) and return what it printed after ``RESULT``."""
     proc = subprocess.run(
-        [sys.executable, "-c", DISABLED_SCRIPT, str(tiny_path), json.dumps(PROMPTS), json.dumps(engine_options(enforce_eager=True))],
+        [sys.executable, "-c", script, str(tiny_path), json.dumps(PROMPTS), json.dumps(engine_options(enforce_eager=True))],
         env=env,
         capture_output=True,
         text=True,
@@ -64,7 +66,47 @@ def test_disable_makes_the_plugin_a_no_op_and_plain_tokens_match(llm, tiny_path)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
-    without_plugin = json.loads(line[len("RESULT ") :])
+    return json.loads(line[len("RESULT ") :])
+
+
+def test_disable_makes_the_plugin_a_no_op_and_plain_tokens_match(llm, tiny_path) -> None:
+    env = {**os.environ, "LENS_EVALS_DISABLE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    without_plugin = run_script(DISABLED_SCRIPT, tiny_path, env)
     assert all(not has_activations for _, has_activations in without_plugin)
     with_plugin = llm.generate(PROMPTS, greedy(6))
     assert [list(o.outputs[0].token_ids) for o in with_plugin] == [tokens for tokens, _ in without_plugin]
+
+
+WORKER_WITHOUT_PLUGIN_SCRIPT = """
+import json, os, sys
+if __name__ == "__main__":
+    from lens_evals.engine import plugin
+    plugin.register()  # this process (the frontend) has the plugin ...
+    os.environ["LENS_EVALS_DISABLE"] = "1"  # ... the engine core and worker started below do not
+    from vllm import LLM, SamplingParams
+    llm = LLM(sys.argv[1], **json.loads(sys.argv[3]))
+    prompts = json.loads(sys.argv[2])
+    plain = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    before = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, plain)]
+    try:
+        llm.generate(prompts[:1], SamplingParams(max_tokens=2, extra_args={"output_residual_stream": [0]}))
+        error = None
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    after = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, plain)]
+    print("RESULT", json.dumps({"before": before, "error": error, "after": after}))
+"""
+
+
+def test_a_worker_without_the_plugin_fails_lens_requests_with_a_clear_error(llm, tiny_path) -> None:
+    """What a Ray node without lens-evals does (tests/test_ray_executor.py on the GPU), on CPU: the
+    worker's process lacks our methods. The lens request fails naming the plugin and the fix;
+    plain requests before and after give the plugin's tokens."""
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}  # the worker in a process of its own
+    env.pop("LENS_EVALS_DISABLE", None)
+    got = run_script(WORKER_WITHOUT_PLUGIN_SCRIPT, tiny_path, env)
+    assert got["error"] is not None, "the lens request succeeded on a worker without the plugin"
+    assert got["error"].startswith("WorkerWithoutPlugin: "), got["error"]
+    assert "lens-evals plugin did not load" in got["error"] and "every node" in got["error"], got["error"]
+    with_plugin = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, greedy(6))]
+    assert got["before"] == with_plugin and got["after"] == with_plugin

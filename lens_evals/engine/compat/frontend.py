@@ -3,7 +3,6 @@ result delivery, the HTTP app, collective_rpc and worker methods."""
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -345,44 +344,3 @@ def server_api_keys(scope: dict[str, Any]) -> list[str]:
     if isinstance(keys, str):
         keys = [keys]
     return [key for key in keys if key]
-
-
-async def async_collective_rpc(engine: Any, method: str, args: tuple[Any, ...]) -> list[Any]:
-    """Call a worker method installed by :func:`add_worker_methods` on every worker. By name:
-    vLLM refuses to send functions between processes unless insecure serialisation is on.
-
-    With data parallelism, ``AsyncLLM.collective_rpc`` runs the method on every engine's
-    workers but returns only the first engine's replies; a request served by another engine
-    would lose its results. Ask each engine this frontend talks to and join the replies."""
-    core = engine.engine_core
-    engines = list(getattr(core, "core_engines", None) or ())
-    if len(engines) <= 1 or not hasattr(core, "_call_utility_async"):
-        replies: list[Any] = await engine.collective_rpc(method, args=args)
-        return replies
-    per_engine = await asyncio.gather(
-        *(core._call_utility_async("collective_rpc", method, None, args, None, engine=target) for target in engines)
-    )
-    return [reply for replies in per_engine for reply in replies]
-
-
-def offline_collective_rpc(llm: Any, method: str, args: tuple[Any, ...]) -> list[Any]:
-    replies: list[Any] = llm.collective_rpc(method, args=args)
-    return replies
-
-
-def add_worker_methods(methods: dict[str, Callable[..., Any]]) -> None:
-    """Make ``methods`` callable by name through collective_rpc (``fn(worker, *args)``)."""
-    from vllm.v1.worker.worker_base import WorkerBase
-
-    for name, fn in methods.items():
-        if getattr(WorkerBase, name, None) is not fn:
-            setattr(WorkerBase, name, fn)
-
-
-def add_offline_methods(methods: dict[str, Callable[..., Any]]) -> None:
-    """Add methods to vLLM's offline ``LLM`` class (vllm-lens's names: ``llm.register_hooks``...)."""
-    from vllm.entrypoints.llm import LLM
-
-    for name, fn in methods.items():
-        if getattr(LLM, name, None) is not fn:
-            setattr(LLM, name, fn)
