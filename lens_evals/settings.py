@@ -204,12 +204,43 @@ HANDOFF_MIN_BYTES = integer(
     "smaller blocks go inline (sharing them costs more than copying them)",
     "65536 (64 KiB)",
 )
-HANDOFF_POOL_MIB = number(
+POOL_FLOOR_MIB = 4096.0
+
+
+def host_memory_bytes() -> int | None:
+    """This host's memory for us: physical memory, or the cgroup (v2) limit where one is lower;
+    None where neither can be read."""
+    try:
+        total: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        limit = "max"
+    if limit.isdigit():
+        total = int(limit) if total is None else min(total, int(limit))
+    return total
+
+
+def _pool_default_mib() -> float:
+    """A quarter of the host's memory, at least :data:`POOL_FLOOR_MIB`: a loop of calls whose
+    captures the caller holds one at a time needs two calls' rows in the pool (issue #21: 22 GB
+    for 8 layers of the 1,000-prompt prefill capture of an 8B model, on a 126 GiB host)."""
+    memory = host_memory_bytes()
+    return POOL_FLOOR_MIB if memory is None else max(POOL_FLOOR_MIB, memory / 4 / 2**20)
+
+
+HANDOFF_POOL_MIB = Setting(
     "LENS_EVALS_HANDOFF_POOL_MIB",
-    4096.0,
+    "number",
+    _number,
+    _pool_default_mib,
+    "a quarter of the host's memory, at least 4096",
     "MiB",
     "worker",
-    "reused shared segments per frontend, made as needed; past it blocks go to files of their own (0: no pool)",
+    "reused shared segments per frontend, made as needed and kept while the frontend runs; past it (or "
+    "with the hand-off directory nearly full) blocks go to files of their own (0: no pool)",
 )
 COPY_OVERLAP = flag(
     "LENS_EVALS_COPY_OVERLAP",

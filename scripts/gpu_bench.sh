@@ -47,6 +47,12 @@
 #   WORKLOAD=prefill bash scripts/gpu_bench.sh vllm-eager,lens-capture-1,lens-steer-1,lens-mixed
 #   WORKLOAD=prefill bash scripts/gpu_bench.sh vllm-graphs,lens-graphs-capture-1,lens-graphs-probe
 #   WORKLOAD=prefill bash scripts/gpu_bench.sh hf-forward,lens-graphs-mixed,lens-capture-8,lens-graphs-capture-8
+# Capture 8 layers and the pool (2026-12-05: 2.21x paired; the pool default is a quarter of the host's
+# memory since, and freed regions go back as an offline call starts), phases of both, ~2.5 min each:
+#   LENS_EVALS_TIMING=1 WORKLOAD=prefill bash scripts/gpu_bench.sh lens-mixed --repeats 6
+#   BENCH_DIR=/tmp/prefill-pool4g LENS_EVALS_HANDOFF_POOL_MIB=4096 LENS_EVALS_TIMING=1 \
+#     WORKLOAD=prefill bash scripts/gpu_bench.sh lens-mixed --repeats 6
+#   python3 -m lens_evals.bench.phases /tmp/lens-evals-bench-prefill   (and /tmp/prefill-pool4g)
 # The hand-off settings' effect (their defaults changed after the 2026-12-04 run): the old ones
 # in a BENCH_DIR of their own, e.g.
 #   BENCH_DIR=/tmp/prefill-old-handoff LENS_EVALS_HANDOFF_MIN_BYTES=1048576 LENS_EVALS_HANDOFF_POOL_MIB=1024 \

@@ -137,6 +137,26 @@ def test_pool_regions_are_reused_only_after_the_frontend_frees_them(tmp_path, ta
     assert torch.equal(third, want_third) and torch.equal(second, want_second)
 
 
+def test_regions_freed_before_a_call_are_released_ahead_of_its_fetch(tmp_path, target) -> None:
+    """An offline call's start (``frontend_attach.release_offline``): the frontend's freed regions
+    reach the worker's pool through ``release_regions`` and the next write, before any fetch,
+    takes the freed region again; nothing freed, nothing released."""
+    import gc
+
+    from lens_evals.engine.handoff import release_regions
+
+    first, _, packed_first = _fetch(sink_for(target))
+    pool = handoff._files.pools[target["token"]]
+    assert not HandoffTarget.has_freed() and release_regions(sent()) == 0
+    del first
+    gc.collect()
+    assert HandoffTarget.has_freed() and not HandoffTarget.has_freed(7)  # engine 0's region only
+    assert release_regions(sent()) == 1 and not HandoffTarget.has_freed()
+    rows = row_blocks(_pieces(torch.float32, "next"))
+    assert pool.write(rows) == {"pool": packed_first["pool"], "offset": packed_first["offset"], "nbytes": rows.nbytes}
+    assert release_regions(None) == 0 and release_regions({**sent(), "pid": os.getpid()}) == 0  # no pool: nothing
+
+
 def test_a_full_pool_falls_back_to_files(tmp_path, target, monkeypatch) -> None:
     monkeypatch.setenv(handoff_pool.POOL_ENV, "0.001")  # less than one segment
     rows, want, packed = _fetch(sink_for(sent()))
@@ -387,3 +407,14 @@ def test_a_request_cancelled_during_its_fetch_still_frees_its_pool_regions(tmp_p
     gc.collect()
     assert HandoffTarget.for_this_process(id(processor))["free"] == [[written[0]["pool"], written[0]["offset"]]]
     worker.close()
+
+
+def test_a_pool_segment_is_not_made_when_the_directory_is_nearly_full(tmp_path, target, monkeypatch) -> None:
+    """The pool never fills the hand-off directory (``/dev/shm`` is shared with every process)
+    past its last ``ROOM_MARGIN`` bytes: with 300 MiB free a 64 MiB segment is not made, and the
+    14 KB block goes to a file of its own, which fits (the file path's own room check). The
+    directory's free space is what ``statvfs`` says; the pool is told 300 MiB here."""
+    monkeypatch.setattr(handoff_pool, "free_bytes", lambda directory: 300 << 20)
+    rows, want, packed = _fetch(sink_for(sent()))
+    assert "file" in packed and torch.equal(rows, want)
+    assert handoff._files.pools[target["token"]].pooled_bytes == 0

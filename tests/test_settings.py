@@ -158,3 +158,18 @@ def test_a_negative_count_is_refused_naming_the_variable(monkeypatch: pytest.Mon
     assert settings.HANDOFF_POOL_MIB.in_bytes() == 0
     monkeypatch.setenv("LENS_EVALS_WRITE_THREADS", "0")
     assert settings.WRITE_THREADS.get() == 0
+
+
+def test_the_pool_default_is_a_quarter_of_the_hosts_memory_at_least_4_gib(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reference: /proc/meminfo's MemTotal (the kernel's count of the pages ``SC_PHYS_PAGES``
+    reads), lowered to the cgroup v2 limit where one is set."""
+    monkeypatch.delenv(settings.HANDOFF_POOL_MIB.name, raising=False)
+    meminfo = Path("/proc/meminfo").read_text()
+    total = int(re.search(r"^MemTotal:\s+(\d+) kB", meminfo, re.M).group(1)) * 1024  # type: ignore[union-attr]
+    limit = Path("/sys/fs/cgroup/memory.max")
+    if limit.exists() and limit.read_text().strip().isdigit():
+        total = min(total, int(limit.read_text()))
+    assert settings.host_memory_bytes() == total
+    assert settings.HANDOFF_POOL_MIB.get() == max(4096.0, total / 4 / 2**20)
+    monkeypatch.setenv(settings.HANDOFF_POOL_MIB.name, "512")
+    assert settings.HANDOFF_POOL_MIB.in_bytes() == 512 * 2**20

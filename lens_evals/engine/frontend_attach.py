@@ -1,7 +1,8 @@
 """The frontend's end of a request: fetch its results from every worker by key (after
 ``LLM._run_engine`` for all outputs of the call in one fetch, or ``AsyncLLM.generate`` per
 request), check and trim them to prompt + generated - 1 positions and attach them as
-``output.activations`` / ``output.hook_results`` (a hook set's results go to its store)."""
+``output.activations`` / ``output.hook_results`` (a hook set's results go to its store). As an
+offline call starts, the hand-off pool regions freed since the last fetch go back first."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from lens_evals.engine.frontend_hooks import forget_local, union_of
 from lens_evals.engine.frontend_rows import decode_saved, merge_rank_results
 from lens_evals.engine.handoff import HandoffTarget, claim_all
 from lens_evals.engine.hook_sets import store_of
-from lens_evals.engine.protocol import FETCH_METHOD, FetchReply
+from lens_evals.engine.protocol import FETCH_METHOD, RELEASE_METHOD, FetchReply
+
+logger = logging.getLogger("lens_evals")
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,29 @@ def _apply(
     return None
 
 
+def release_offline(llm: Any) -> None:
+    """As an offline call starts: the pool regions freed since the last fetch (the outputs of
+    earlier calls the user dropped, e.g. ``out = llm.generate(...)`` in a loop) go to the workers
+    now, not with this call's fetch at its end, so its early writes reuse them: a loop then needs
+    a pool of two calls' rows, not three. Nothing to send (a plain call, nothing freed): no call."""
+    source = id(compat.input_processor(llm.llm_engine))
+    if not HandoffTarget.has_freed(source):
+        return
+    target = HandoffTarget.for_this_process(source)
+    if target is None:
+        return
+    try:
+        with timing.phase("release: worker round trip"):
+            compat.offline_collective_rpc(llm, RELEASE_METHOD, (target,))
+    except Exception as exc:  # the call itself may still run: its fetch frees nothing of these
+        logger.warning(
+            "lens_evals: giving %d freed hand-off regions back before the call failed (%s: %s); they stay taken in the worker's pool",
+            len(target.get("free", [])),
+            type(exc).__name__,
+            exc,
+        )
+
+
 def attach_offline(llm: Any, outputs: list[Any]) -> None:
     processor = compat.input_processor(llm.llm_engine)
     registry = pending_of(processor)
@@ -116,7 +142,6 @@ def attach_offline(llm: Any, outputs: list[Any]) -> None:
 # Fetches still running after the request that started them was cancelled (asyncio keeps only
 # weak references to tasks)
 _ORPHANS: set[asyncio.Future[list[FetchReply]]] = set()
-logger = logging.getLogger("lens_evals")
 
 
 async def _fetch_and_claim(engine: Any, processor: Any, key: str) -> list[FetchReply]:

@@ -32,14 +32,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lens_evals import settings
-from lens_evals.engine.handoff_pool import SEGMENT_PREFIX, PoolViews, SharedPool, alive, map_and_unlink
+from lens_evals.engine.handoff_pool import ROOM_MARGIN, SEGMENT_PREFIX, PoolViews, SharedPool, alive, free_bytes, map_and_unlink
 from lens_evals.engine.protocol import HandoffAddressWire, HandoffTargetWire
 
 logger = logging.getLogger("lens_evals")
 HANDOFF_ENV = settings.HANDOFF.name
 DIR_ENV = settings.HANDOFF_DIR.name
 MIN_BYTES_ENV = settings.HANDOFF_MIN_BYTES.name  # smaller blocks go inline: a file costs more than copying them
-ROOM_MARGIN = 256 << 20  # leave this much free in the directory
 SHM_DIR = "/dev/shm"
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
 MARKER_PREFIX = "lens_evals-host-"
@@ -77,21 +76,11 @@ def _enabled() -> bool:
     return settings.HANDOFF.get()
 
 
-def _free_bytes(directory: str) -> int:
-    """Free bytes in ``directory``; 0 when it cannot be read (the rows then go inline)."""
-    try:
-        stats = os.statvfs(directory)
-    except OSError as exc:
-        logger.warning("lens_evals: hand-off directory %s is unusable (%s)", directory, exc)
-        return 0
-    return stats.f_bavail * stats.f_frsize
-
-
 def _default_dir() -> str:
     configured = settings.HANDOFF_DIR.get()
     if configured:
         return str(configured)
-    if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) and _free_bytes(SHM_DIR) > 2 * ROOM_MARGIN:
+    if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) and free_bytes(SHM_DIR) > 2 * ROOM_MARGIN:
         return SHM_DIR
     return tempfile.gettempdir()
 
@@ -123,6 +112,11 @@ class HandoffTarget:
             return None
         assert cls._current is not None
         return address | {"free": cls._current.pool_views.take_freed(source)}  # type: ignore[return-value]
+
+    @classmethod
+    def has_freed(cls, source: int = 0) -> bool:
+        """Whether regions of engine ``source``'s pool were freed here since its last fetch."""
+        return cls._current is not None and cls._current.pool_views.has_freed(source)
 
     @classmethod
     def address(cls) -> HandoffAddressWire | None:
@@ -290,6 +284,19 @@ def recall(packed: dict[str, Any], address: HandoffAddressWire | dict[str, Any],
     return rest if data is None else rest | {"data": data}
 
 
+def release_regions(target: HandoffTargetWire | dict[str, Any] | None) -> int:
+    """Regions the frontend at ``target`` no longer uses, sent before a fetch (an offline call's
+    start, ``frontend_attach.release_offline``) so that the call's early writes reuse them; how
+    many were freed. Worker's main thread."""
+    pool = _pool_for(target)
+    return 0 if pool is None or target is None else pool.release(target.get("free"))
+
+
+def pooled_bytes() -> int:
+    """The bytes of every hand-off pool segment this worker holds (all frontends)."""
+    return sum(pool.pooled_bytes for pool in _files.pools.values())
+
+
 def sink_for(target: HandoffTargetWire | dict[str, Any] | None) -> Sink:
     """Where a worker puts the reply's row blocks for a frontend described by ``target``. Called
     once per fetch on the worker's main thread; the sink itself may run on several threads."""
@@ -309,7 +316,7 @@ def sink_for(target: HandoffTargetWire | dict[str, Any] | None) -> Sink:
         pooled = pool.write(rows)
         if pooled is not None:
             return pooled
-        if _free_bytes(directory) < rows.nbytes + ROOM_MARGIN:
+        if free_bytes(directory) < rows.nbytes + ROOM_MARGIN:
             return inline(rows)
         return _write_file(directory, rows)
 

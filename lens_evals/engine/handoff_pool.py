@@ -36,7 +36,18 @@ POOL_ENV = settings.HANDOFF_POOL_MIB.name
 SEGMENT_BYTES = 64 * 2**20
 ALIGN = 4096
 SEGMENT_PREFIX = "lens_evals-pool-"
+ROOM_MARGIN = 256 << 20  # leave this much free in the hand-off directory (segments and files)
 SEGMENT_NAME = re.compile(rf"^{SEGMENT_PREFIX}([0-9]+)-[0-9a-f]{{32}}$")  # the worker's pid, then a uuid
+
+
+def free_bytes(directory: str) -> int:
+    """Free bytes in ``directory``; 0 when it cannot be read (the rows then go inline)."""
+    try:
+        stats = os.statvfs(directory)
+    except OSError as exc:
+        logger.warning("lens_evals: hand-off directory %s is unusable (%s)", directory, exc)
+        return 0
+    return stats.f_bavail * stats.f_frsize
 
 
 class _Segment:
@@ -109,12 +120,15 @@ class SharedPool:
     def pooled_bytes(self) -> int:
         return sum(segment.size for segment in self.segments.values())
 
-    def release(self, regions: Any) -> None:
-        """Regions the frontend no longer uses: ``[[segment name, offset], ...]``."""
+    def release(self, regions: Any) -> int:
+        """Regions the frontend no longer uses: ``[[segment name, offset], ...]``; how many were
+        in use here and are free now."""
+        given = 0
         with self.lock:
             for region in regions if isinstance(regions, list) else []:
                 if isinstance(region, (list, tuple)) and len(region) == 2 and region[0] in self.segments:
-                    self.segments[region[0]].give(int(region[1]))
+                    given += self.segments[region[0]].give(int(region[1]))
+        return given
 
     def write(self, rows: Any) -> dict[str, Any] | None:
         """``rows`` (``handoff.Rows``) copied into a free region: the reply's reference (None:
@@ -149,7 +163,7 @@ class SharedPool:
             if offset is not None:
                 return segment, offset
         size = max(SEGMENT_BYTES, -(-nbytes // ALIGN) * ALIGN)
-        if self.pooled_bytes + size > self.limit:
+        if self.pooled_bytes + size > self.limit or free_bytes(self.directory) < size + ROOM_MARGIN:
             return None
         try:
             segment = _Segment(self.directory, size)
@@ -197,6 +211,9 @@ class PoolViews:
             if owner is not None and not alive(int(owner.group(1))):
                 del self.maps[name]
                 self.sources.pop(name, None)
+
+    def has_freed(self, source: int) -> bool:
+        return bool(self.freed.get(source))
 
     def take_freed(self, source: int) -> list[list[Any]]:
         self._forget_exited()

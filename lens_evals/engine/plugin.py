@@ -53,6 +53,7 @@ def register() -> None:
         "layer hooks run only outside CUDA graphs and torch.compile", graph_taps.env_layer_spec, graph_taps.CONFIG_KEY
     )
     compat.patch_input_processor(frontend_admit.on_request)
+    compat.patch_offline_submit(frontend_attach.release_offline)
     compat.patch_offline_results(frontend_attach.attach_offline)
     compat.patch_offline_aborts(frontend_attach.discard_offline)
     compat.shut_down_engines_at_exit()

@@ -23,6 +23,7 @@ MEMORY_METHOD = "lens_evals_memory"  # () -> MemoryReport
 REGISTER_SET_METHOD = "lens_evals_register_hook_set"  # (set id, list[HookWire]) -> error text or None
 CLEAR_SET_METHOD = "lens_evals_clear_hook_set"  # (set id,) -> whether the set was there
 COPY_METHOD = "lens_evals_copy"  # (overlap: bool | None,) -> CopyReport (the bench's paired rounds, tests)
+RELEASE_METHOD = "lens_evals_release"  # (HandoffTargetWire,) -> pool regions given back (an offline call's start)
 
 
 # ----------------------------------------------------------------- request payloads
@@ -107,6 +108,7 @@ class MemoryReport(TypedDict):
     tracked: int  # vLLM requests the worker follows
     early_written: int  # requests whose rows were written before their fetch (``early_write``), so far
     early_unfetched: int  # ... of them not fetched yet
+    pool_bytes: int  # the hand-off pool segments this worker holds (``handoff_pool``), all frontends
 
 
 class CopyReport(TypedDict):

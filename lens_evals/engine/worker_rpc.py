@@ -1,18 +1,20 @@
 """The worker's methods for ``collective_rpc`` (names and payloads: ``protocol``), added to
-vLLM's worker class by the plugin: the fetch, the memory report, and the worker's half of
-persistent hook sets (resolved here once, used by the requests that name them)."""
+vLLM's worker class by the plugin: the fetch, the early release of pool regions, the memory
+report, and the worker's half of persistent hook sets (resolved here once, used by the requests
+that name them)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from lens_evals.engine import compat, timing
+from lens_evals.engine import compat, handoff, timing
 from lens_evals.engine.protocol import (
     CLEAR_SET_METHOD,
     COPY_METHOD,
     FETCH_METHOD,
     MEMORY_METHOD,
     REGISTER_SET_METHOD,
+    RELEASE_METHOD,
     CopyReport,
     FetchReply,
     HandoffTargetWire,
@@ -44,7 +46,13 @@ def worker_memory(worker: Any) -> MemoryReport:
         "tracked": len(core.ledger.requests),
         "early_written": core.early.written,
         "early_unfetched": len(core.early),
+        "pool_bytes": handoff.pooled_bytes(),
     }
+
+
+def release_regions(worker: Any, target: HandoffTargetWire) -> int:
+    """The frontend's freed pool regions, ahead of its next fetch (``handoff.release_regions``)."""
+    return handoff.release_regions(target)
 
 
 def copy_mode(worker: Any, overlap: bool | None = None) -> CopyReport:
@@ -83,4 +91,5 @@ WORKER_METHODS: dict[str, Any] = {
     REGISTER_SET_METHOD: register_hook_set,
     CLEAR_SET_METHOD: clear_hook_set,
     COPY_METHOD: copy_mode,
+    RELEASE_METHOD: release_regions,
 }

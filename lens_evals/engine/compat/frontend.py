@@ -85,6 +85,21 @@ def recompute_from_scratch(params: Any) -> None:
         params.skip_reading_prefix_cache = True
 
 
+def patch_offline_submit(before: Callable[[Any], None]) -> None:
+    """Call ``before(llm)`` as an offline call (``LLM.generate``, ``chat``, ``enqueue``...)
+    starts adding its requests, before the engine core sees any of them."""
+    from vllm.entrypoints.llm import LLM
+
+    def make(original: Method) -> Method:
+        def _render_and_add_requests(self: Any, *args: Any, **kwargs: Any) -> Any:
+            before(self)
+            return original(self, *args, **kwargs)
+
+        return _render_and_add_requests
+
+    _patch(LLM, "_render_and_add_requests", make)
+
+
 def patch_offline_results(attach: Callable[[Any, list[Any]], None]) -> None:
     """After ``LLM.generate`` / ``LLM.chat`` finish, call ``attach(llm, outputs)``."""
     from vllm.entrypoints.llm import LLM
