@@ -6,6 +6,7 @@ yet recorded) are removed first, so no row is ever written twice."""
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import re
@@ -107,11 +108,30 @@ def _layer_count(llm: Any) -> int | None:
     return getattr(config, "num_hidden_layers", None)
 
 
-def _tokenize(llm: Any, items: Sequence[PromptItem], layers: list[int]) -> list[list[int]]:
-    n_layers = _layer_count(llm)
+def _configured_layer_count(model: str) -> int | None:
+    """The model's layer count from its ``config.json`` (a multimodal model's text config),
+    before any engine starts; None where it cannot be read (the engine's count decides then)."""
+    from lens_evals.models import resolve_model
+
+    path = Path(resolve_model(model)) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        logger.debug("layer count of %s not read before the engine (%s)", model, exc)
+        return None
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    count = text_config.get("num_hidden_layers", config.get("num_hidden_layers"))
+    return count if isinstance(count, int) else None
+
+
+def _check_layers(layers: Sequence[int], n_layers: int | None) -> None:
     bad_layers = [layer for layer in layers if n_layers is not None and not 0 <= layer < n_layers]
     if bad_layers and n_layers is not None:
         raise CaptureError(f"layers {bad_layers} are outside the model's {n_layers} layers (0..{n_layers - 1})")
+
+
+def _tokenize(llm: Any, items: Sequence[PromptItem], layers: list[int]) -> list[list[int]]:
+    _check_layers(layers, _layer_count(llm))
     # token-id prompts need no tokenizer (an engine may run without one: skip_tokenizer_init)
     tokenizer = llm.get_tokenizer() if any(item.token_ids is None for item in items) else None
     limit = llm.llm_engine.model_config.max_model_len - 1  # one token is generated (max_tokens=1)
@@ -205,6 +225,8 @@ def run_capture(
     prompts_path, out_dir, layer_list = Path(prompts_path), Path(out_dir), sorted(set(layers))
     if not layer_list:
         raise CaptureError("name at least one layer to capture")
+    if llm is None:  # before the engine's start (minutes for a large model) and before --out is made
+        _check_layers(layer_list, _configured_layer_count(model))
     items = read_prompts(prompts_path)
     out_dir.mkdir(parents=True, exist_ok=True)
     with _locked(out_dir):
