@@ -91,6 +91,14 @@ def make_llm(path: Path, **kwargs: Any) -> Iterator[Any]:
         gc.collect()
 
 
+@pytest.fixture(scope="module")
+def llm(tiny_path: Path) -> Iterator[Any]:
+    """The tiny Llama on the tests' engine options, one engine per test module (a module that
+    needs other options defines its own ``llm``)."""
+    with make_llm(tiny_path) as engine:
+        yield engine
+
+
 def greedy(max_tokens: int = 6, **extra_args: Any) -> Any:
     from vllm import SamplingParams
 

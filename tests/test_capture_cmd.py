@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
 
@@ -19,7 +18,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from conftest import TINY_PROMPTS, capture, gpu_share, greedy, make_llm, on_gpu
+from conftest import TINY_PROMPTS, capture, gpu_share, greedy, on_gpu
 from tolerance import assert_stream_close
 
 from lens_evals.capture import CaptureError, CaptureReader, CaptureStopped, run_capture
@@ -31,12 +30,6 @@ CHATS = [
     [{"role": "user", "content": "the cat reads a book."}, {"role": "assistant", "content": "a model finds the truth."}],
     [{"role": "user", "content": "my friend"}],
 ]
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_path: Path) -> Iterator[Any]:
-    with make_llm(tiny_path) as engine:
-        yield engine
 
 
 def write_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:

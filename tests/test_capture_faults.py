@@ -10,12 +10,12 @@ import fcntl
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TINY_PROMPTS, make_llm
+from conftest import TINY_PROMPTS
 from test_capture_cmd import write_jsonl
 
 from lens_evals.capture import CaptureError, CaptureReader, CaptureStopped, run_capture
@@ -26,12 +26,6 @@ from lens_evals.cli import main as cli_main
 
 LAYERS = [1, 2]
 ONE_PER_SHARD = CaptureSettings(batch_size=2, shard_rows=1)
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_path: Path) -> Iterator[Any]:
-    with make_llm(tiny_path) as engine:
-        yield engine
 
 
 def capture(llm: Any, root: Path, settings: CaptureSettings = ONE_PER_SHARD) -> tuple[Path, Path]:

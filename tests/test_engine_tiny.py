@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lens_evals import SteeringVector
-from tests.conftest import TINY_PROMPTS, capture, greedy, make_llm, on_gpu
+from tests.conftest import TINY_PROMPTS, capture, greedy, on_gpu
 from tests.tolerance import assert_stream_close, stream_bound
 
 PROMPTS = TINY_PROMPTS
@@ -31,12 +31,6 @@ def mixed_params(i: int):
     if kind == 2:
         return greedy(tokens, apply_steering_vectors=[vector(i, [1])])
     return greedy(tokens, output_residual_stream=[0, 2], apply_steering_vectors=[vector(i, [2], norm_match=True, scale=0.5)])
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_path):
-    with make_llm(tiny_path) as engine:
-        yield engine
 
 
 def test_mixed_batch_equals_each_request_alone(llm) -> None:

@@ -15,16 +15,10 @@ import pytest
 from lens_evals import SteeringVector
 from lens_evals.engine import taps
 from lens_evals.engine.frontend_attach import LensRequestError
-from tests.conftest import capture, engine_options, greedy, make_llm
+from tests.conftest import capture, engine_options, greedy
 
 PROMPTS = ["the cat reads a book.", "a model finds the truth.", "my friend"]
 VEC = SteeringVector(activations=np.ones((1, 128), dtype=np.float32), layer_indices=[1], scale=2.0)
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_path):
-    with make_llm(tiny_path) as engine:
-        yield engine
 
 
 def test_failing_hook_fails_its_request_loudly_and_the_engine_goes_on(llm, monkeypatch) -> None:

@@ -215,12 +215,6 @@ def server(tiny_path, canary_log):
         yield proc
 
 
-@pytest.fixture(scope="module")
-def llm(tiny_path):
-    with make_llm(tiny_path) as engine:
-        yield engine
-
-
 def complete(server: LensServer, **body: Any) -> requests.Response:
     payload = {"model": "test", "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True, **body}
     return requests.post(f"{server.url}/v1/completions", json=payload, timeout=300)

@@ -10,18 +10,12 @@ from lens_evals.engine.frontend_attach import LensRequestError
 from lens_evals.engine.hook_sets import register_hook_set
 from lens_evals.hook_library import append_rows
 from lens_evals.hooks import Hook
-from tests.conftest import greedy, make_llm
+from tests.conftest import greedy
 from tests.test_hooks import record_rows
 from tests.tolerance import assert_values_close
 
 PROMPTS = ["the cat reads a book.", "a model finds the truth.", "1 2 3 4 5 6 7 8", "my friend"]
 HOOKS = [Hook("record_norm", [1, 3]), Hook(record_rows, [2])]
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_path):
-    with make_llm(tiny_path) as engine:
-        yield engine
 
 
 def test_register_run_collect_clear(llm) -> None:

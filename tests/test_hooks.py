@@ -11,7 +11,7 @@ import torch
 from lens_evals.engine.frontend_attach import LensRequestError
 from lens_evals.hook_library import append_rows
 from lens_evals.hooks import Hook
-from tests.conftest import TINY_PROMPTS, capture, greedy, make_llm
+from tests.conftest import TINY_PROMPTS, capture, greedy
 from tests.hf_reference import HFReference
 from tests.tolerance import assert_stream_close, stream_bound, token_relative_error
 
@@ -57,12 +57,6 @@ def explode(ctx, hidden):
 
 def wrong_shape(ctx, hidden):
     return hidden[:, :3]
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_path):
-    with make_llm(tiny_path) as engine:
-        yield engine
 
 
 def tokens(output) -> list[int]:

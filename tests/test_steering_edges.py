@@ -18,12 +18,6 @@ LAYERS = [1, 3]
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_path):
-    with make_llm(tiny_path) as engine:
-        yield engine
-
-
-@pytest.fixture(scope="module")
 def hf(tiny_path):
     return HFReference(tiny_path)
 

@@ -32,7 +32,7 @@ from lens_evals.engine import plugin
 from lens_evals.hooks import Hook
 from lens_evals.request_args import parse_lens_args
 from lens_evals.spec import SteeringVector
-from tests.conftest import TINY_PROMPTS, capture, greedy, make_llm
+from tests.conftest import TINY_PROMPTS, capture, greedy
 from tests.tolerance import assert_stream_close
 
 HIDDEN = 128
@@ -187,12 +187,6 @@ def test_vllm_lens_disable_is_honoured(monkeypatch) -> None:
 
 
 # --------------------------------------------------------------------------- engine
-@pytest.fixture(scope="module")
-def llm(tiny_path):
-    with make_llm(tiny_path) as engine:
-        yield engine
-
-
 SEQ_LENS: list[int] = []
 
 
