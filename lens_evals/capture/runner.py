@@ -6,7 +6,6 @@ yet recorded) are removed first, so no row is ever written twice."""
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import re
@@ -32,6 +31,7 @@ from lens_evals.capture.manifest import (
     write_manifest,
 )
 from lens_evals.capture.shards import ShardBuffer, check_shard_file, write_single_row
+from lens_evals.cli_checks import model_config
 
 logger = logging.getLogger(__name__)
 
@@ -109,18 +109,15 @@ def _layer_count(llm: Any) -> int | None:
 
 
 def _configured_layer_count(model: str) -> int | None:
-    """The model's layer count from its ``config.json`` (a multimodal model's text config),
-    before any engine starts; None where it cannot be read (the engine's count decides then)."""
-    from lens_evals.models import resolve_model
-
-    path = Path(resolve_model(model)) / "config.json"
+    """The model's layer count from its ``config.json`` (``cli_checks.model_config``: a multimodal
+    model's text config), before any engine starts; None where it cannot be read (the engine's
+    count decides then)."""
     try:
-        config = json.loads(path.read_text())
+        config = model_config(model) or {}
     except (OSError, ValueError) as exc:
         logger.debug("layer count of %s not read before the engine (%s)", model, exc)
         return None
-    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    count = text_config.get("num_hidden_layers", config.get("num_hidden_layers"))
+    count = config.get("num_hidden_layers")
     return count if isinstance(count, int) else None
 
 

@@ -5,7 +5,8 @@ clear error for a worker whose process lacks the plugin."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -30,6 +31,18 @@ def _worker_without_plugin(method: str, error: BaseException) -> WorkerWithoutPl
     )
 
 
+@contextmanager
+def _naming_a_missing_plugin(method: str) -> Iterator[None]:
+    """Around a call of ``method`` on the workers: vLLM's error for a worker without it becomes
+    :class:`WorkerWithoutPlugin`; any other error passes as it is."""
+    try:
+        yield
+    except Exception as exc:
+        if (missing := _worker_without_plugin(method, exc)) is not None:
+            raise missing from exc
+        raise
+
+
 async def async_collective_rpc(engine: Any, method: str, args: tuple[Any, ...]) -> list[Any]:
     """Call a worker method installed by :func:`add_worker_methods` on every worker. By name:
     vLLM refuses to send functions between processes unless insecure serialisation is on.
@@ -39,27 +52,19 @@ async def async_collective_rpc(engine: Any, method: str, args: tuple[Any, ...]) 
     would lose its results. Ask each engine this frontend talks to and join the replies."""
     core = engine.engine_core
     engines = list(getattr(core, "core_engines", None) or ())
-    try:
+    with _naming_a_missing_plugin(method):
         if len(engines) <= 1 or not hasattr(core, "_call_utility_async"):
             replies: list[Any] = await engine.collective_rpc(method, args=args)
             return replies
         per_engine = await asyncio.gather(
             *(core._call_utility_async("collective_rpc", method, None, args, None, engine=target) for target in engines)
         )
-    except Exception as exc:
-        if (missing := _worker_without_plugin(method, exc)) is not None:
-            raise missing from exc
-        raise
     return [reply for replies in per_engine for reply in replies]
 
 
 def offline_collective_rpc(llm: Any, method: str, args: tuple[Any, ...]) -> list[Any]:
-    try:
+    with _naming_a_missing_plugin(method):
         replies: list[Any] = llm.collective_rpc(method, args=args)
-    except Exception as exc:
-        if (missing := _worker_without_plugin(method, exc)) is not None:
-            raise missing from exc
-        raise
     return replies
 
 
