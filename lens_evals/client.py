@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lens_evals import wire
+from lens_evals import wire, wire_frame
 from lens_evals.hooks import Hook
 from lens_evals.spec import CAPTURE_KEY, ENCODING_KEY, HOOK_SET_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
 
@@ -159,7 +159,10 @@ class GenerateOutput:
 class LensClient:
     """An HTTP client with vllm-lens's ``VLLMLensClient`` interface. Persistent hooks: the
     client registers a hook set and sends its id with its own requests (nobody else's requests
-    run them); ``register_hooks`` appends, ``collect_hook_results`` does not drain."""
+    run them); ``register_hooks`` appends, ``collect_hook_results`` does not drain.
+    ``encoding``: how activations travel (``wire.RESPONSE_ENCODINGS``); by default as a binary
+    frame (no base64; ``raw`` then holds each array's bytes as a memoryview), None for the
+    server's default."""
 
     def __init__(
         self,
@@ -167,7 +170,7 @@ class LensClient:
         model: str | None = None,
         api_key: str | None = None,
         timeout: float | None = 600.0,
-        encoding: str | None = None,
+        encoding: str | None = wire.SAFETENSORS_FRAME,
     ) -> None:
         import httpx
 
@@ -187,8 +190,9 @@ class LensClient:
         return self._model
 
     def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """A response's body: JSON, or a frame unframed (``lens_evals.wire_frame``)."""
         response = self._http.request(method, f"{self.base_url}{path}", json=body)
-        data = response.json()
+        data = wire_frame.response_body(response.content, response.headers.get("content-type"))
         if response.status_code != 200 or (isinstance(data, dict) and "error" in data):
             error = data.get("error", data) if isinstance(data, dict) else data
             raise RuntimeError(f"HTTP {response.status_code}: {error.get('message', error) if isinstance(error, dict) else error}")

@@ -29,9 +29,13 @@ from lens_evals.wire_codec import MAX_DECODED_BYTES, Raw, WireError, json_loads
 
 __all__ = ["MAX_DECODED_BYTES", "WireError", "json_loads"]
 ENCODING = "safetensors-base64"
-# What a request may ask its activations to come back as (``activations_encoding``).
+# What a request may ask its activations to come back as (``activations_encoding``): in a JSON
+# body (base64 text), or (``safetensors-frame``, completions only) the same JSON with the arrays'
+# bytes after it, unencoded (``lens_evals.wire_frame``).
 SAFETENSORS, SAFETENSORS_ZSTD, VLLM_LENS = "safetensors", "safetensors-zstd", "vllm-lens"
-RESPONSE_ENCODINGS = (SAFETENSORS, SAFETENSORS_ZSTD, VLLM_LENS)
+SAFETENSORS_FRAME = "safetensors-frame"
+JSON_ENCODINGS = (SAFETENSORS, SAFETENSORS_ZSTD, VLLM_LENS)
+RESPONSE_ENCODINGS = (*JSON_ENCODINGS, SAFETENSORS_FRAME)
 DEFAULT_RESPONSE_ENCODING = SAFETENSORS_ZSTD  # chosen from the measurements in docs/vllm_lens.md
 MAX_ENCODED_CHARS = 3 * 2**30
 FLOAT_DTYPES = frozenset({"float32", "float16", "float64", "bfloat16"})
@@ -43,8 +47,14 @@ _THEIRS_KEYS = {"data", "dtype", "original_dtype", "shape", "compression"}
 
 
 # --------------------------------------------------------------------------- encoding
-def encode_arrays(arrays: Mapping[str, Any], compress: bool = False) -> dict[str, Any]:
-    """Named arrays / tensors (native dtype) as one safetensors payload."""
+def encode_arrays(arrays: Mapping[str, Any], compress: bool = False, binary: bool = False) -> dict[str, Any]:
+    """Named arrays / tensors (native dtype) as one safetensors payload (``binary``: its bytes
+    as they are, for a frame)."""
+    if binary:  # the file's pieces: its header and the tensors' own bytes (no copy where none is needed)
+        return {
+            "encoding": ENCODING,
+            "data": codec.safetensors_pieces({name: codec.raw_of(value, copy=False) for name, value in arrays.items()}),
+        }
     raw = codec.safetensors_bytes({name: codec.raw_of(value) for name, value in arrays.items()})
     if not compress:
         return {"encoding": ENCODING, "data": codec.b64encode(raw)}
@@ -67,14 +77,17 @@ def encode_array(value: Any, encoding: str = SAFETENSORS) -> dict[str, Any]:
     """One array / tensor in a response encoding (see ``RESPONSE_ENCODINGS``)."""
     if encoding == VLLM_LENS:
         return encode_vllm_lens(value)
-    if encoding not in (SAFETENSORS, SAFETENSORS_ZSTD):
+    if encoding not in (SAFETENSORS, SAFETENSORS_ZSTD, SAFETENSORS_FRAME):
         raise WireError(f"unknown encoding {encoding!r}; one of {', '.join(RESPONSE_ENCODINGS)}")
-    return encode_arrays({"tensor": value}, compress=encoding == SAFETENSORS_ZSTD)
+    return encode_arrays({"tensor": value}, compress=encoding == SAFETENSORS_ZSTD, binary=encoding == SAFETENSORS_FRAME)
 
 
 # --------------------------------------------------------------------------- decoding
-def _b64(data: Any, limit: int = MAX_ENCODED_CHARS) -> bytes:
-    if isinstance(data, (bytes, bytearray)):
+def _b64(data: Any, limit: int = MAX_ENCODED_CHARS) -> bytes | memoryview:
+    """base64 text decoded; bytes (a frame's, ``lens_evals.wire_frame``) as they are."""
+    if isinstance(data, (bytes, memoryview)):
+        return data
+    if isinstance(data, bytearray):
         return bytes(data)
     if not isinstance(data, str):
         raise WireError("tensor object has no 'data' string")

@@ -122,8 +122,9 @@ def raw_dtype_name(value: Any) -> str:
     return np.asarray(value).dtype.name
 
 
-def raw_of(value: Any) -> Raw:
-    """A numpy array or torch tensor (any device) as Raw, native dtype."""
+def raw_of(value: Any, copy: bool = True) -> Raw:
+    """A numpy array or torch tensor (any device) as Raw, native dtype (``copy=False``: a view of
+    the host array's bytes, which it keeps alive, where no copy is needed to make one)."""
     dtype = raw_dtype_name(value)
     if dtype not in DTYPES:
         raise WireError(f"dtype {dtype} cannot travel ({', '.join(DTYPES)})")
@@ -136,7 +137,8 @@ def raw_of(value: Any) -> Raw:
         array = tensor.numpy()
     else:
         array = np.ascontiguousarray(value)
-    return Raw(array.tobytes(), dtype, tuple(int(n) for n in array.shape))
+    data = array.tobytes() if copy else memoryview(array.reshape(-1)).cast("B")
+    return Raw(data, dtype, tuple(int(n) for n in array.shape))
 
 
 # --------------------------------------------------------------------------- sizes
@@ -171,7 +173,7 @@ def compress(data: bytes) -> bytes:
     return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
 
 
-def inflate(packed: bytes, expected: int) -> bytes:
+def inflate(packed: bytes | memoryview, expected: int) -> bytes:
     """Inflate one zstd frame that must hold exactly ``expected`` bytes (already checked against
     MAX_DECODED_BYTES). A frame declaring another size is refused unread; an undeclared size is
     read at most ``expected + 1`` bytes far, so nothing past the bound is ever inflated."""
@@ -217,19 +219,32 @@ def vllm_lens_dtype(storage: Any, original: Any, allowed: frozenset[str]) -> str
 
 
 # --------------------------------------------------------------------------- safetensors
-def safetensors_bytes(tensors: Mapping[str, Raw]) -> bytes:
+class Buffers(tuple[bytes | memoryview, ...]):
+    """Buffers that are one byte string laid end to end, not joined (a frame sends them as they are)."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(memoryview(piece).nbytes for piece in self)
+
+
+def safetensors_pieces(tensors: Mapping[str, Raw]) -> Buffers:
+    """A safetensors file of these tensors as its header and the tensors' own buffers."""
     header: dict[str, Any] = {}
     offset = 0
     for name, raw in tensors.items():
-        size = len(raw.data)
+        size = memoryview(raw.data).nbytes
         header[name] = {"dtype": DTYPES[raw.dtype][0], "shape": list(raw.shape), "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    return len(text).to_bytes(8, "little") + text + b"".join(bytes(raw.data) for raw in tensors.values())
+    return Buffers((len(text).to_bytes(8, "little") + text, *(raw.data for raw in tensors.values())))
 
 
-def parse_safetensors(raw: bytes, allowed: frozenset[str]) -> dict[str, Raw]:
+def safetensors_bytes(tensors: Mapping[str, Raw]) -> bytes:
+    return b"".join(safetensors_pieces(tensors))
+
+
+def parse_safetensors(raw: bytes | memoryview, allowed: frozenset[str]) -> dict[str, Raw]:
     """Read a safetensors file, validating every header entry before touching the body."""
     if len(raw) < 8:
         raise WireError("tensor payload truncated (no header)")
@@ -237,7 +252,7 @@ def parse_safetensors(raw: bytes, allowed: frozenset[str]) -> dict[str, Raw]:
     if header_len <= 0 or 8 + header_len > len(raw):
         raise WireError("tensor payload truncated (header length beyond data)")
     try:
-        header = json_loads(raw[8 : 8 + header_len])
+        header = json_loads(bytes(raw[8 : 8 + header_len]))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise WireError(f"tensor header is not JSON: {exc}") from None
     if not isinstance(header, dict):

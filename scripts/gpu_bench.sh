@@ -53,6 +53,10 @@
 #   BENCH_DIR=/tmp/prefill-pool4g LENS_EVALS_HANDOFF_POOL_MIB=4096 LENS_EVALS_TIMING=1 \
 #     WORKLOAD=prefill bash scripts/gpu_bench.sh lens-mixed --repeats 6
 #   python3 -m lens_evals.bench.phases /tmp/lens-evals-bench-prefill   (and /tmp/prefill-pool4g)
+# Over HTTP (2026-12-05: 2.03x with base64 JSON; since: the binary frame, a plain pass for vLLM's
+# own HTTP cost, CPU per response of client / API server / engine core, no prefix caching), ~3 min:
+#   python3 scripts/http_capture_bench.py --model /tmp/lens-evals-bench-llama8b \
+#     --engine-arg skip_tokenizer_init=true --prompts 1000 --layer 16 --rounds 1 --out $OUT/http.json
 # The hand-off settings' effect (their defaults changed after the 2026-12-04 run): the old ones
 # in a BENCH_DIR of their own, e.g.
 #   BENCH_DIR=/tmp/prefill-old-handoff LENS_EVALS_HANDOFF_MIN_BYTES=1048576 LENS_EVALS_HANDOFF_POOL_MIB=1024 \

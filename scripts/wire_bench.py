@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from lens_evals import wire
+from lens_evals import wire, wire_frame
 from lens_evals.client import decode_activations
 from lens_evals.models import model_path
 from lens_evals.provider.server import LensServer
@@ -52,18 +52,18 @@ def run(server: LensServer, texts: list[str], layers: list[int], encoding: str |
 
     with httpx.Client(timeout=600) as client:
 
-        def one(text: str) -> bytes:
+        def one(text: str) -> tuple[bytes, str | None]:
             body = {"model": "bench", "prompt": text, "max_tokens": 1, "temperature": 0, "vllm_xargs": xargs}
             response = client.post(f"{server.url}/v1/completions", json=body)
             response.raise_for_status()
-            return response.content
+            return response.content, response.headers.get("content-type")
 
         start = time.perf_counter()
         with ThreadPoolExecutor(concurrency) as pool:
-            for content in tqdm(pool.map(one, texts), total=len(texts), desc=encoding or "old default"):
+            for content, content_type in tqdm(pool.map(one, texts), total=len(texts), desc=encoding or "old default"):
                 sizes.append(len(content))
                 began = time.perf_counter()
-                stream = decode_activations(json.loads(content))["residual_stream"]
+                stream = decode_activations(wire_frame.response_body(content, content_type))["residual_stream"]
                 decode_seconds += time.perf_counter() - began
                 values += stream.numel()
         wall = time.perf_counter() - start

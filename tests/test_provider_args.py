@@ -35,3 +35,13 @@ def test_an_adapter_trained_on_another_base_model_is_refused(tmp_path) -> None:
     (tmp_path / "card.json").write_text('{"base_model": "smollm2-135m-instruct"}')
     with pytest.raises(ValueError, match=r"-M lora_modules: adapter oracle \(.*\) was trained on smollm2-135m-instruct, not tiny-llama"):
         get_model("vllm-lens/tiny-llama", memoize=False, server_timeout=60, lora_modules=f"oracle={tmp_path}")
+
+
+def test_server_flags_say_false_with_no_rather_than_dropping_it() -> None:
+    """``-M enable_prefix_caching=false`` used to vanish (a False flag was left out, and vLLM's
+    default is on); vLLM's boolean engine arguments take ``--no-`` (tests/test_petri_inspectors.py
+    starts a server with one)."""
+    from lens_evals.provider.server import server_flags
+
+    flags = server_flags({"enforce_eager": True, "enable_prefix_caching": False, "max_model_len": 512, "seed": None, "api_key": ["a", "b"]})
+    assert flags == ["--enforce-eager", "--no-enable-prefix-caching", "--max-model-len", "512", "--api-key", "a", "b"]

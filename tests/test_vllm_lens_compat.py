@@ -41,7 +41,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 # --------------------------------------------------------------------------- wire
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("encoding", wire.RESPONSE_ENCODINGS)
+@pytest.mark.parametrize("encoding", wire.JSON_ENCODINGS)
 def test_every_encoding_keeps_the_native_dtype_bit_for_bit(dtype: torch.dtype, encoding: str) -> None:
     tensor = torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(0)).to(dtype)
     payload = json.loads(json.dumps(wire.encode_array(tensor, encoding)))

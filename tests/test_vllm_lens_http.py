@@ -16,7 +16,7 @@ import requests
 import torch
 import zstandard
 
-from lens_evals import wire
+from lens_evals import wire, wire_frame
 from lens_evals.bench.checks import common_prefix
 from lens_evals.client import LensClient, activations_from_response, decode_activations, lens_xargs, serialize_tensor
 from lens_evals.hooks import Hook
@@ -55,9 +55,14 @@ def complete(server, xargs: dict[str, Any] | None = None, **body: Any) -> reques
     return post(server, "/v1/completions", payload)
 
 
+def body_of(resp: requests.Response) -> Any:
+    """A response's body: JSON, or a frame unframed (checked by its content type)."""
+    return wire_frame.response_body(resp.content, resp.headers.get("content-type"))
+
+
 def stream_of(resp: requests.Response) -> torch.Tensor:
     assert resp.status_code == 200, resp.text
-    return decode_activations(resp.json())["residual_stream"]
+    return decode_activations(body_of(resp))["residual_stream"]
 
 
 def generated_ids(resp: requests.Response) -> list[int]:
@@ -72,7 +77,8 @@ def test_every_encoding_carries_bf16_unchanged(server) -> None:
     for encoding in wire.RESPONSE_ENCODINGS:
         resp = complete(server, {"output_residual_stream": "[0, 3]", "activations_encoding": encoding})
         assert torch.equal(stream_of(resp), reference), encoding
-        assert (activations_from_response(resp.json())["residual_stream"] == reference.float().numpy()).all()
+        assert (activations_from_response(body_of(resp))["residual_stream"] == reference.float().numpy()).all()
+        assert wire_frame.is_frame(resp.headers["content-type"]) == (encoding == wire.SAFETENSORS_FRAME), encoding
     theirs = complete(server, {"output_residual_stream": "[0, 3]", "activations_encoding": "vllm-lens"}).json()
     assert theirs["activations"]["residual_stream"]["original_dtype"] == "torch.bfloat16"
     every = stream_of(complete(server, {"output_residual_stream": "true"}))
@@ -180,12 +186,22 @@ def test_streaming_chat_ends_with_an_activations_chunk(server) -> None:
         "vllm_xargs": {"output_residual_stream": [1, 2], "apply_hooks": [Hook("record_norm", [2]).to_json()]},
     }
     whole = post(server, "/v1/chat/completions", body).json()
+    # a frame carries the hooks' results too; a stream asking for one gets its chunk as JSON
+    body["vllm_xargs"]["activations_encoding"] = wire.SAFETENSORS_FRAME
+    framed = post(server, "/v1/chat/completions", body)
+    assert wire_frame.is_frame(framed.headers["content-type"]) and framed.content.startswith(wire_frame.MAGIC)
+    framed_activations = decode_activations(body_of(framed))
+    assert torch.equal(framed_activations["saved"]["norm.2"], decode_activations(whole)["saved"]["norm.2"])
+    assert_stream_close(
+        framed_activations["residual_stream"].float(), decode_activations(whole)["residual_stream"].float(), "frame vs JSON"
+    )
     with requests.post(f"{server.url}/v1/chat/completions", json={**body, "stream": True}, headers=AUTH, stream=True, timeout=300) as resp:
         assert resp.status_code == 200
         events = [line.removeprefix(b"data: ") for line in resp.iter_lines() if line.startswith(b"data: ")]
     assert events[-1] == b"[DONE]"
     last = json.loads(events[-2])
     assert set(last) == {"activations", "hook_results"}
+    assert isinstance(last["activations"]["residual_stream"]["data"], str)  # base64 in the JSON chunk
     assert all("activations" not in json.loads(event) for event in events[:-2])
     streamed = decode_activations(last)
     assert_stream_close(streamed["residual_stream"].float(), decode_activations(whole)["residual_stream"].float(), "stream vs whole")

@@ -50,7 +50,7 @@ def response(encoding: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("encoding", wire.RESPONSE_ENCODINGS)
+@pytest.mark.parametrize("encoding", wire.JSON_ENCODINGS)
 def test_json_bytes_equals_json_dumps_on_responses(encoding: str) -> None:
     body = response(encoding)
     assert wire.json_bytes(body) == json.dumps(body).encode()

@@ -150,8 +150,8 @@ async def serve_vllm_lens_hooks(scope: dict[str, Any], receive: Receive, send: S
             await reply(send, 200, {"status": "ok", "count": len(hooks), "id": made["id"]})
         elif action == "collect":
             encoding = body.get("encoding", wire.VLLM_LENS)
-            if encoding not in wire.RESPONSE_ENCODINGS:
-                raise ValueError(f"encoding must be one of {', '.join(wire.RESPONSE_ENCODINGS)}")
+            if encoding not in wire.JSON_ENCODINGS:
+                raise ValueError(f"encoding must be one of {', '.join(wire.JSON_ENCODINGS)}")
             await reply(send, 200, {"results": _encoded_results(store.peek(_set_id(body)), encoding)})
         elif action == "clear_results":
             store.collect(_set_id(body))

@@ -38,7 +38,9 @@ OWN_FLAGS = ("model", "served_model_name", "host", "port", "uds")
 
 
 def server_flags(args: Mapping[str, Any]) -> list[str]:
-    """``{"max_model_len": 512, "enforce_eager": True}`` -> ``--max-model-len 512 --enforce-eager``."""
+    """``{"max_model_len": 512, "enforce_eager": True, "enable_prefix_caching": False}`` ->
+    ``--max-model-len 512 --enforce-eager --no-enable-prefix-caching`` (vLLM's boolean engine
+    arguments take ``--no-`` for False; None leaves a flag out)."""
     flags: list[str] = []
     for key, value in args.items():
         if key.replace("-", "_") in OWN_FLAGS:
@@ -49,7 +51,9 @@ def server_flags(args: Mapping[str, Any]) -> list[str]:
         flag = "--" + key.replace("_", "-")
         if value is True:
             flags.append(flag)
-        elif value is False or value is None:
+        elif value is False:
+            flags.append("--no-" + key.replace("_", "-"))
+        elif value is None:
             continue
         elif isinstance(value, (list, tuple)):
             flags.append(flag)
