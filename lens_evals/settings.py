@@ -239,8 +239,18 @@ HANDOFF_POOL_MIB = Setting(
     "a quarter of the host's memory, at least 4096",
     "MiB",
     "worker",
-    "reused shared segments per frontend, made as needed and kept while the frontend runs; past it (or "
+    "reused shared segments per frontend, made as needed and kept while the frontend runs (idle ones give their "
+    "pages back: LENS_EVALS_HANDOFF_POOL_IDLE_S); past it (or "
     "with the hand-off directory nearly full) blocks go to files of their own (0: no pool)",
+)
+HANDOFF_POOL_IDLE_S = number(
+    "LENS_EVALS_HANDOFF_POOL_IDLE_S",
+    60.0,
+    "s",
+    "worker",
+    "once a frontend's pool has taken or given no region for this long, its free regions give their memory back "
+    "(but the first segment's); a region takes its pages again when next written, or the block goes elsewhere "
+    "if the directory is full",
 )
 COPY_OVERLAP = flag(
     "LENS_EVALS_COPY_OVERLAP",
@@ -319,6 +329,7 @@ ALL: tuple[Setting[Any], ...] = (
     HANDOFF_DIR,
     HANDOFF_MIN_BYTES,
     HANDOFF_POOL_MIB,
+    HANDOFF_POOL_IDLE_S,
     COPY_OVERLAP,
     PINNED_SPARE_GIB,
     WRITE_THREADS,

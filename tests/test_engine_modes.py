@@ -83,16 +83,18 @@ def test_a_loop_of_offline_calls_reuses_the_regions_of_dropped_outputs(tiny_path
     reassigned. Those regions go back to the worker as the call starts, so the pool holds two
     calls' rows plus one segment of first-fit slack, not three (without the early release: 3
     segments of 64 MiB here instead of 2). Every call's rows equal the first call's, and the held
-    rows are intact after the next call wrote into the pool."""
+    rows are intact after the next call wrote into the pool. Left idle (a 2 s idle setting), the
+    worker gives back the free regions' pages of every segment but the first."""
     import json
 
     script = Path(__file__).parent / "scripts" / "pool_loop.py"
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("LENS_EVALS_HANDOFF", None)
     env.pop("LENS_EVALS_HANDOFF_POOL_MIB", None)
+    env["LENS_EVALS_HANDOFF_POOL_IDLE_S"] = "2"
     # 96 prompts x 256 tokens x 4 layers x 128 fp32 = 48 MiB a call: 2 calls fit 2 segments, 3 do not
     options = engine_options(enforce_eager=True, enable_prefix_caching=False, max_model_len=264)
-    command = [sys.executable, str(script), str(tiny_path), "5", "96", "256", json.dumps(options)]
+    command = [sys.executable, str(script), str(tiny_path), "5", "96", "256", json.dumps(options), "8"]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
@@ -102,3 +104,7 @@ def test_a_loop_of_offline_calls_reuses_the_regions_of_dropped_outputs(tiny_path
     assert all(got["equal"]) and all(got["held_intact"]) and len(got["held_intact"]) == 4
     segment = 64 * 2**20
     assert max(got["pool_bytes"]) <= 2 * call_bytes + segment, got["pool_bytes"]
+    # left idle: the second segment's pages go back (the small call's region may stay: its
+    # tensor died after the call, unknown to the worker), the pool's segments themselves stay
+    assert got["pool_idle"] >= 2 * segment and got["allocated_busy"] >= 2 * segment, got
+    assert got["allocated_idle"] <= segment + 2**20, got

@@ -202,6 +202,7 @@ def test_segment_regions_never_overlap_and_coalesce_when_freed(tmp_path) -> None
     assert segment.free_starts == [0] and segment.free_lengths == {0: segment.size}
     assert not segment.give(12345)  # an unknown offset is ignored
     segment.map.close()
+    os.close(segment.fd)
 
 
 def test_each_engine_gets_back_only_its_own_freed_regions(tmp_path, target) -> None:

@@ -117,6 +117,46 @@ def release_offline(llm: Any) -> None:
         )
 
 
+# Fetches still running after the request that started them was cancelled, and idle releases
+# (asyncio keeps only weak references to tasks)
+_ORPHANS: set[asyncio.Future[Any]] = set()
+IDLE_RELEASE_S = 2.0  # a server quiet this long gives its workers the regions freed since its last fetch
+_idle_release: dict[int, asyncio.TimerHandle] = {}  # by source: the release pending
+
+
+def release_when_idle(engine: Any) -> None:
+    """After a served lens response (its tensors die as it goes out): once no other response has
+    followed for ``IDLE_RELEASE_S``, the regions freed since the last fetch go to the workers,
+    whose pools can then give idle segments' memory back (``handoff_pool``); a busy server sends
+    them with its next fetch instead. Called on the event loop."""
+    source = id(compat.input_processor(engine))
+    pending = _idle_release.pop(source, None)
+    if pending is not None:
+        pending.cancel()
+    loop = asyncio.get_running_loop()
+    _idle_release[source] = loop.call_later(IDLE_RELEASE_S, _start_release, engine, source)
+
+
+def _start_release(engine: Any, source: int) -> None:
+    _idle_release.pop(source, None)
+    if HandoffTarget.has_freed(source):
+        release = asyncio.ensure_future(_release_async(engine, source))
+        _ORPHANS.add(release)
+        release.add_done_callback(_ORPHANS.discard)
+
+
+async def _release_async(engine: Any, source: int) -> None:
+    target = HandoffTarget.for_this_process(source)
+    if target is None:
+        return
+    try:
+        await compat.async_collective_rpc(engine, RELEASE_METHOD, (target,))
+    except Exception as exc:  # the engine may be shutting down: the regions stay taken there
+        logger.warning(
+            "lens_evals: giving %d freed hand-off regions back failed (%s: %s)", len(target.get("free", [])), type(exc).__name__, exc
+        )
+
+
 def attach_offline(llm: Any, outputs: list[Any]) -> None:
     processor = compat.input_processor(llm.llm_engine)
     registry = pending_of(processor)
@@ -137,11 +177,6 @@ def attach_offline(llm: Any, outputs: list[Any]) -> None:
     timing.log_and_reset("frontend")
     if errors:
         raise LensRequestError("; ".join(errors), outputs)
-
-
-# Fetches still running after the request that started them was cancelled (asyncio keeps only
-# weak references to tasks)
-_ORPHANS: set[asyncio.Future[list[FetchReply]]] = set()
 
 
 async def _fetch_and_claim(engine: Any, processor: Any, key: str) -> list[FetchReply]:

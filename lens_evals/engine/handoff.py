@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lens_evals import settings
-from lens_evals.engine.handoff_pool import ROOM_MARGIN, SEGMENT_PREFIX, PoolViews, SharedPool, alive, free_bytes, map_and_unlink
+from lens_evals.engine.handoff_pool import ROOM_MARGIN, SEGMENT_PREFIX, PoolViews, SharedPool, alive, free_bytes, map_and_unlink, trimmer
 from lens_evals.engine.protocol import HandoffAddressWire, HandoffTargetWire
 
 logger = logging.getLogger("lens_evals")
@@ -250,6 +250,7 @@ def _pool_for(target: HandoffAddressWire | dict[str, Any] | None) -> SharedPool 
     pool = _files.pools.get(token)
     if pool is None:
         pool = _files.pools[token] = SharedPool(directory, os.path.join(directory, MARKER_PREFIX + token))
+        trimmer.start(lambda: list(_files.pools.values()))
     return pool
 
 
@@ -292,9 +293,10 @@ def release_regions(target: HandoffTargetWire | dict[str, Any] | None) -> int:
     return 0 if pool is None or target is None else pool.release(target.get("free"))
 
 
-def pooled_bytes() -> int:
-    """The bytes of every hand-off pool segment this worker holds (all frontends)."""
-    return sum(pool.pooled_bytes for pool in _files.pools.values())
+def pooled_bytes(allocated: bool = False) -> int:
+    """The bytes of every hand-off pool segment this worker holds (all frontends; ``allocated``:
+    the bytes their files hold pages for, less what idle pools gave back, ``SharedPool.trim``)."""
+    return sum(pool.allocated_bytes() if allocated else pool.pooled_bytes for pool in _files.pools.values())
 
 
 def sink_for(target: HandoffTargetWire | dict[str, Any] | None) -> Sink:

@@ -11,7 +11,12 @@ array) reports the region free with its next fetch; the worker then reuses it. A
 keeps keeps its region; beyond ``LENS_EVALS_HANDOFF_POOL_MIB`` (default 4096) of segments per
 frontend, blocks go to files of their own (``handoff``). A frontend's pool is dropped when its
 marker file is gone (the frontend exited); a frontend forgets the segments of a worker that
-exited (checked at each fetch), so their memory goes back with their last tensor.
+exited (checked at each fetch), so their memory goes back with their last tensor. A pool that
+took or gave no region for ``LENS_EVALS_HANDOFF_POOL_IDLE_S`` gives back the pages of its free
+regions but the first segment's (``trim``, from a daemon thread: the pool would otherwise keep a
+large capture's memory as long as the frontend runs); a region of a trimmed segment takes its
+pages again before it is written (``posix_fallocate``: ENOSPC then, the block going elsewhere,
+never SIGBUS mid-copy on a full tmpfs).
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ import mmap
 import os
 import re
 import threading
+import time
 import uuid
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -56,33 +63,52 @@ class _Segment:
     def __init__(self, directory: str, size: int) -> None:
         self.name = f"{SEGMENT_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
         self.path = os.path.join(directory, self.name)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.posix_fallocate(fd, 0, size)  # the memory now, or ENOSPC now (not SIGBUS later)
-            self.map = mmap.mmap(fd, size)
+            os.posix_fallocate(self.fd, 0, size)  # the memory now, or ENOSPC now (not SIGBUS later)
+            self.map = mmap.mmap(self.fd, size)
         except OSError:
             os.unlink(self.path)
+            os.close(self.fd)
             raise
-        finally:
-            os.close(fd)
         self.size = size
         self.free_starts: list[int] = [0]
         self.free_lengths: dict[int, int] = {0: size}
         self.used: dict[int, int] = {}  # offset -> length
+        self.punched = False  # free regions may have given their pages back (``trim_free``)
+
+    def trim_free(self) -> int:
+        """Give back the pages of every free region (every mapping then reads zeros there); the
+        bytes of those regions. An OSError where the file system cannot."""
+        freed = 0
+        for start in self.free_starts:
+            self.map.madvise(mmap.MADV_REMOVE, start, self.free_lengths[start])  # ALIGN-aligned ranges
+            freed += self.free_lengths[start]
+        self.punched = self.punched or freed > 0
+        return freed
+
+    def allocated_bytes(self) -> int:
+        return os.fstat(self.fd).st_blocks * 512
 
     def take(self, nbytes: int) -> int | None:
         size = max(1, -(-nbytes // ALIGN)) * ALIGN  # an empty block too: else it shares the next one's offset
-        for start in self.free_starts:  # first fit: low offsets stay in use, pages stay warm
-            length = self.free_lengths[start]
-            if length >= size:
-                self.free_starts.remove(start)
-                del self.free_lengths[start]
-                if length > size:
-                    bisect.insort(self.free_starts, start + size)
-                    self.free_lengths[start + size] = length - size
-                self.used[start] = size
-                return start
-        return None
+        # first fit: low offsets stay in use, pages stay warm
+        start = next((start for start in self.free_starts if self.free_lengths[start] >= size), None)
+        if start is None:
+            return None
+        if self.punched:  # its pages again first: ENOSPC now, not SIGBUS mid-copy on a full tmpfs
+            try:
+                os.posix_fallocate(self.fd, start, size)
+            except OSError as exc:  # the block goes elsewhere
+                logger.warning("lens_evals: hand-off pool segment %s has no room for a region again (%s)", self.name, exc)
+                return None
+        length = self.free_lengths.pop(start)
+        self.free_starts.remove(start)
+        if length > size:
+            bisect.insort(self.free_starts, start + size)
+            self.free_lengths[start + size] = length - size
+        self.used[start] = size
+        return start
 
     def give(self, offset: int) -> bool:
         size = self.used.pop(offset, None)
@@ -111,6 +137,8 @@ class SharedPool:
         self.marker = marker
         self.segments: dict[str, _Segment] = {}
         self.lock = threading.Lock()
+        self.last_use = time.monotonic()  # a region taken or given
+        self.trimmed = True  # nothing freed since the last trim
 
     @property
     def limit(self) -> int:
@@ -128,7 +156,12 @@ class SharedPool:
             for region in regions if isinstance(regions, list) else []:
                 if isinstance(region, (list, tuple)) and len(region) == 2 and region[0] in self.segments:
                     given += self.segments[region[0]].give(int(region[1]))
+            if given:
+                self._used_now()
         return given
+
+    def _used_now(self) -> None:
+        self.last_use, self.trimmed = time.monotonic(), False
 
     def write(self, rows: Any) -> dict[str, Any] | None:
         """``rows`` (``handoff.Rows``) copied into a free region: the reply's reference (None:
@@ -155,9 +188,11 @@ class SharedPool:
         data = bytearray(segment.map[offset : offset + nbytes]) if keep else None
         with self.lock:
             segment.give(offset)
+            self._used_now()
         return data
 
     def _allocate(self, nbytes: int) -> tuple[_Segment, int] | None:
+        self._used_now()
         for segment in self.segments.values():
             offset = segment.take(nbytes)
             if offset is not None:
@@ -175,13 +210,73 @@ class SharedPool:
         assert offset == 0, "a new segment is at least the block's size"
         return segment, offset
 
+    def trim(self, idle_seconds: float | None = None) -> int:
+        """Once no region was taken or given for ``idle_seconds`` (default
+        ``LENS_EVALS_HANDOFF_POOL_IDLE_S``), the free regions of every segment but the first give
+        their pages back (once per idle spell); the bytes of those regions."""
+        idle = settings.HANDOFF_POOL_IDLE_S.get() if idle_seconds is None else idle_seconds
+        trimmed = 0
+        with self.lock:
+            if self.trimmed or time.monotonic() - self.last_use < idle:
+                return 0
+            self.trimmed = True
+            for segment in list(self.segments.values())[1:]:
+                try:
+                    trimmed += segment.trim_free()
+                except OSError as exc:
+                    logger.info("lens_evals: hand-off pool segment %s keeps its memory (%s)", segment.name, exc)
+        return trimmed
+
+    def allocated_bytes(self) -> int:
+        """The bytes the segments' files hold pages for (what trimming gives back, and takes again)."""
+        with self.lock:
+            return sum(segment.allocated_bytes() for segment in self.segments.values())
+
     def segment_paths(self) -> list[str]:
         return [segment.path for segment in self.segments.values()]
 
     def close(self) -> None:
-        for segment in self.segments.values():
-            segment.map.close()
-        self.segments.clear()
+        with self.lock:  # not under a trim
+            for segment in self.segments.values():
+                segment.map.close()
+                os.close(segment.fd)
+            self.segments.clear()
+
+
+class _Trimmer:
+    """One daemon thread per worker process trimming its pools (``SharedPool.trim``) a few times
+    per idle period, so a worker left idle after a large capture gives the memory back too."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.pools: Callable[[], list[SharedPool]] = list
+
+    def start(self, pools: Callable[[], list[SharedPool]]) -> None:
+        self.pools = pools
+        if self.thread is None or not self.thread.is_alive():  # a forked child has none running
+            self.thread = threading.Thread(target=self._run, name="lens_evals-pool-trim", daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                idle = settings.HANDOFF_POOL_IDLE_S.get()
+            except ValueError as exc:  # a bad value: said once per period, nothing trimmed
+                logger.warning("lens_evals: hand-off pools not trimmed: %s", exc)
+                time.sleep(60.0)
+                continue
+            time.sleep(min(max(idle / 4, 1.0), 60.0))
+            for pool in self.pools():
+                try:
+                    trimmed = pool.trim()
+                except (OSError, ValueError) as exc:  # a pool closed meanwhile: its maps are gone
+                    logger.info("lens_evals: hand-off pool not trimmed (%s)", exc)
+                    continue
+                if trimmed:
+                    logger.debug("lens_evals: hand-off pool gave back %d MiB", trimmed >> 20)
+
+
+trimmer = _Trimmer()
 
 
 # ----------------------------------------------------------------- frontend side

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from lens_evals import wire, wire_frame
-from lens_evals.engine.frontend_attach import HTTP_SINK, HttpResult
+from lens_evals.engine import compat
+from lens_evals.engine.frontend_attach import HTTP_SINK, HttpResult, release_when_idle
 from lens_evals.engine.hook_routes import HOOK_SETS_PATH, UNAUTHORIZED, Message, Receive, Scope, Send, authorized, reply, serve_hook_sets
 from lens_evals.engine.vllm_lens_api import HOOKS_PATH, serve_vllm_lens_hooks
 
@@ -90,9 +91,11 @@ class LensResponseMiddleware:
         body_parts: list[bytes] = []
         passthrough = False
         streaming = False
+        served_lens = False  # a response carried lens results (their tensors die once it is out)
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal held_start, passthrough, streaming
+            nonlocal held_start, passthrough, streaming, served_lens
+            served_lens = served_lens or bool(sink)
             if streaming and message["type"] == "http.response.body":
                 await send({**message, "body": _stream_chunk(message.get("body", b""), sink)})
                 return
@@ -133,7 +136,12 @@ class LensResponseMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
+            # the results' tensors die here, not when the last context copied during the request
+            # does (a cancelled timer of vLLM's, per prompt, holds one until it would have fired)
+            sink.clear()
             HTTP_SINK.reset(token)
+        if served_lens:
+            release_when_idle(compat.engine_client_from_scope(scope))
 
 
 DONE = b"data: [DONE]"

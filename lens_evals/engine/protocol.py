@@ -109,6 +109,7 @@ class MemoryReport(TypedDict):
     early_written: int  # requests whose rows were written before their fetch (``early_write``), so far
     early_unfetched: int  # ... of them not fetched yet
     pool_bytes: int  # the hand-off pool segments this worker holds (``handoff_pool``), all frontends
+    pool_allocated_bytes: int  # the pages their files hold (idle pools give free regions' back)
 
 
 class CopyReport(TypedDict):

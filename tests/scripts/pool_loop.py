@@ -2,15 +2,20 @@
 llm.generate(...)``), on a multiprocess engine whose worker writes the rows into the frontend's
 hand-off pool. Prints ``RESULT`` and a JSON object: each call's capture bytes and the worker's pool
 size after it, whether every call's rows equal the first call's, and whether the held previous
-call's rows were still intact after the next call.
+call's rows were still intact after the next call. Then every output is dropped, one small call
+tells the worker (its regions go back as a call starts), and after IDLE_WAIT seconds idle the
+pool's size and allocated bytes (``LENS_EVALS_HANDOFF_POOL_IDLE_S``: idle segments give their
+pages back) are printed too.
 
-Usage: python pool_loop.py MODEL_DIR CALLS PROMPTS TOKENS ENGINE_OPTIONS_JSON (the tests' engine
-options, ``tests.conftest.engine_options``; with VLLM_ENABLE_V1_MULTIPROCESSING=1)."""
+Usage: python pool_loop.py MODEL_DIR CALLS PROMPTS TOKENS ENGINE_OPTIONS_JSON IDLE_WAIT (the tests'
+engine options, ``tests.conftest.engine_options``; with VLLM_ENABLE_V1_MULTIPROCESSING=1)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
+import time
 
 
 def main() -> None:
@@ -44,7 +49,19 @@ def main() -> None:
         if previous is not None:
             held_intact.append(all(torch.equal(got, want) for got, want in zip(rows(previous), reference)))
         del previous, captured  # the previous call's rows die here, as at `out = ...` in a loop
-    print("RESULT " + json.dumps({"capture_bytes": capture_bytes, "pool_bytes": pool_bytes, "equal": equal, "held_intact": held_intact}))
+    (busy,) = llm.collective_rpc(MEMORY_METHOD)
+    del out
+    gc.collect()
+    llm.generate(prompts[:1], params, use_tqdm=False)  # its start gives the worker every region back
+    time.sleep(float(sys.argv[6]))
+    (idle,) = llm.collective_rpc(MEMORY_METHOD)
+    result = {"capture_bytes": capture_bytes, "pool_bytes": pool_bytes, "equal": equal, "held_intact": held_intact}
+    result |= {
+        "allocated_busy": busy["pool_allocated_bytes"],
+        "pool_idle": idle["pool_bytes"],
+        "allocated_idle": idle["pool_allocated_bytes"],
+    }
+    print("RESULT " + json.dumps(result))
     llm.llm_engine.engine_core.shutdown()
 
 
