@@ -34,12 +34,12 @@ def is_frame(content_type: str | None) -> bool:
     return content_type is not None and content_type.split(";", 1)[0].strip().lower() == CONTENT_TYPE
 
 
-def frame_bytes(value: Any) -> list[bytes | memoryview]:
+def frame_bytes(value: Any) -> Buffers:
     """``value`` (a JSON-able tree in which encoded arrays hold raw bytes, or :class:`Buffers` laid
     end to end, as ``"data"``) as a frame, in pieces to send one after another (the blob's pieces
     are the arrays' own buffers)."""
     blob: list[bytes | memoryview] = []
-    offset = 0
+    offset = 0  # the blob's length so far
 
     def lift(node: Any) -> Any:
         nonlocal offset
@@ -47,11 +47,10 @@ def frame_bytes(value: Any) -> list[bytes | memoryview]:
             out = {}
             for key, item in node.items():
                 if key == "data" and isinstance(item, (bytes, memoryview, Buffers)):
-                    pieces = item if isinstance(item, Buffers) else (item,)
-                    length = sum(memoryview(piece).nbytes for piece in pieces)
-                    out[key] = {FRAME_KEY: [offset, length]}
+                    pieces = item if isinstance(item, Buffers) else Buffers((item,))
+                    out[key] = {FRAME_KEY: [offset, pieces.nbytes]}
                     blob.extend(pieces)
-                    offset += length
+                    offset += pieces.nbytes
                 else:
                     out[key] = lift(item)
             return out
@@ -60,11 +59,7 @@ def frame_bytes(value: Any) -> list[bytes | memoryview]:
         return node
 
     head = json.dumps(lift(value), separators=(",", ":")).encode()
-    return [MAGIC + len(head).to_bytes(8, "little") + head, *blob]
-
-
-def frame_length(pieces: list[bytes | memoryview]) -> int:
-    return sum(memoryview(piece).nbytes for piece in pieces)
+    return Buffers((MAGIC + len(head).to_bytes(8, "little") + head, *blob))
 
 
 def unframe(body: bytes | memoryview) -> Any:

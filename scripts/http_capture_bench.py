@@ -9,10 +9,9 @@ times the same call without a capture (``plain_wall_seconds``); the engine is th
 ``/v1/completions`` with ``prompt`` = the token ids over ``--concurrency`` connections, once per
 response encoding of ``lens_evals.wire.RESPONSE_ENCODINGS`` per round and once without a capture
 (``plain``: what serving the prompts over HTTP costs vLLM alone, against plain offline), in a
-rotated order; wall time, and the CPU time per response of this client, the API server and its
-engine core; wall time
-until every response is decoded into tensors (where it was read: on a thread per connection, or
-with ``--client asyncio`` in one event loop as Inspect's provider reads). Every HTTP
+rotated order; wall time until every response is decoded into tensors (where it was read: on a
+thread per connection, or with ``--client asyncio`` in one event loop as Inspect's provider
+reads), and the CPU time per response of this client, the API server and its engine core. Every HTTP
 capture is checked against the offline one (dtype, shape = prompt length, bit-equal or else every
 row nearer its own offline row than its neighbours' and the per-token relative error within a
 bound: tests/tolerance.py's for the backend, 10 % in bf16 / fp16, or twice the floor the run

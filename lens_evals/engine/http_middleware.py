@@ -20,6 +20,7 @@ from lens_evals.engine import compat
 from lens_evals.engine.frontend_attach import HTTP_SINK, HttpResult, release_when_idle
 from lens_evals.engine.hook_routes import HOOK_SETS_PATH, UNAUTHORIZED, Message, Receive, Scope, Send, authorized, reply, serve_hook_sets
 from lens_evals.engine.vllm_lens_api import HOOKS_PATH, serve_vllm_lens_hooks
+from lens_evals.wire_codec import Buffers
 
 logger = logging.getLogger("lens_evals")
 _TRAILING_INDEX = re.compile(r"-(\d+)$")
@@ -123,7 +124,7 @@ class LensResponseMiddleware:
             status, pieces, content_type = await asyncio.to_thread(_rewrite, held_start["status"], b"".join(body_parts), sink)
             replaced = {b"content-length"} | ({b"content-type"} if content_type else set())
             kept = [(k, v) for k, v in held_start.get("headers", []) if k.lower() not in replaced]
-            kept.append((b"content-length", str(wire_frame.frame_length(pieces)).encode()))
+            kept.append((b"content-length", str(pieces.nbytes).encode()))
             if content_type:
                 kept.append((b"content-type", content_type))
             await send({**held_start, "status": status, "headers": kept})
@@ -159,28 +160,26 @@ def _stream_chunk(body: bytes, sink: list[HttpResult]) -> bytes:
     return body[:at] + b"data: " + wire.json_bytes(event) + b"\n\n" + body[at:]
 
 
-Body = list[bytes | memoryview]  # sent one after another
-
-
-def _rewrite(status: int, body: bytes, sink: list[HttpResult]) -> tuple[int, Body, bytes | None]:
-    """(status, body pieces, a new content type or None) of a response with lens results."""
+def _rewrite(status: int, body: bytes, sink: list[HttpResult]) -> tuple[int, Buffers, bytes | None]:
+    """(status, the body's pieces to send one after another, a new content type or None) of a
+    response with lens results."""
     if not sink:
-        return status, [body], None
+        return status, Buffers((body,)), None
     error = _error_body(sink)
     if error is not None:
-        return 500, [json.dumps(error).encode()], None
+        return 500, Buffers((json.dumps(error).encode(),)), None
     if status != 200:
-        return status, [body], None
+        return status, Buffers((body,)), None
     try:
         data = json.loads(body)
     except json.JSONDecodeError:
         logger.error("lens_evals: could not parse a JSON response to add activations")
-        return status, [body], None
+        return status, Buffers((body,)), None
     framed = any(result.encoding == wire.SAFETENSORS_FRAME for result in sink)
     data.update(lens_fields(sink, framed))
     if framed:
         return status, wire_frame.frame_bytes(data), wire_frame.CONTENT_TYPE.encode()
-    return status, [wire.json_bytes(data)], None
+    return status, Buffers((wire.json_bytes(data),)), None
 
 
 def _prompt_index(request_id: str) -> int:
