@@ -48,6 +48,7 @@ from lens_evals.bench.prefill import prefill_lengths
 from lens_evals.bench.process_stats import cpu_seconds, engine_core_pid, peak_rss_gib, reset_peak_rss
 from lens_evals.bench.prompts import make_prompts
 from lens_evals.bench.wide_model import WIDE_LLAMA, build_wide_llama
+from lens_evals.cli_checks import model_config
 from lens_evals.client import decode_activations, lens_xargs
 from lens_evals.models import resolve_model
 from lens_evals.offline_engine import add_engine_arg_option, close_offline_engine, open_offline_engine, parse_engine_args
@@ -252,10 +253,6 @@ def compare(got: list[Any], ref: list[torch.Tensor], prompts: list[list[int]], b
     return row
 
 
-def model_config(model: str) -> dict[str, Any]:
-    return dict(json.loads((Path(resolve_model(model)) / "config.json").read_text()))
-
-
 def server_value(value: Any) -> Any:
     """An engine argument as the server's command line takes it (dicts as JSON)."""
     return json.dumps(value) if isinstance(value, dict) else value
@@ -286,6 +283,8 @@ def main() -> None:
     if args.model == WIDE_LLAMA:
         args.model = str(build_wide_llama())
     config = model_config(args.model)
+    if config is None:
+        parser.error(f"argument --model: no config.json in {args.model} (the bench reads its layers and vocabulary)")
     layer = config["num_hidden_layers"] // 2 if args.layer is None else args.layer
     # no prefix caching: a plain pass would otherwise reuse the KV of the pass before it (lens
     # requests never do: each has its own cache salt), as the bench's systems

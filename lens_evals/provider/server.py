@@ -120,7 +120,7 @@ class LensServer:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
-                pass
+                pass  # not listening yet: poll again until the deadline
             time.sleep(1)
         raise RuntimeError(f"vLLM server not healthy after {timeout:.0f} s.\nLast lines of its log ({self.log_path}):\n{self.tail()}")
 

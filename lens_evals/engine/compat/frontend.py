@@ -319,7 +319,7 @@ def patch_http_app(add_middleware: Callable[[Any], None], middleware_path: str) 
         _patch(app_module, "init_entrypoints_middleware", make)
         return
     except ImportError:
-        pass
+        pass  # no app module with that hook: vLLM 0.26, below
     from vllm.entrypoints.openai import api_server  # vLLM 0.26: build_app reads args.middleware
 
     def make_build(original: Method) -> Method:
