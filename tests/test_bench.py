@@ -177,7 +177,8 @@ def test_prefill_lengths_and_layer_sets() -> None:
 
 
 def test_phase_log_is_read_fetch_by_fetch(tmp_path) -> None:
-    """``lens_evals.bench.phases`` joins each fetch's worker and frontend timing lines."""
+    """``lens_evals.bench.phases`` joins each fetch's worker and frontend timing lines (the worker's
+    with or without the prefix vLLM gives an engine core's lines)."""
     from lens_evals.bench.phases import fetches
 
     log = tmp_path / "mixed.log"
@@ -185,7 +186,7 @@ def test_phase_log_is_read_fetch_by_fetch(tmp_path) -> None:
         "INFO other line\n"
         "lens_evals timing (worker): fetch: release 0.3 ms / 1, plan 1.5 ms / 6, taps (queued) 22.6 ms / 6\n"
         "lens_evals timing (frontend): fetch: attach to outputs 5.6 ms / 1\n"
-        "lens_evals timing (worker): store 89.8 ms / 6\n"
+        "(EngineCore pid=1407) lens_evals timing (worker): store 89.8 ms / 6\n"  # a multiprocess engine's line
         "lens_evals timing (frontend): fetch: worker round trip 16.6 ms / 1\n"
     )
     assert fetches(log) == [

@@ -31,7 +31,7 @@ def fetches(log: Path) -> list[dict[str, float]]:
     out: list[dict[str, float]] = []
     current: dict[str, float] = {}
     for line in log.read_text(errors="replace").splitlines():
-        found = _LINE.match(line)
+        found = _LINE.search(line)  # worker lines carry vLLM's "(EngineCore pid=N) " prefix
         if not found:
             continue
         for part in found.group(2).split(", "):

@@ -1,6 +1,6 @@
 """The frontend's end of a request: fetch its results from every worker by key (after
-``LLM._run_engine`` for all outputs of the call in one fetch, or ``AsyncLLM.generate`` per
-request), check and trim them to prompt + generated - 1 positions and attach them as
+``LLM._run_engine`` for all outputs of the call in one fetch; served requests that finish
+together in one fetch too, ``fetch_batch``), check and trim them to prompt + generated - 1 positions and attach them as
 ``output.activations`` / ``output.hook_results`` (a hook set's results go to its store). As an
 offline call starts, the hand-off pool regions freed since the last fetch go back first."""
 
@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from lens_evals.engine import compat, timing
+from lens_evals.engine.fetch_batch import batcher_of
 from lens_evals.engine.frontend_admit import PendingRequest, pending_of
 from lens_evals.engine.frontend_hooks import forget_local, union_of
 from lens_evals.engine.frontend_rows import decode_saved, merge_rank_results
@@ -117,8 +118,7 @@ def release_offline(llm: Any) -> None:
         )
 
 
-# Fetches still running after the request that started them was cancelled, and idle releases
-# (asyncio keeps only weak references to tasks)
+# Idle releases in flight (asyncio keeps only weak references to tasks)
 _ORPHANS: set[asyncio.Future[Any]] = set()
 IDLE_RELEASE_S = 2.0  # a server quiet this long gives its workers the regions freed since its last fetch
 _idle_release: dict[int, asyncio.TimerHandle] = {}  # by source: the release pending
@@ -179,35 +179,12 @@ def attach_offline(llm: Any, outputs: list[Any]) -> None:
         raise LensRequestError("; ".join(errors), outputs)
 
 
-async def _fetch_and_claim(engine: Any, processor: Any, key: str) -> list[FetchReply]:
-    """One request's rows fetched and claimed. Shielded by the caller: once the worker has
-    written the rows into the pool, only a claim frees their regions (a view that dies), so a
-    request cancelled meanwhile (a client gone) still claims them here and drops them."""
-    target = HandoffTarget.for_this_process(id(processor))
-    rank_results: list[FetchReply] = await compat.async_collective_rpc(engine, FETCH_METHOD, ([key], target))
-    claim_all(rank_results, id(processor))
-    return rank_results
-
-
-def _orphan_done(fetch: asyncio.Future[list[FetchReply]]) -> None:
-    _ORPHANS.discard(fetch)
-    error = None if fetch.cancelled() else fetch.exception()
-    if error is not None:
-        logger.warning("lens_evals: fetching the rows of a cancelled request failed (%s: %s)", type(error).__name__, error)
-
-
 async def attach_async(engine: Any, output: Any, generated: int) -> None:
     processor = compat.input_processor(engine)
     pending = pending_of(processor).pop(output.request_id, None)
     if pending is None:
         return
-    fetch = asyncio.ensure_future(_fetch_and_claim(engine, processor, pending.key))
-    try:
-        rank_results = await asyncio.shield(fetch)
-    except asyncio.CancelledError:
-        _ORPHANS.add(fetch)
-        fetch.add_done_callback(_orphan_done)
-        raise
+    rank_results = await batcher_of(engine, processor).fetch(pending.key)  # claimed even if this request is cancelled
     error = _apply(processor, output.request_id, output, pending, rank_results, generated)
     sink = HTTP_SINK.get()
     if sink is not None:
