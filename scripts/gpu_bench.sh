@@ -47,14 +47,15 @@
 #   WORKLOAD=prefill bash scripts/gpu_bench.sh vllm-eager,lens-capture-1,lens-steer-1,lens-mixed
 #   WORKLOAD=prefill bash scripts/gpu_bench.sh vllm-graphs,lens-graphs-capture-1,lens-graphs-probe
 #   WORKLOAD=prefill bash scripts/gpu_bench.sh hf-forward,lens-graphs-mixed,lens-capture-8,lens-graphs-capture-8
-# Capture 8 layers and the pool (2026-12-05: 2.21x paired; the pool default is a quarter of the host's
-# memory since, and freed regions go back as an offline call starts), phases of both, ~2.5 min each:
+# Capture 8 layers and the pool (H200 2026-12-05: 2.21x paired with the 4 GiB pool; H100 2026-12-05
+# with the quarter-of-memory default: 1.067x, repeats 4, 435 s with the install), phases of both:
 #   LENS_EVALS_TIMING=1 WORKLOAD=prefill bash scripts/gpu_bench.sh lens-mixed --repeats 6
 #   BENCH_DIR=/tmp/prefill-pool4g LENS_EVALS_HANDOFF_POOL_MIB=4096 LENS_EVALS_TIMING=1 \
 #     WORKLOAD=prefill bash scripts/gpu_bench.sh lens-mixed --repeats 6
 #   python3 -m lens_evals.bench.phases /tmp/lens-evals-bench-prefill   (and /tmp/prefill-pool4g)
-# Over HTTP (2026-12-05: 2.03x with base64 JSON; since: the binary frame, a plain pass for vLLM's
-# own HTTP cost, CPU per response of client / API server / engine core, no prefix caching), ~3 min:
+# Over HTTP (H200 2026-12-05: 2.03x with base64 JSON; H100 2026-12-05 at ff5f8fe: the frame 1.59x,
+# plain 1.04x; since: served fetches batched, engine/fetch_batch.py), ~4 min; then the same with
+# --concurrency 256 (are the steps under-filled with 64 requests in flight?):
 #   python3 scripts/http_capture_bench.py --model /tmp/lens-evals-bench-llama8b \
 #     --engine-arg skip_tokenizer_init=true --prompts 1000 --layer 16 --rounds 1 --out $OUT/http.json
 # The hand-off settings' effect (their defaults changed after the 2026-12-04 run): the old ones

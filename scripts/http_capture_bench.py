@@ -277,6 +277,13 @@ def main() -> None:
         "or one asyncio event loop as Inspect's provider reads",
     )
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--encodings",
+        nargs="+",
+        choices=[PLAIN, *wire.RESPONSE_ENCODINGS],
+        default=[PLAIN, *wire.RESPONSE_ENCODINGS],
+        help="the passes per round (default: all; plain = the same requests without a capture)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     add_engine_arg_option(parser)
     args = parser.parse_args()
@@ -316,7 +323,7 @@ def main() -> None:
     try:
         warmup = prompts[: 2 * args.concurrency]  # every connection busy at least once
         http_capture(server, warmup, layer, wire.DEFAULT_RESPONSE_ENCODING, args.concurrency, args.client)
-        encodings = [PLAIN, *wire.RESPONSE_ENCODINGS]
+        encodings = args.encodings
         for round_index in range(args.rounds):
             for encoding in encodings[round_index:] + encodings[:round_index]:
                 captures, row = http_capture(server, prompts, layer, encoding, args.concurrency, args.client)
