@@ -104,3 +104,26 @@ def test_a_worker_without_the_plugin_fails_lens_requests_with_a_clear_error(llm,
     assert "lens-evals plugin did not load" in got["error"] and "every node" in got["error"], got["error"]
     with_plugin = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, greedy(6))]
     assert got["before"] == with_plugin and got["after"] == with_plugin
+
+
+def test_our_warnings_are_printed_in_vllms_api_server() -> None:
+    """vLLM's API server sets the root logger to ERROR (``model_hosting_container_standards``,
+    unless ``LOG_LEVEL`` says otherwise): the plugin's warnings there (a failed fetch, a LoRA dtype
+    change) were silently dropped. Once registered, they reach stderr; a level the user set stays."""
+    script = """
+import logging, sys
+from model_hosting_container_standards.logging_config import configure_root_logger
+configure_root_logger()
+assert logging.getLogger().level == logging.ERROR, logging.getLogger().level
+from lens_evals.engine import plugin
+mine = sys.argv[1] == "user-level"
+if mine:
+    logging.getLogger("lens_evals").setLevel(logging.ERROR)
+plugin.register()
+logging.getLogger("lens_evals").warning("lens_evals: a warning a researcher must see")
+"""
+    env = {key: value for key, value in os.environ.items() if key not in ("LOG_LEVEL", "SAGEMAKER_CONTAINER_LOG_LEVEL")}
+    for case, shown in (("default", True), ("user-level", False)):
+        done = subprocess.run([sys.executable, "-c", script, case], capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert ("a warning a researcher must see" in done.stderr) is shown, (case, done.stderr[-2000:])

@@ -29,6 +29,10 @@ def enabled() -> bool:
 
 
 def register() -> None:
+    if logger.level == logging.NOTSET:
+        # vLLM's API server sets the root logger to ERROR (its SageMaker logging module, unless
+        # LOG_LEVEL says otherwise), which silenced our warnings there; a level set by the user stays
+        logger.setLevel(logging.WARNING)
     if (off := disabled_by()) is not None:
         logger.info("lens_evals: disabled by %s", off)
         return
