@@ -1,8 +1,9 @@
 """The frontend's end of a request: fetch its results from every worker by key (after
 ``LLM._run_engine`` for all outputs of the call in one fetch; served requests that finish
-together in one fetch too, ``fetch_batch``), check and trim them to prompt + generated - 1 positions and attach them as
-``output.activations`` / ``output.hook_results`` (a hook set's results go to its store). As an
-offline call starts, the hand-off pool regions freed since the last fetch go back first."""
+together in one fetch too, ``fetch_batch``), check and trim them to prompt + generated - 1
+positions and attach them as ``output.activations`` / ``output.hook_results`` (a hook set's
+results go to its store). As an offline call starts, the hand-off pool regions freed since the
+last fetch go back first."""
 
 from __future__ import annotations
 
