@@ -277,11 +277,12 @@ def main() -> None:
         "or one asyncio event loop as Inspect's provider reads",
     )
     parser.add_argument("--rounds", type=int, default=3)
+    passes = [PLAIN, *wire.RESPONSE_ENCODINGS]
     parser.add_argument(
         "--encodings",
         nargs="+",
-        choices=[PLAIN, *wire.RESPONSE_ENCODINGS],
-        default=[PLAIN, *wire.RESPONSE_ENCODINGS],
+        choices=passes,
+        default=passes,
         help="the passes per round (default: all; plain = the same requests without a capture)",
     )
     parser.add_argument("--out", type=Path, required=True)

@@ -62,7 +62,7 @@ def pool(directory) -> Iterator[SharedPool]:
 
 def allocated(pool: SharedPool) -> list[int]:
     """Each segment's allocated bytes, in creation order."""
-    return [os.fstat(segment.fd).st_blocks * 512 for segment in pool.segments.values()]
+    return [segment.allocated_bytes() for segment in pool.segments.values()]  # the file's blocks (fstat)
 
 
 def written(pool: SharedPool, seeds: list[int]) -> list[dict]:
