@@ -14,14 +14,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lens_evals import wire, wire_frame
 from lens_evals.hooks import Hook
 from lens_evals.spec import CAPTURE_KEY, ENCODING_KEY, HOOK_SET_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
 
+if TYPE_CHECKING:
+    import urllib3
+
 # "residual_stream": array, "probe_scores": {name: array}, "saved": hook results (arrays decoded)
 ActivationsDict = dict[str, Any]
+
+
+# --------------------------------------------------------------------------- transport
+def http_pool(timeout: float | None = 600.0, connections: int = 64, headers: Mapping[str, str] | None = None) -> urllib3.PoolManager:
+    """The client's connection pool (``urllib3.PoolManager``; thread-safe, ``connections`` kept
+    per server). urllib3 reads a response body through ``http.client`` in C: for a capture's 1.4 MB
+    frame with 64 threads it spends ~1 ms of CPU where httpx's pure-Python HTTP parser spends ~3.4
+    (docs/benchmarks.md, "The client"), and a Python client holding its GIL was what capped the
+    over-HTTP capture. No retries, as httpx's default: a POST is not sent twice."""
+    import urllib3
+
+    return urllib3.PoolManager(
+        maxsize=connections, timeout=urllib3.Timeout(connect=timeout, read=timeout), retries=False, headers=dict(headers or {})
+    )
 
 
 # --------------------------------------------------------------------------- request builders
@@ -162,7 +179,8 @@ class LensClient:
     run them); ``register_hooks`` appends, ``collect_hook_results`` does not drain.
     ``encoding``: how activations travel (``wire.RESPONSE_ENCODINGS``); by default as a binary
     frame (no base64; ``raw`` then holds each array's bytes as a memoryview), None for the
-    server's default."""
+    server's default. Thread-safe: ``connections`` threads can each have a request in flight
+    (:func:`http_pool`)."""
 
     def __init__(
         self,
@@ -171,14 +189,13 @@ class LensClient:
         api_key: str | None = None,
         timeout: float | None = 600.0,
         encoding: str | None = wire.SAFETENSORS_FRAME,
+        connections: int = 64,
     ) -> None:
-        import httpx
-
         self.base_url = base_url.rstrip("/")
         self._model = model
         self.encoding = encoding
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(timeout=timeout, headers=headers)
+        self._http = http_pool(timeout, connections, headers)
         self._hooks: list[Hook] = []
         self.hook_set: str | None = None
         self._carried: dict[str, dict[str, Any]] = {}  # results of replaced sets
@@ -192,10 +209,10 @@ class LensClient:
     def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """A response's body: JSON, or a frame unframed (``lens_evals.wire_frame``)."""
         response = self._http.request(method, f"{self.base_url}{path}", json=body)
-        data = wire_frame.response_body(response.content, response.headers.get("content-type"))
-        if response.status_code != 200 or (isinstance(data, dict) and "error" in data):
+        data = wire_frame.response_body(response.data, response.headers.get("content-type"))
+        if response.status != 200 or (isinstance(data, dict) and "error" in data):
             error = data.get("error", data) if isinstance(data, dict) else data
-            raise RuntimeError(f"HTTP {response.status_code}: {error.get('message', error) if isinstance(error, dict) else error}")
+            raise RuntimeError(f"HTTP {response.status}: {error.get('message', error) if isinstance(error, dict) else error}")
         return data
 
     def _xargs(self, hooks: Any, capture_layers: Any, steering_vectors: Any, probes: Any) -> dict[str, Any]:
@@ -309,7 +326,7 @@ class LensClient:
         self._json("POST", "/v1/hooks/clear_prefetched", {})
 
     def close(self) -> None:
-        self._http.close()
+        self._http.clear()
 
 
 VLLMLensClient = LensClient  # vllm-lens's name, for code that changes only its import line

@@ -54,10 +54,12 @@
 #     WORKLOAD=prefill bash scripts/gpu_bench.sh lens-mixed --repeats 6
 #   python3 -m lens_evals.bench.phases /tmp/lens-evals-bench-prefill   (and /tmp/prefill-pool4g)
 # Over HTTP (H200 2026-12-05: 2.03x with base64 JSON; H100 2026-12-05 at ff5f8fe: the frame 1.59x,
-# plain 1.04x; since: served fetches batched, engine/fetch_batch.py), ~4 min; then the same with
-# --concurrency 256 (are the steps under-filled with 64 requests in flight?):
+# plain 1.04x; since: served fetches batched, engine/fetch_batch.py, and LensClient on urllib3),
+# ~4 min: the frame and plain requests, LensClient's transport against the former httpx one, 64
+# and 256 requests in flight (are the steps under-filled with 64?), one engine:
 #   python3 scripts/http_capture_bench.py --model /tmp/lens-evals-bench-llama8b \
-#     --engine-arg skip_tokenizer_init=true --prompts 1000 --layer 16 --rounds 1 --out $OUT/http.json
+#     --engine-arg skip_tokenizer_init=true --prompts 1000 --layer 16 --rounds 1 \
+#     --encodings plain safetensors-frame --client threads httpx-threads --concurrency 64 256 --out $OUT/http.json
 # The hand-off settings' effect (their defaults changed after the 2026-12-04 run): the old ones
 # in a BENCH_DIR of their own, e.g.
 #   BENCH_DIR=/tmp/prefill-old-handoff LENS_EVALS_HANDOFF_MIN_BYTES=1048576 LENS_EVALS_HANDOFF_POOL_MIB=1024 \

@@ -10,8 +10,10 @@ times the same call without a capture (``plain_wall_seconds``); the engine is th
 response encoding of ``lens_evals.wire.RESPONSE_ENCODINGS`` per round and once without a capture
 (``plain``: what serving the prompts over HTTP costs vLLM alone, against plain offline), in a
 rotated order; wall time until every response is decoded into tensors (where it was read: on a
-thread per connection, or with ``--client asyncio`` in one event loop as Inspect's provider
-reads), and the CPU time per response of this client, the API server and its engine core. Every HTTP
+thread per connection through ``LensClient``'s urllib3 pool, or its former httpx client with
+``--client httpx-threads``, or with ``--client asyncio`` in one event loop as Inspect's provider
+reads), and the CPU time per response of this client, the API server and its engine core. Several
+``--client`` and ``--concurrency`` values give a pass for each combination. Every HTTP
 capture is checked against the offline one (dtype, shape = prompt length, bit-equal or else every
 row nearer its own offline row than its neighbours' and the per-token relative error within a
 bound: tests/tolerance.py's for the backend, 10 % in bf16 / fp16, or twice the floor the run
@@ -34,6 +36,7 @@ import json
 import platform
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import date
 from pathlib import Path
@@ -49,7 +52,7 @@ from lens_evals.bench.process_stats import cpu_seconds, engine_core_pid, peak_rs
 from lens_evals.bench.prompts import make_prompts
 from lens_evals.bench.wide_model import WIDE_LLAMA, build_wide_llama
 from lens_evals.cli_checks import model_config
-from lens_evals.client import decode_activations, lens_xargs
+from lens_evals.client import decode_activations, http_pool, lens_xargs
 from lens_evals.models import resolve_model
 from lens_evals.offline_engine import add_engine_arg_option, close_offline_engine, open_offline_engine, parse_engine_args
 from lens_evals.provider.server import LensServer
@@ -137,26 +140,50 @@ def offline_capture(
 Reply = tuple[Any, int, float]  # (the capture, response bytes, decode seconds)
 
 
-def _decoded(response: httpx.Response) -> Reply:
+def _decoded(status: int, content: bytes, content_type: str | None) -> Reply:
     """A response's capture (None for a plain request), decoded where it was read (as a client
     with several connections would; not on one thread behind all readers)."""
-    if response.status_code != 200:
-        raise RuntimeError(f"HTTP {response.status_code}: {response.text[:500]}")
+    if status != 200:
+        raise RuntimeError(f"HTTP {status}: {content[:500]!r}")
     began = time.perf_counter()
-    activations = decode_activations(wire_frame.response_body(response.content, response.headers.get("content-type")))
+    activations = decode_activations(wire_frame.response_body(content, content_type))
     assert isinstance(activations, dict), "one prompt per request gives one activations dict"
-    return activations.get("residual_stream"), len(response.content), time.perf_counter() - began
+    return activations.get("residual_stream"), len(content), time.perf_counter() - began
 
 
-def _with_threads(url: str, bodies: list[dict[str, Any]], concurrency: int, desc: str) -> list[Reply]:
-    """``concurrency`` threads, each with a connection of one ``httpx.Client`` (lens_evals.client's kind)."""
+def _on_threads(post: Callable[[dict[str, Any]], Reply], bodies: list[dict[str, Any]], concurrency: int, desc: str) -> list[Reply]:
     replies: list[Reply | None] = [None] * len(bodies)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    with httpx.Client(timeout=1800, limits=limits) as client, ThreadPoolExecutor(concurrency) as pool:
-        futures = {pool.submit(lambda body: _decoded(client.post(url, json=body)), body): i for i, body in enumerate(bodies)}
+    with ThreadPoolExecutor(concurrency) as pool:
+        futures = {pool.submit(post, body): i for i, body in enumerate(bodies)}
         for future in tqdm(as_completed(futures), total=len(bodies), desc=desc):
             replies[futures[future]] = future.result()
     return [reply for reply in replies if reply is not None]
+
+
+def _with_threads(url: str, bodies: list[dict[str, Any]], concurrency: int, desc: str) -> list[Reply]:
+    """``concurrency`` threads sharing one connection pool of ``lens_evals.client`` (LensClient's)."""
+    pool = http_pool(timeout=1800, connections=concurrency)
+
+    def post(body: dict[str, Any]) -> Reply:
+        response = pool.request("POST", url, json=body)
+        return _decoded(response.status, response.data, response.headers.get("content-type"))
+
+    try:
+        return _on_threads(post, bodies, concurrency, desc)
+    finally:
+        pool.clear()
+
+
+def _with_httpx_threads(url: str, bodies: list[dict[str, Any]], concurrency: int, desc: str) -> list[Reply]:
+    """The same with one ``httpx.Client`` (LensClient's transport until 2026-12-05)."""
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    with httpx.Client(timeout=1800, limits=limits) as client:
+
+        def post(body: dict[str, Any]) -> Reply:
+            response = client.post(url, json=body)
+            return _decoded(response.status_code, response.content, response.headers.get("content-type"))
+
+        return _on_threads(post, bodies, concurrency, desc)
 
 
 def _with_asyncio(url: str, bodies: list[dict[str, Any]], concurrency: int, desc: str) -> list[Reply]:
@@ -172,7 +199,8 @@ def _with_asyncio(url: str, bodies: list[dict[str, Any]], concurrency: int, desc
 
             async def one(body: dict[str, Any]) -> Reply:
                 async with gate:
-                    reply = _decoded(await client.post(url, json=body))
+                    response = await client.post(url, json=body)
+                    reply = _decoded(response.status_code, response.content, response.headers.get("content-type"))
                 progress.update()
                 return reply
 
@@ -183,7 +211,7 @@ def _with_asyncio(url: str, bodies: list[dict[str, Any]], concurrency: int, desc
     return asyncio.run(run())
 
 
-CLIENTS = {"asyncio": _with_asyncio, "threads": _with_threads}
+CLIENTS = {"asyncio": _with_asyncio, "threads": _with_threads, "httpx-threads": _with_httpx_threads}
 
 
 def http_capture(
@@ -211,6 +239,7 @@ def http_capture(
     decode_seconds = sum(seconds for _, _, seconds in replies)
     row = {
         "encoding": encoding,
+        "concurrency": concurrency,
         "wall_seconds": round(wall, 3),
         "response_bytes": sizes,
         "client": client,
@@ -268,21 +297,24 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--prompts", type=int, default=1000)
     parser.add_argument("--layer", type=int, help="the layer captured (default: the middle one)")
-    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=[64], help="requests in flight (several: a pass at each; the floor uses the least)"
+    )
     parser.add_argument(
         "--client",
+        nargs="+",
         choices=sorted(CLIENTS),
-        default="threads",
-        help="a thread per connection (default: on the 2-core CPU 2.6x faster than asyncio for 256 tiny-model prompts), "
-        "or one asyncio event loop as Inspect's provider reads",
+        default=["threads"],
+        help="threads: a thread per connection on LensClient's pool (urllib3; default); httpx-threads: the same on one "
+        "httpx.Client; asyncio: one event loop on httpx.AsyncClient, as Inspect's provider reads (several: a pass with each)",
     )
     parser.add_argument("--rounds", type=int, default=3)
-    passes = [PLAIN, *wire.RESPONSE_ENCODINGS]
+    encodings = [PLAIN, *wire.RESPONSE_ENCODINGS]
     parser.add_argument(
         "--encodings",
         nargs="+",
-        choices=passes,
-        default=passes,
+        choices=encodings,
+        default=encodings,
         help="the passes per round (default: all; plain = the same requests without a capture)",
     )
     parser.add_argument("--out", type=Path, required=True)
@@ -306,14 +338,14 @@ def main() -> None:
     lengths = prefill_lengths(args.prompts)
     prompts = make_prompts(args.prompts, Path(resolve_model(args.model)), config["vocab_size"], lengths=lengths)
 
-    reference, offline = offline_capture(args.model, prompts, layer, engine, args.rounds, args.concurrency)
+    reference, offline = offline_capture(args.model, prompts, layer, engine, args.rounds, min(args.concurrency))
     base_bound = GPU_BOUND if torch.cuda.is_available() else CPU_BOUND  # after the engine: CUDA untouched before it
     if offline["dtype"] in ("bfloat16", "float16"):
         base_bound = HALF_BOUND
     floor = offline["batch_floor"]["max_token_relative_error"]
     bound = max(base_bound, FLOOR_MARGIN * floor)
     print(
-        f"offline in calls of {args.concurrency}, in order and shuffled: bit-equal {offline['batch_floor']['bit_equal_prompts']}/{args.prompts}, "
+        f"offline in calls of {min(args.concurrency)}, in order and shuffled: bit-equal {offline['batch_floor']['bit_equal_prompts']}/{args.prompts}, "
         f"max per-token relative error {floor:.3g}; bound {bound:.3g}"
     )
     print(f"offline: {offline['wall_seconds']} s (median of {offline['all_wall_seconds']}), {offline['dtype']}")
@@ -322,12 +354,14 @@ def main() -> None:
     server = LensServer(resolve_model(args.model), served_name=name, server_args=server_args).start(timeout=1800)
     rows = []
     try:
-        warmup = prompts[: 2 * args.concurrency]  # every connection busy at least once
-        http_capture(server, warmup, layer, wire.DEFAULT_RESPONSE_ENCODING, args.concurrency, args.client)
-        encodings = args.encodings
+        for concurrency in args.concurrency:  # every connection busy at least once
+            for client in args.client:
+                http_capture(server, prompts[: 2 * concurrency], layer, wire.DEFAULT_RESPONSE_ENCODING, concurrency, client)
+        passes = [(e, n, c) for e in args.encodings for n in args.concurrency for c in args.client]
         for round_index in range(args.rounds):
-            for encoding in encodings[round_index:] + encodings[:round_index]:
-                captures, row = http_capture(server, prompts, layer, encoding, args.concurrency, args.client)
+            shift = round_index % len(passes)
+            for encoding, concurrency, client in passes[shift:] + passes[:shift]:
+                captures, row = http_capture(server, prompts, layer, encoding, concurrency, client)
                 row["round"] = round_index
                 if encoding == PLAIN:  # against plain offline
                     row["ratio_http_offline"] = round(row["wall_seconds"] / offline["plain_wall_seconds"], 3)
@@ -360,18 +394,25 @@ def main() -> None:
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"offline plain: {offline['plain_wall_seconds']:.2f} s (the plain row's ratio is against it)")
     print(f"offline: {offline['wall_seconds']:.2f} s, peak RSS {offline['peak_rss_gib']} GiB ({sum(lengths)} tokens, layer {layer})")
-    for encoding in encodings:
-        runs = sorted((r for r in rows if r["encoding"] == encoding), key=lambda r: r["wall_seconds"])
+    for encoding, concurrency, client in passes:
+        runs = sorted(
+            (r for r in rows if (r["encoding"], r["concurrency"], r["client"]) == (encoding, concurrency, client)),
+            key=lambda r: r["wall_seconds"],
+        )
         mid = runs[len(runs) // 2]
         print(
-            f"{encoding:>17}: wall {mid['wall_seconds']:7.2f} s (median of {[r['wall_seconds'] for r in runs]}) "
+            f"{encoding:>17} x{concurrency} {client}: wall {mid['wall_seconds']:7.2f} s (median of {[r['wall_seconds'] for r in runs]}) "
             f"= {mid['ratio_http_offline']:.2f}x offline, {mid['response_bytes'] / 2**20:8.1f} MiB, decode "
             f"{mid['client_decode_seconds']:.2f} s, CPU ms per response client {mid['client_cpu_ms_per_response']} "
             f"server {mid['server_cpu_ms_per_response']} engine core {mid['engine_core_cpu_ms_per_response']}, {mid['dtype']} on the wire, peak RSS {mid['peak_rss_gib']} GiB (server {mid['server_peak_rss_gib']}), "
             f"bit-equal {mid.get('bit_equal_prompts')}/{args.prompts}, max err {mid.get('max_token_relative_error')}"
         )
     print(f"wrote {args.out}")
-    problems = [f"{row['encoding']} round {row['round']}: {row['problem']}" for row in rows if "problem" in row]
+    problems = [
+        f"{row['encoding']} x{row['concurrency']} {row['client']} round {row['round']}: {row['problem']}"
+        for row in rows
+        if "problem" in row
+    ]
     if problems:
         raise SystemExit("\n".join(problems))
 
