@@ -46,7 +46,10 @@ def offline_engine_args(model: str, **overrides: Any) -> dict[str, Any]:
 def open_offline_engine(model: str, *, kv_cache_gib: int = KV_CACHE_GIB, in_process: bool = False, **overrides: Any) -> Any:
     """A ``vllm.LLM`` with :func:`offline_engine_args`. ``kv_cache_gib`` and ``in_process`` (no
     engine-core process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) are set in the environment unless
-    it already sets them."""
+    it already sets them. Refuses (``PluginNotLoadable``) when vLLM would not load our plugin."""
+    from lens_evals.engine.compat.plugin_entry import require_plugin
+
+    require_plugin()  # else lens requests would come back without activations, and nothing would say why
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     if in_process:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

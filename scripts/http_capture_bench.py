@@ -44,6 +44,7 @@ from typing import Any
 
 import httpx
 import torch
+import urllib3
 from tqdm import tqdm
 
 from lens_evals import wire, wire_frame
@@ -361,7 +362,13 @@ def main() -> None:
         for round_index in range(args.rounds):
             shift = round_index % len(passes)
             for encoding, concurrency, client in passes[shift:] + passes[:shift]:
-                captures, row = http_capture(server, prompts, layer, encoding, concurrency, client)
+                try:
+                    captures, row = http_capture(server, prompts, layer, encoding, concurrency, client)
+                except (httpx.HTTPError, urllib3.exceptions.HTTPError) as exc:  # a client's failure: recorded, the rest run
+                    rows.append(
+                        {"encoding": encoding, "concurrency": concurrency, "client": client, "round": round_index, "problem": repr(exc)}
+                    )
+                    continue
                 row["round"] = round_index
                 if encoding == PLAIN:  # against plain offline
                     row["ratio_http_offline"] = round(row["wall_seconds"] / offline["plain_wall_seconds"], 3)
@@ -396,9 +403,11 @@ def main() -> None:
     print(f"offline: {offline['wall_seconds']:.2f} s, peak RSS {offline['peak_rss_gib']} GiB ({sum(lengths)} tokens, layer {layer})")
     for encoding, concurrency, client in passes:
         runs = sorted(
-            (r for r in rows if (r["encoding"], r["concurrency"], r["client"]) == (encoding, concurrency, client)),
+            (r for r in rows if (r["encoding"], r["concurrency"], r["client"]) == (encoding, concurrency, client) and "wall_seconds" in r),
             key=lambda r: r["wall_seconds"],
         )
+        if not runs:
+            continue
         mid = runs[len(runs) // 2]
         print(
             f"{encoding:>17} x{concurrency} {client}: wall {mid['wall_seconds']:7.2f} s (median of {[r['wall_seconds'] for r in runs]}) "

@@ -127,3 +127,34 @@ logging.getLogger("lens_evals").warning("lens_evals: a warning a researcher must
         done = subprocess.run([sys.executable, "-c", script, case], capture_output=True, text=True, timeout=300, env=env)
         assert done.returncode == 0, done.stderr[-2000:]
         assert ("a warning a researcher must see" in done.stderr) is shown, (case, done.stderr[-2000:])
+
+
+def test_an_engine_vllm_would_start_without_the_plugin_is_refused_first(tiny_path, monkeypatch) -> None:
+    """vLLM loads general plugins by installed entry point, filtered by ``VLLM_PLUGINS``. An engine
+    that leaves ours out really answers a capture request with no activations and no error (the
+    same script as above, in a fresh process); the package's engine and server starters refuse
+    such an environment before starting anything, saying what to do. A source tree on PYTHONPATH
+    without the installed package (the GPU run of 2026-12-05 that met this) has no entry point."""
+    from lens_evals.engine.compat.plugin_entry import PluginNotLoadable, installed_plugins, plugin_load_problem, require_plugin
+    from lens_evals.offline_engine import open_offline_engine
+    from lens_evals.provider.server import LensServer
+
+    others = "lora_filesystem_resolver"
+    env = {**os.environ, "VLLM_PLUGINS": others, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env.pop("LENS_EVALS_DISABLE", None)
+    left_out = run_script(DISABLED_SCRIPT, tiny_path, env)
+    assert left_out and all(not has_activations for _, has_activations in left_out)
+
+    assert plugin_load_problem(installed_plugins(), None) is None  # this environment: installed, nothing filters it
+    assert plugin_load_problem(installed_plugins(), f"{others}, lens_evals") is None
+    assert "VLLM_PLUGINS" in (plugin_load_problem(installed_plugins(), others) or "")
+    not_installed = plugin_load_problem([(name, target) for name, target in installed_plugins() if name != "lens_evals"], None)
+    assert not_installed is not None and "not installed" in not_installed and "pip install" in not_installed
+    with pytest.raises(PluginNotLoadable, match="VLLM_PLUGINS='lora_filesystem_resolver' leaves out the lens-evals plugin"):
+        LensServer(str(tiny_path), "tiny-llama", env={"VLLM_PLUGINS": others})
+    monkeypatch.setenv("VLLM_PLUGINS", others)
+    monkeypatch.delenv("LENS_EVALS_DISABLE", raising=False)
+    with pytest.raises(PluginNotLoadable, match="lens requests would come back without activations"):
+        open_offline_engine(str(tiny_path))
+    monkeypatch.setenv("LENS_EVALS_DISABLE", "1")  # plain vLLM asked for on purpose: no refusal
+    require_plugin()
