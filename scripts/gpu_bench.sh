@@ -53,6 +53,14 @@
 #   BENCH_DIR=/tmp/prefill-pool4g LENS_EVALS_HANDOFF_POOL_MIB=4096 LENS_EVALS_TIMING=1 \
 #     WORKLOAD=prefill bash scripts/gpu_bench.sh lens-mixed --repeats 6
 #   python3 -m lens_evals.bench.phases /tmp/lens-evals-bench-prefill   (and /tmp/prefill-pool4g)
+# All 32 layers (H100 2026-12-05: 1,000 prompts = 43.9 GB in one call took > 34 s against 3.94 s
+# plain, and the engine core died in the second call; docs/benchmarks.md says why): the same
+# bytes per call as capture-8 with a quarter of the prompts, own BENCH_DIR (the prompts differ):
+#   BENCH_DIR=/tmp/prefill-250 LENS_EVALS_TIMING=1 WORKLOAD=prefill bash scripts/gpu_bench.sh \
+#     vllm-eager,lens-capture-all,lens-capture-8 --prompts 250
+# Every call needs the package installed where vLLM finds its plugin (this script does it; a bare
+# `python3 scripts/...` after `. .gpu/install.sh` does not: the engine starters now refuse):
+#   python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site .
 # Over HTTP (H200 2026-12-05: 2.03x with base64 JSON; H100 2026-12-05 at ff5f8fe: the frame 1.59x,
 # plain 1.04x; since: served fetches batched, engine/fetch_batch.py, and LensClient on urllib3),
 # ~4 min: the frame and plain requests, LensClient's transport against the former httpx one, 64
