@@ -58,6 +58,8 @@
 # bytes per call as capture-8 with a quarter of the prompts, own BENCH_DIR (the prompts differ):
 #   BENCH_DIR=/tmp/prefill-250 LENS_EVALS_TIMING=1 WORKLOAD=prefill bash scripts/gpu_bench.sh \
 #     vllm-eager,lens-capture-all,lens-capture-8 --prompts 250
+# Would the step copies straight into the pool pay (the design in docs/benchmarks.md)? ~1 min,
+# torch only, no vLLM needed:  python3 scripts/direct_copy_bench.py --gib 8
 # Every call needs the package installed where vLLM finds its plugin (this script does it; a bare
 # `python3 scripts/...` after `. .gpu/install.sh` does not: the engine starters now refuse):
 #   python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site .
