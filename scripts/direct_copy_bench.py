@@ -10,7 +10,8 @@ each request's rows copied device -> pool directly. This times, on one GPU, with
 * ``d2h pinned``: device -> a torch pinned buffer (today's step copy), in pieces of ``--piece-mib``;
 * ``d2h registered``: device -> the registered segment, the same pieces (the proposed copy);
 * ``d2h pageable``: device -> the segment unregistered (what torch does without pinning);
-* ``host copy``: pinned buffer -> segment on one thread (today's early write), into touched pages;
+* ``host copy``: pinned buffer -> segment on one thread (today's early write), into touched pages,
+  and into a fresh segment (the 2-core CPU here: 1.4-1.5 GB/s fresh against 13-14 GB/s touched);
 * ``gather``: one step's rows made request-major on the device (``index_select`` of a
   (layers, rows, hidden) block), what the direct copy needs first.
 
@@ -105,6 +106,8 @@ def main() -> None:
     rows["d2h pinned"] = nbytes / timed(copies(source, pinned, piece, stream), args.repeats)
     into, out_of = np.frombuffer(segment, dtype=np.uint8), pinned.numpy()  # one thread, as the writer copies
     rows["host copy"] = nbytes / timed(lambda: np.copyto(into, out_of), args.repeats)
+    fresh = np.frombuffer(shm_segment(nbytes), dtype=np.uint8)  # a segment never written: every page faults in
+    rows["host copy, fresh pages"] = nbytes / timed(lambda: np.copyto(fresh, out_of), 1)
     cudart.cudaHostUnregister(target.data_ptr())
 
     block = torch.empty(args.layers, args.step_rows, args.hidden, dtype=torch.bfloat16, device="cuda")
