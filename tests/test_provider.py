@@ -78,6 +78,31 @@ def test_provider_activations_and_steering_equal_offline(tiny_server, tiny_path)
     assert captured.usage is not None and captured.usage.input_tokens == len(offline_capture.prompt_token_ids)
 
 
+def test_captures_reach_the_provider_as_binary_frames_equal_to_json(tiny_server) -> None:
+    """The provider asks for the binary frame and reads it through its own transport (the OpenAI
+    SDK parses only JSON): the arrays equal the same request's in the default JSON encoding, bit
+    for bit, the hook results too, and a JSON encoding asked for explicitly still comes as JSON.
+    The frame never reaches Inspect's log: its reference is taken out as the arrays are."""
+    from lens_evals.provider import frames
+    from lens_evals.spec import ENCODING_KEY
+
+    model = tiny_model(tiny_server)
+    hook = Hook("record_norm", [2])
+    before = frames.frames_read
+    framed = generate(model, output_residual_stream=[0, 3], apply_hooks=[hook])
+    assert frames.frames_read == before + 1, "the capture did not come as a frame"
+    as_json = generate(model, output_residual_stream=[0, 3], apply_hooks=[hook], **{ENCODING_KEY: "safetensors-zstd"})
+    assert frames.frames_read == before + 1, "a JSON encoding asked for came as a frame"
+    got, want = framed.metadata["activations"]["residual_stream"], as_json.metadata["activations"]["residual_stream"]
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    assert torch.equal(
+        torch.as_tensor(framed.metadata["hook_results"]["0"]["norm.2"]), torch.as_tensor(as_json.metadata["hook_results"]["0"]["norm.2"])
+    )
+    assert not frames._waiting, "a frame's fields were left behind"
+    plain = generate(model)  # no lens field: nothing asked, nothing framed
+    assert frames.frames_read == before + 1 and "activations" not in (plain.metadata or {})
+
+
 def capture_task(n: int) -> Task:
     samples = [Sample(input=f"{PROMPT} {i}", target="x") for i in range(n)]
     return Task(

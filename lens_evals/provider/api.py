@@ -26,11 +26,15 @@ from inspect_ai.hooks import Hooks, RunEnd, hooks
 from inspect_ai.model import GenerateConfig, ModelOutput, modelapi
 from inspect_ai.model._providers.openai_compatible import OpenAICompatibleAPI  # not exported; Inspect's vllm provider subclasses it too
 
+from lens_evals import wire
+from lens_evals.provider import frames
+from lens_evals.provider.frames import frame_http_client
 from lens_evals.provider.logged_call import logged_extra_args, real_extra_args, split_xargs, wire_request
 from lens_evals.provider.lora_args import lora_server_args
 from lens_evals.provider.outputs import ACTIVATIONS_KEY, HOOK_RESULTS_KEY, PROMPT_TOKEN_IDS_KEY, TOKEN_IDS_KEY, decode_activations
 from lens_evals.provider.server import LensServer, acquire_server, release_server, stop_shared_servers
 from lens_evals.provider.xargs import to_vllm_xargs
+from lens_evals.spec import ENCODING_KEY
 
 if TYPE_CHECKING:
     from inspect_ai.model import RetryDecision  # for the type checker only
@@ -93,6 +97,8 @@ class VLLMLensAPI(OpenAICompatibleAPI):
             if model_args:
                 raise ValueError(f"model args {sorted(model_args)} configure a server we start; with base_url they have no effect")
             _check_reachable(base_url)
+        # captures come as binary frames, read by this client (lens_evals.provider.frames)
+        self._frame_client = frame_http_client()
         super().__init__(
             model_name=model_name,
             base_url=base_url,
@@ -100,7 +106,12 @@ class VLLMLensAPI(OpenAICompatibleAPI):
             config=config,
             service=PROVIDER_NAME,
             service_base_url=base_url,
+            **self._client_args(),
         )
+
+    def _client_args(self) -> dict[str, Any]:
+        """The SDK client's model args: our frame-reading HTTP client, where this Inspect can build it."""
+        return {} if self._frame_client is None else {"http_client": self._frame_client}
 
     def completion_params(self, config: GenerateConfig, tools: bool) -> dict[str, Any]:
         params = super().completion_params(config, tools)
@@ -109,6 +120,8 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         if extra_args:
             xargs = dict(extra_body.get("vllm_xargs") or {})
             xargs.update(to_vllm_xargs(real_extra_args(extra_args)))
+            if self._frame_client is not None and self.http_client is self._frame_client:
+                xargs.setdefault(ENCODING_KEY, wire.SAFETENSORS_FRAME)  # no base64 either side; a JSON encoding asked for stays
             extra_body["vllm_xargs"], payloads = split_xargs(xargs)  # arrays as digests in the log
             _WIRE_PAYLOADS.set(payloads)
             extra_body.setdefault("return_token_ids", True)  # which token each activation row belongs to
@@ -242,9 +255,9 @@ def _take_lens_fields(completion: Any) -> None:
     """Activations, hook results and token ids out of the response, into this request's context."""
     extra = getattr(completion, "model_extra", None)
     if extra and ACTIVATIONS_KEY in extra:
-        _RAW_ACTIVATIONS.set(extra.pop(ACTIVATIONS_KEY))
+        _RAW_ACTIVATIONS.set(frames.take(extra.pop(ACTIVATIONS_KEY)))
     if extra and HOOK_RESULTS_KEY in extra:
-        _RAW_HOOK_RESULTS.set(extra.pop(HOOK_RESULTS_KEY))
+        _RAW_HOOK_RESULTS.set(frames.take(extra.pop(HOOK_RESULTS_KEY)))
     if extra and extra.get(PROMPT_TOKEN_IDS_KEY) is not None:  # asked for with return_token_ids
         choices = [getattr(choice, "model_extra", None) or {} for choice in completion.choices]
         _TOKEN_IDS.set(
