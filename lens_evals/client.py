@@ -32,7 +32,7 @@ def http_pool(timeout: float | None = 600.0, connections: int = 64, headers: Map
     """The client's connection pool (``urllib3.PoolManager``; thread-safe, ``connections`` kept
     per server). urllib3 reads a response body through ``http.client`` in C: for a capture's 1.4 MB
     frame with 64 threads it spends ~1 ms of CPU where httpx's pure-Python HTTP parser spends ~3.4
-    (docs/benchmarks.md, "The client"), and a Python client holding its GIL was what capped the
+    (docs/benchmarks.md, "Over HTTP vs offline"), and a Python client holding its GIL was what capped the
     over-HTTP capture. No retries, as httpx's default: a POST is not sent twice."""
     import urllib3
 

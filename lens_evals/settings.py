@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -45,8 +45,9 @@ class Setting(Generic[T]):
     def is_set(self) -> bool:
         return bool(os.environ.get(self.name, "").strip())
 
-    def get(self) -> T:
-        raw = os.environ.get(self.name, "").strip()
+    def get(self, env: Mapping[str, str] | None = None) -> T:
+        """The value in ``env`` (default: this process's environment), else the default."""
+        raw = (os.environ if env is None else env).get(self.name, "").strip()
         if not raw:
             return self.default()
         try:

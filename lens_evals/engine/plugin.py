@@ -5,7 +5,7 @@ starts (frontend, engine core, workers). Idempotent; ``LENS_EVALS_DISABLE=1`` (o
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from lens_evals import settings
@@ -16,10 +16,11 @@ logger = logging.getLogger("lens_evals")
 DISABLE_SETTINGS = (settings.DISABLE, settings.VLLM_LENS_DISABLE)
 
 
-def disabled_by() -> str | None:
-    """The environment variable that turns the plugin off, if one does."""
+def disabled_by(env: Mapping[str, str] | None = None) -> str | None:
+    """The environment variable that turns the plugin off, if one does (in ``env``, default: this
+    process's environment)."""
     for setting in DISABLE_SETTINGS:
-        if setting.get():
+        if setting.get(env):
             return setting.name
     return None
 

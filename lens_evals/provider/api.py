@@ -28,7 +28,6 @@ from inspect_ai.model._providers.openai_compatible import OpenAICompatibleAPI  #
 
 from lens_evals import wire
 from lens_evals.provider import frames
-from lens_evals.provider.frames import frame_http_client
 from lens_evals.provider.logged_call import logged_extra_args, real_extra_args, split_xargs, wire_request
 from lens_evals.provider.lora_args import lora_server_args
 from lens_evals.provider.outputs import ACTIVATIONS_KEY, HOOK_RESULTS_KEY, PROMPT_TOKEN_IDS_KEY, TOKEN_IDS_KEY, decode_activations
@@ -98,7 +97,7 @@ class VLLMLensAPI(OpenAICompatibleAPI):
                 raise ValueError(f"model args {sorted(model_args)} configure a server we start; with base_url they have no effect")
             _check_reachable(base_url)
         # captures come as binary frames, read by this client (lens_evals.provider.frames)
-        self._frame_client = frame_http_client()
+        self._frame_client = frames.frame_http_client()
         super().__init__(
             model_name=model_name,
             base_url=base_url,
@@ -120,7 +119,7 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         if extra_args:
             xargs = dict(extra_body.get("vllm_xargs") or {})
             xargs.update(to_vllm_xargs(real_extra_args(extra_args)))
-            if self._frame_client is not None and self.http_client is self._frame_client:
+            if self.http_client is self._frame_client:  # (None: this Inspect cannot read frames)
                 xargs.setdefault(ENCODING_KEY, wire.SAFETENSORS_FRAME)  # no base64 either side; a JSON encoding asked for stays
             extra_body["vllm_xargs"], payloads = split_xargs(xargs)  # arrays as digests in the log
             _WIRE_PAYLOADS.set(payloads)

@@ -43,7 +43,7 @@ def take(value: Any) -> Any:
     try:
         return _waiting.pop(value[FRAME_REF])
     except KeyError:
-        raise RuntimeError(f"lens_evals: a frame's {ACTIVATIONS_KEY} were dropped before they were read") from None
+        raise RuntimeError(f"lens_evals: a frame's lens field was dropped before it was read (over {MAX_WAITING} waiting)") from None
 
 
 def frame_responses(inner: Any) -> Any:
