@@ -5,7 +5,7 @@ starts (frontend, engine core, workers). Idempotent; ``LENS_EVALS_DISABLE=1`` (o
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from lens_evals import settings
@@ -13,20 +13,8 @@ from lens_evals import settings
 logger = logging.getLogger("lens_evals")
 
 
-DISABLE_SETTINGS = (settings.DISABLE, settings.VLLM_LENS_DISABLE)
-
-
-def disabled_by(env: Mapping[str, str] | None = None) -> str | None:
-    """The environment variable that turns the plugin off, if one does (in ``env``, default: this
-    process's environment)."""
-    for setting in DISABLE_SETTINGS:
-        if setting.get(env):
-            return setting.name
-    return None
-
-
 def enabled() -> bool:
-    return disabled_by() is None
+    return settings.plugin_disabled_by() is None
 
 
 def register() -> None:
@@ -34,7 +22,7 @@ def register() -> None:
         # vLLM's API server sets the root logger to ERROR (its SageMaker logging module, unless
         # LOG_LEVEL says otherwise), which silenced our warnings there; a level set by the user stays
         logger.setLevel(logging.WARNING)
-    if (off := disabled_by()) is not None:
+    if (off := settings.plugin_disabled_by()) is not None:
         logger.info("lens_evals: disabled by %s", off)
         return
     from lens_evals.engine import compat, frontend_admit, frontend_attach, graph_taps, http_middleware, vllm_lens_api

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable, Mapping
 from importlib.metadata import entry_points
 
-from lens_evals.engine.plugin import disabled_by
+from lens_evals import settings
 
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "lens_evals"
@@ -46,7 +46,7 @@ def require_plugin(env: Mapping[str, str] | None = None) -> None:
     environment), would not load our plugin; nothing when the plugin is turned off on purpose
     (``LENS_EVALS_DISABLE``): then plain vLLM is what was asked for."""
     env = os.environ if env is None else env
-    if disabled_by(env) is not None:
+    if settings.plugin_disabled_by(env) is not None:
         return
     problem = plugin_load_problem(installed_plugins(), env.get("VLLM_PLUGINS"))
     if problem is not None:
