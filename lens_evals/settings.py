@@ -129,17 +129,6 @@ DISABLE = flag(
     "LENS_EVALS_DISABLE", False, "every process", "the plugin does nothing: vLLM runs as without it (lens keys are then unknown extra_args)"
 )
 VLLM_LENS_DISABLE = flag("VLLM_LENS_DISABLE", False, "every process", "vllm-lens's name for LENS_EVALS_DISABLE")
-
-
-def plugin_disabled_by(env: Mapping[str, str] | None = None) -> str | None:
-    """The environment variable that turns the plugin off, if one does (in ``env``, default: this
-    process's environment)."""
-    for setting in (DISABLE, VLLM_LENS_DISABLE):
-        if setting.get(env):
-            return setting.name
-    return None
-
-
 TRUST_ARCH = flag(
     "LENS_EVALS_TRUST_ARCH",
     False,

@@ -19,7 +19,7 @@ import zstandard
 from safetensors.torch import load as safetensors_load
 
 import lens_evals
-from lens_evals import settings, wire
+from lens_evals import wire
 from lens_evals.client import (
     decode_activations,
     deserialize_hook_results,
@@ -183,7 +183,7 @@ def test_hooks_by_name_only_over_json_and_root_exports() -> None:
 def test_vllm_lens_disable_is_honoured(monkeypatch) -> None:
     for value, on in [("1", False), ("true", False), ("on", False), ("0", True), ("", True)]:
         monkeypatch.setenv("VLLM_LENS_DISABLE", value)
-        assert plugin.enabled() is on and (settings.plugin_disabled_by() == "VLLM_LENS_DISABLE") is (not on)
+        assert plugin.enabled() is on and (plugin.disabled_by() == "VLLM_LENS_DISABLE") is (not on)
 
 
 # --------------------------------------------------------------------------- engine

@@ -22,6 +22,8 @@ from typing import Any
 
 import httpx
 
+from lens_evals.engine.plugin import require_plugin
+
 logger = logging.getLogger("lens_evals")
 _RUNNING: set[LensServer] = set()
 
@@ -89,8 +91,6 @@ class LensServer:
         ]
         self.env = {**os.environ, **(env or {})}
         self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-        from lens_evals.engine.compat.plugin_entry import require_plugin  # here: the provider imports without torch
-
         require_plugin(self.env)  # a server without it would answer lens requests as plain ones
         self.process: subprocess.Popen[bytes] | None = None
 
