@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from lens_evals.engine.plugin import require_plugin
+
 # The checkpoint's dtype, except float32 for the embedded models: the vllm-lens provider's server
 # uses float32 for them too, so probes trained here see the numbers they will score.
 EMBEDDED_DTYPE = "float32"
@@ -47,8 +49,6 @@ def open_offline_engine(model: str, *, kv_cache_gib: int = KV_CACHE_GIB, in_proc
     """A ``vllm.LLM`` with :func:`offline_engine_args`. ``kv_cache_gib`` and ``in_process`` (no
     engine-core process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) are set in the environment unless
     it already sets them. Refuses (``PluginNotLoadable``) when vLLM would not load our plugin."""
-    from lens_evals.engine.plugin import require_plugin
-
     require_plugin()  # else lens requests would come back without activations, and nothing would say why
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     if in_process:
