@@ -162,6 +162,14 @@ MAX_HELD_CAPTURE_GIB = number(
     "worker",
     "captured rows a worker holds for all requests until fetched; requests past it fail",
 )
+DEVICE_BUDGET_MIB = number(
+    "LENS_EVALS_DEVICE_BUDGET_MIB",
+    1024.0,
+    "MiB",
+    "frontend, worker",
+    "device memory lens requests in flight may hold (a step's capture rows, vectors, probes, hook results), charged at "
+    "admission: past it a request gets HTTP 429; on a GPU taken out of vLLM's KV cache when the engine starts",
+)
 MAX_SAVED_MIB = number(
     "LENS_EVALS_MAX_SAVED_MIB", 256.0, "MiB", "worker", "what one request's hooks save (their JSON size); past it the request fails"
 )
@@ -322,6 +330,7 @@ ALL: tuple[Setting[Any], ...] = (
     TIMING,
     MAX_CAPTURE_GIB,
     MAX_HELD_CAPTURE_GIB,
+    DEVICE_BUDGET_MIB,
     MAX_SAVED_MIB,
     MAX_HOOK_SETS,
     MAX_HOOK_SET_MIB,

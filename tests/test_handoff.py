@@ -376,11 +376,11 @@ def test_a_request_cancelled_during_its_fetch_still_frees_its_pool_regions(tmp_p
     from types import SimpleNamespace
 
     from lens_evals.engine import frontend_attach
-    from lens_evals.engine.frontend_admit import PendingRequest, pending_of
+    from lens_evals.engine.frontend_admit import PendingRequest, ServedCall, pending_of
 
     worker = handoff_pool.SharedPool(str(tmp_path), HandoffTarget._current.marker)
     processor = type("Processor", (), {})()
-    pending_of(processor)["r"] = PendingRequest(key="k", capture_layers=(0, 1), probe_names=(), prompt_len=2)
+    pending_of(processor).admit(PendingRequest(key="k", capture_layers=(0, 1), probe_names=(), prompt_len=2))
     monkeypatch.setattr(frontend_attach.compat, "input_processor", lambda engine: processor)
     written: list[dict] = []
 
@@ -393,7 +393,7 @@ def test_a_request_cancelled_during_its_fetch_still_frees_its_pool_regions(tmp_p
     monkeypatch.setattr(frontend_attach.compat, "async_collective_rpc", fetch_rpc)
 
     async def client_goes() -> None:
-        request = asyncio.ensure_future(frontend_attach.attach_async(object(), SimpleNamespace(request_id="r"), 5))
+        request = asyncio.ensure_future(frontend_attach.attach_async(object(), SimpleNamespace(request_id="r"), 5, ServedCall("r", "k")))
         for _ in range(1000):
             if written or request.done():
                 break

@@ -17,7 +17,7 @@ import torch
 
 from lens_evals.engine import compat, timing
 from lens_evals.engine.fetch_batch import batcher_of
-from lens_evals.engine.frontend_admit import PendingRequest, pending_of
+from lens_evals.engine.frontend_admit import PendingRequest, ServedCall, pending_of
 from lens_evals.engine.frontend_hooks import forget_local, union_of
 from lens_evals.engine.frontend_rows import decode_saved, merge_rank_results
 from lens_evals.engine.handoff import HandoffTarget, claim_all
@@ -161,7 +161,7 @@ async def _release_async(engine: Any, source: int) -> None:
 def attach_offline(llm: Any, outputs: list[Any]) -> None:
     processor = compat.input_processor(llm.llm_engine)
     registry = pending_of(processor)
-    pending = {o.request_id: registry.pop(o.request_id) for o in outputs if o.request_id in registry}
+    pending = {o.request_id: found for o in outputs if (found := registry.take_offline(o.request_id)) is not None}
     if not pending:
         return
     with timing.phase("fetch: worker round trip"):
@@ -180,9 +180,9 @@ def attach_offline(llm: Any, outputs: list[Any]) -> None:
         raise LensRequestError("; ".join(errors), outputs)
 
 
-async def attach_async(engine: Any, output: Any, generated: int) -> None:
+async def attach_async(engine: Any, output: Any, generated: int, call: ServedCall) -> None:
     processor = compat.input_processor(engine)
-    pending = pending_of(processor).pop(output.request_id, None)
+    pending = call.take(pending_of(processor))
     if pending is None:
         return
     rank_results = await batcher_of(engine, processor).fetch(pending.key)  # claimed even if this request is cancelled
@@ -198,16 +198,16 @@ def discard_offline(engine: Any, request_ids: list[str]) -> None:
     """Requests aborted offline (e.g. an ``LLM.generate`` refused part-way: vLLM aborts those it
     had added): forget them here (their hooks' callables too) and release their worker rows."""
     registry = pending_of(compat.input_processor(engine))
-    dropped = [registry.pop(request_id) for request_id in request_ids if request_id in registry]
+    dropped = [found for request_id in request_ids if (found := registry.take_offline(request_id)) is not None]
     for pending in dropped:
         forget_local(list(pending.local_ids))
     if dropped:
         compat.offline_collective_rpc(engine, FETCH_METHOD, ([pending.key for pending in dropped], None))  # rows inline, dropped
 
 
-async def discard_async(engine: Any, request_id: str) -> None:
+async def discard_async(engine: Any, call: ServedCall) -> None:
     """A request ended without a final output (abort, disconnect): release its worker rows."""
-    pending = pending_of(compat.input_processor(engine)).pop(request_id, None)
+    pending = call.take(pending_of(compat.input_processor(engine)))
     if pending is not None:
         forget_local(list(pending.local_ids))
         await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key], None))  # rows inline, dropped

@@ -148,11 +148,24 @@ class LensResponseMiddleware:
 DONE = b"data: [DONE]"
 
 
+def _done_event_at(body: bytes) -> int:
+    """Where the stream's closing ``data: [DONE]`` event starts in ``body``, or -1. Only a whole
+    event counts: one at the body's start or after an event's blank line, ending the body or
+    followed by its own. The same bytes inside a chunk's JSON (generated or echoed text) are
+    never an event boundary: JSON escapes newlines, so an event's text holds no blank line."""
+    start = 0
+    for event in body.split(b"\n\n"):
+        if event.strip(b"\r\n") == DONE:
+            return start + (len(event) - len(event.lstrip(b"\r\n")))
+        start += len(event) + 2
+    return -1
+
+
 def _stream_chunk(body: bytes, sink: list[HttpResult]) -> bytes:
-    """A stream's body: before ``data: [DONE]`` goes one more event with the requests'
-    ``activations`` / ``hook_results`` (or the lens error)."""
-    at = body.find(DONE)
-    if at < 0 or not sink:
+    """A stream's body: before the ``data: [DONE]`` event goes one more event with the
+    requests' ``activations`` / ``hook_results`` (or the lens error)."""
+    at = _done_event_at(body) if sink else -1
+    if at < 0:
         return body
     results = list(sink)
     sink.clear()

@@ -74,6 +74,10 @@ class WorkerRequest:
         self.hooked_until = first_position + num_rows
         return None
 
+    def saved_bytes(self) -> int:
+        """Bytes of the arrays its hooks hold (``saved`` and a hook set's)."""
+        return _array_bytes(self.saved) + _array_bytes(self.set_saved)
+
     def saved_over(self, limit: int) -> str | None:
         """The error text when the arrays the hooks hold already pass ``limit`` (bytes): their
         encoded form (base64, 4/3 of the bytes or more) would pass LENS_EVALS_MAX_SAVED_MIB at

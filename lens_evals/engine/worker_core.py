@@ -20,6 +20,7 @@ from lens_evals.engine.ledger import RequestLedger
 from lens_evals.engine.plan import StepPlan
 from lens_evals.engine.planners import StepPlanner
 from lens_evals.engine.protocol import FetchResult
+from lens_evals.engine.requests import WorkerRequest
 from lens_evals.engine.results import RowPart, TakenResult, write_results
 from lens_evals.engine.step_stores import StepStores
 from lens_evals.engine.taps import StepContext
@@ -97,6 +98,7 @@ class WorkerCore:
         self.planner = StepPlanner(device, dtype, capture_here, local_layers)
         self.stores = StepStores(settings.MAX_HELD_CAPTURE_GIB.in_bytes(), host_copier(device))
         max_saved_chars = settings.MAX_SAVED_MIB.in_bytes()
+        self.device_budget = settings.DEVICE_BUDGET_MIB.in_bytes()
         self.fetch = Fetch(self.ledger, self.stores, capture_here, local_layers, max_saved_chars)
         self.early = EarlyWrites(self.stores)
 
@@ -113,15 +115,38 @@ class WorkerCore:
     def plan_step(self, layout: compat.BatchLayout, input_ids: torch.Tensor | None) -> StepPlan | None:
         """The step's plan (None: no lens request in it), reused from the last step when it can be."""
         requests = self.ledger.requests
+        hooked = False
         for req_id, num_rows, first_position in zip(layout.req_ids, layout.num_rows, layout.start_positions):
             req = requests.get(req_id)
             if req is not None and num_rows and (req.hooks or req.set_hooks):
-                error = req.hook_rows(first_position, num_rows) or req.saved_over(self.fetch.max_saved_chars)
-                if error is not None and not self.ledger.has_failed(req.key):
-                    self.ledger.fail_key(req.key, error)
-                    req.saved.clear()  # its device memory back now
-                    req.set_saved.clear()
+                hooked = True
+                self._fail_hooked(req, req.hook_rows(first_position, num_rows) or req.saved_over(self.fetch.max_saved_chars))
+        if hooked:
+            self._bound_saved_in_flight()
         return self.planner.plan(layout, self.ledger.requests, input_ids, set(self.ledger.errors))
+
+    def _fail_hooked(self, req: WorkerRequest, error: str | None) -> None:
+        if error is not None and not self.ledger.has_failed(req.key):
+            self.ledger.fail_key(req.key, error)
+            req.saved.clear()  # its device memory back now
+            req.set_saved.clear()
+
+    def _bound_saved_in_flight(self) -> None:
+        """What the hooks of every request in flight hold stays within the lens device budget
+        (``LENS_EVALS_DEVICE_BUDGET_MIB``): past it, the requests admitted last fail, oldest kept."""
+        total = 0
+        for req in list(self.ledger.requests.values()):
+            if req is None or not (req.hooks or req.set_hooks) or self.ledger.has_failed(req.key):
+                continue
+            total += (held := req.saved_bytes())
+            if total > self.device_budget:
+                total -= held
+                self._fail_hooked(
+                    req,
+                    f"the hooks of the requests in flight would hold {(total + held) / 2**20:.1f} MiB on the device, over the "
+                    f"lens budget of {self.device_budget / 2**20:.1f} MiB (LENS_EVALS_DEVICE_BUDGET_MIB); this request's "
+                    f"{held / 2**20:.1f} MiB were dropped: save less per request or send fewer such requests at once",
+                )
 
     def begin_step(self, plan: StepPlan, hook_context: Callable[[HookCall, int], HookContext] = _no_hook_context) -> StepContext:
         """What the taps get for this step (see ``taps.StepContext``)."""

@@ -28,6 +28,24 @@ def model_shape(vllm_config: Any) -> ModelShape:
     )
 
 
+def step_limits(vllm_config: Any) -> tuple[int, int]:
+    """(bytes per activation element in the model's dtype, the most tokens one step runs)."""
+    dtype = vllm_config.model_config.dtype
+    return int(getattr(dtype, "itemsize", 4)), int(vllm_config.scheduler_config.max_num_batched_tokens)
+
+
+def _http_error(message: str, status: int) -> Exception:
+    """An error vLLM's server answers with ``status`` (vLLM 0.32's GracefulHTTPError); a client
+    error (400) on a vLLM without it."""
+    try:
+        from vllm.exceptions import GracefulHTTPError
+    except ImportError:
+        return _client_error_class()(message)
+    from http import HTTPStatus
+
+    return GracefulHTTPError(message, HTTPStatus(status))
+
+
 def _client_error_class() -> type[ValueError]:
     """A ValueError that vLLM's server maps to HTTP 400 (0.32 only passes VLLMClientError
     through AsyncLLM.generate; other exceptions become a bare 500)."""
@@ -45,7 +63,8 @@ def _client_error_class() -> type[ValueError]:
 def patch_input_processor(on_request: Callable[[Any, str, Any], None]) -> None:
     """Call ``on_request(input_processor, external_request_id, engine_core_request)`` for
     every new request, after vLLM's own processing and before the request id is rewritten.
-    ``on_request`` may raise ValueError: vLLM turns it into an HTTP 400 / offline error."""
+    ``on_request`` may raise ValueError: vLLM turns it into an HTTP 400 / offline error; a
+    RuntimeError with an ``http_status`` attribute is answered with that status."""
     from vllm.v1.engine import input_processor as ip_module
 
     cls = ip_module.InputProcessor  # 0.26 and 0.32
@@ -61,11 +80,40 @@ def patch_input_processor(on_request: Callable[[Any, str, Any], None]) -> None:
                 if isinstance(exc, error_class):
                     raise
                 raise error_class(str(exc)) from None
+            except RuntimeError as exc:  # ours that name an HTTP status (the lens budget: 429)
+                if (status := getattr(exc, "http_status", None)) is None:
+                    raise
+                raise _http_error(str(exc), status) from None
             return request
 
         return process_inputs
 
     _patch(cls, "process_inputs", make)
+
+
+def patch_request_id_assignment(on_assigned: Callable[[Any, Any], None]) -> None:
+    """Call ``on_assigned(input_processor, engine_core_request)`` once vLLM has given a new
+    request its engine-unique id (``request.request_id``; the client's stays in
+    ``request.external_req_id``): clients may repeat their ids, the engine's are unique.
+    ``on_assigned`` may raise ValueError: vLLM turns it into an HTTP 400 / offline error."""
+    from vllm.v1.engine import input_processor as ip_module
+
+    cls = ip_module.InputProcessor  # a staticmethod there, always called on the instance
+    error_class = _client_error_class()
+
+    def make(original: Method) -> Method:
+        def assign_request_id(self: Any, request: Any) -> None:
+            original(request)
+            try:
+                on_assigned(self, request)
+            except ValueError as exc:
+                if isinstance(exc, error_class):
+                    raise
+                raise error_class(str(exc)) from None
+
+        return assign_request_id
+
+    _patch(cls, "assign_request_id", make)
 
 
 def request_sampling_params(request: Any) -> Any:
@@ -173,11 +221,15 @@ def _shut_down_open_engines() -> None:
             logger.warning("lens_evals: shutting down an engine at exit failed: %s", exc)
 
 
-def patch_async_results(attach: Callable[[Any, Any, int], Any], discard: Callable[[Any, str], Any]) -> None:
-    """Wrap ``AsyncLLM.generate``: ``await attach(engine, output, generated)`` on the final
-    output of a request (``generated``: its number of generated tokens, counted over the stream
-    when the outputs are deltas); ``await discard(engine, request_id)`` when a request ends
-    without one."""
+def patch_async_results(
+    open_call: Callable[[str], Any], attach: Callable[[Any, Any, int, Any], Any], discard: Callable[[Any, Any], Any]
+) -> None:
+    """Wrap ``AsyncLLM.generate``: ``call = open_call(request_id)`` before the request is added,
+    in this call's context (so the request vLLM adds for it can be bound to this call and to no
+    other call with the same client id); ``await attach(engine, output, generated, call)`` on
+    the final output
+    (``generated``: its number of generated tokens, counted over the stream when the outputs are
+    deltas); ``await discard(engine, call)`` when the request ends without one."""
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -186,17 +238,18 @@ def patch_async_results(attach: Callable[[Any, Any, int], Any], discard: Callabl
             delivered = False
             delta = getattr(sampling_params, "output_kind", None) == RequestOutputKind.DELTA
             generated = 0
+            call = open_call(request_id)
             try:
                 async for output in original(self, prompt, sampling_params, request_id, *args, **kwargs):
                     tokens = len(output.outputs[0].token_ids) if output.outputs else 0
                     generated = generated + tokens if delta else tokens
                     if output.finished:
-                        await attach(self, output, generated)
+                        await attach(self, output, generated, call)
                         delivered = True
                     yield output
             finally:
                 if not delivered:
-                    await discard(self, request_id)
+                    await discard(self, call)
 
         return generate
 

@@ -1,0 +1,101 @@
+"""The lens device budget (``LENS_EVALS_DEVICE_BUDGET_MIB``): what lens requests in flight may
+hold on the device. A request that alone passes it is a 400 saying what to lower; one that does
+not fit beside those in flight is a 429 (retry), never reaching a step; the charges go when the
+requests end, so the same request is served afterwards. What hooks save grows as requests run:
+the worker bounds its total over the requests in flight by the same budget, failing the requests
+admitted last with a clear error while the others finish. Plain requests are never charged."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import torch
+
+from lens_evals.client import activations_from_response, lens_xargs
+from lens_evals.engine import compat
+from lens_evals.engine.frontend_admit import pending_of
+from lens_evals.hooks import Hook
+from tests.conftest import TINY_PROMPTS, capture, greedy, lens_server
+from tests.tolerance import assert_stream_close
+
+HIDDEN, ACT = 128, 4  # the tiny Llama in fp32
+LAYERS = [0, 1, 2, 3]
+MAX_TOKENS = 48
+PROMPT = TINY_PROMPTS[2]
+
+
+def capture_bytes(positions: int, layers: int) -> int:
+    return positions * layers * HIDDEN * ACT
+
+
+def test_a_request_over_the_whole_budget_is_refused_saying_what_to_lower(llm, monkeypatch) -> None:
+    n_prompt = len(llm.get_tokenizer()(PROMPT)["input_ids"])
+    need = capture_bytes(n_prompt + MAX_TOKENS - 1, len(LAYERS))
+    monkeypatch.setenv("LENS_EVALS_DEVICE_BUDGET_MIB", str((need - 1) / 2**20))
+    with pytest.raises(ValueError, match=r"over the lens budget of .* MiB \(LENS_EVALS_DEVICE_BUDGET_MIB\): capture fewer layers"):
+        llm.generate([PROMPT], greedy(MAX_TOKENS, output_residual_stream=LAYERS))
+    monkeypatch.setenv("LENS_EVALS_DEVICE_BUDGET_MIB", str((need + 1) / 2**20))
+    out = llm.generate([PROMPT], greedy(MAX_TOKENS, output_residual_stream=LAYERS))[0]
+    assert capture(out).shape == (len(LAYERS), n_prompt + MAX_TOKENS - 1, HIDDEN)
+    assert pending_of(compat.input_processor(llm.llm_engine)).budget.in_use() == 0, "the charge outlived its request"
+
+
+def test_requests_past_the_budget_together_get_429_the_rest_equal_their_solo_runs(tiny_path) -> None:
+    """Eight captures at once against a budget that holds about two: at least one 429 naming the
+    budget, every 200 equal to the request run alone, plain requests all served; afterwards the
+    budget is free again (the same capture served alone)."""
+    n_prompt = 13  # the prompt's tokens on the tiny Llama (checked below)
+    one = capture_bytes(n_prompt + MAX_TOKENS - 1, len(LAYERS))
+    env = {"LENS_EVALS_DEVICE_BUDGET_MIB": str(2.5 * one / 2**20)}
+    body = {"model": "test", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+    with lens_server(tiny_path, env=env) as server:
+
+        def post(lens: bool) -> requests.Response:
+            payload = {**body, "vllm_xargs": lens_xargs(LAYERS)} if lens else body
+            return requests.post(f"{server.url}/v1/completions", json=payload, timeout=300)
+
+        alone = post(True)
+        assert alone.status_code == 200, alone.text
+        reference = torch.from_numpy(np.asarray(activations_from_response(alone.json())["residual_stream"]))
+        assert reference.shape[1] == n_prompt + MAX_TOKENS - 1
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            answers = list(pool.map(post, [True] * 8 + [False] * 4))
+        lens_answers, plain = answers[:8], answers[8:]
+        assert all(resp.status_code == 200 for resp in plain), [resp.text for resp in plain]
+        refused = [resp for resp in lens_answers if resp.status_code == 429]
+        assert refused, "no request was refused though eight captures of ~2.5 budgets' worth came at once"
+        assert all("LENS_EVALS_DEVICE_BUDGET_MIB" in resp.json()["error"]["message"] for resp in refused)
+        served = [resp for resp in lens_answers if resp.status_code == 200]
+        assert served and len(served) + len(refused) == 8, [resp.status_code for resp in lens_answers]
+        for resp in served:
+            got = torch.from_numpy(np.asarray(activations_from_response(resp.json())["residual_stream"]))
+            assert_stream_close(got, reference, "a capture served beside refused ones vs alone")
+        again = post(True)
+        assert again.status_code == 200, "the charges of finished requests were not given back: " + again.text
+
+
+def test_hook_results_past_the_budget_fail_the_requests_admitted_last(tiny_path) -> None:
+    """``record`` keeps every hooked row on the device until the fetch. With a budget for about
+    three requests' rows, six at once: the first ones finish with their rows, the later ones fail
+    with the budget's message, and a request afterwards is served (nothing left held)."""
+    n_prompt = 13
+    rows = (n_prompt + MAX_TOKENS - 1) * HIDDEN * ACT * 2  # the rows and their positions' ids, generously
+    env = {"LENS_EVALS_DEVICE_BUDGET_MIB": str(3 * rows / 2**20)}
+    payload: dict[str, Any] = {"model": "test", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+    payload["vllm_xargs"] = lens_xargs(hooks=[Hook("record", [1])])
+    with lens_server(tiny_path, env=env) as server:
+
+        def post(_: int) -> requests.Response:
+            return requests.post(f"{server.url}/v1/completions", json=payload, timeout=300)
+
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            answers = list(pool.map(post, range(6)))
+        codes = [resp.status_code for resp in answers]
+        failed = [resp for resp in answers if resp.status_code != 200]
+        assert failed and len(failed) < 6, codes
+        assert all("LENS_EVALS_DEVICE_BUDGET_MIB" in resp.text for resp in failed), [resp.text[:300] for resp in failed]
+        assert post(0).status_code == 200
