@@ -160,7 +160,9 @@ MAX_HELD_CAPTURE_GIB = number(
     8.0,
     "GiB",
     "worker",
-    "captured rows a worker holds for all requests until fetched; requests past it fail",
+    "captured rows a worker holds for all requests until fetched (rows in the hand-off pool do not count; "
+    "the worker waits for rows being written there); past it the oldest unfetched captures are dropped, "
+    "then requests in flight fail, with an error naming this bound",
 )
 MAX_SAVED_MIB = number(
     "LENS_EVALS_MAX_SAVED_MIB", 256.0, "MiB", "worker", "what one request's hooks save (their JSON size); past it the request fails"
