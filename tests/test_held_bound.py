@@ -1,7 +1,7 @@
 """The worker's bound on captured rows held until fetched (``LENS_EVALS_MAX_HELD_CAPTURE_GIB``,
 issue #47): rows on their way to the frontend's pool are waited for, not dropped; a capture that
 cannot fit fails with an error naming the bound, its bytes and the variable, while the other
-requests of the call keep their captures."""
+requests of the call keep their captures; the default follows the host's memory."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from lens_evals import settings
 from lens_evals.engine.frontend_rows import result_tensors
 from lens_evals.engine.handoff import claim_all
 from tests.conftest import TINY_PROMPTS, capture, greedy, make_llm
@@ -85,3 +86,15 @@ def test_rows_being_written_into_the_pool_are_waited_for_not_dropped(target) -> 
     for key, rows in (want | {"k3": (hidden + residual)[None]}).items():
         assert reply[key] is not None and "error" not in reply[key], (key, reply[key])
         assert torch.equal(result_tensors(reply[key])["residual_stream"], rows), key
+
+
+def test_the_default_bound_is_a_quarter_of_the_host_memory(monkeypatch) -> None:
+    """Hand-computed: a 128 GB host (issue #47's H100) holds 32 GB, so its 11 GB capture fits; a
+    24 GiB host keeps the 8 GiB floor; a host whose memory cannot be read, 8 GiB. The variable
+    still wins."""
+    monkeypatch.delenv("LENS_EVALS_MAX_HELD_CAPTURE_GIB", raising=False)
+    for memory, held in ((128 * 10**9, 32 * 10**9), (24 * 2**30, 8 * 2**30), (None, 8 * 2**30)):
+        monkeypatch.setattr(settings, "host_memory_bytes", lambda memory=memory: memory)
+        assert settings.MAX_HELD_CAPTURE_GIB.in_bytes() == held, memory
+    monkeypatch.setenv("LENS_EVALS_MAX_HELD_CAPTURE_GIB", "2")
+    assert settings.MAX_HELD_CAPTURE_GIB.in_bytes() == 2 * 2**30

@@ -159,7 +159,7 @@ class WorkerCore:
         return (
             f"{what}: the worker held {self.held_bytes / 2**30:.3g} GiB of captured rows not yet fetched, over "
             f"{settings.MAX_HELD_CAPTURE_GIB.name} ({bound / 2**30:.3g} GiB = {bound} bytes); raise it in the engine's "
-            "environment, or capture fewer layers or prompts per call"
+            "environment (default a quarter of the host's memory), or capture fewer layers or prompts per call"
         )
 
     # ----------------------------------------------------------------- finishing and fetching
