@@ -155,13 +155,6 @@ MAX_CAPTURE_GIB = number(
     "frontend",
     "one request's capture (layers x positions x hidden x 4 bytes); larger is refused (400)",
 )
-MAX_HELD_CAPTURE_GIB = number(
-    "LENS_EVALS_MAX_HELD_CAPTURE_GIB",
-    8.0,
-    "GiB",
-    "worker",
-    "captured rows a worker holds for all requests until fetched; requests past it fail",
-)
 DEVICE_BUDGET_MIB = number(
     "LENS_EVALS_DEVICE_BUDGET_MIB",
     1024.0,
@@ -232,14 +225,41 @@ def host_memory_bytes() -> int | None:
     return total
 
 
+def _quarter_of_host(floor: float, unit: str) -> float:
+    """A quarter of the host's memory in ``unit``, at least ``floor``."""
+    memory = host_memory_bytes()
+    return floor if memory is None else max(floor, memory / 4 / UNIT_BYTES[unit])
+
+
 def _pool_default_mib() -> float:
     """A quarter of the host's memory, at least :data:`POOL_FLOOR_MIB`: a loop of calls whose
     captures the caller holds one at a time needs two calls' rows in the pool (issue #21: 22 GB
     for 8 layers of the 1,000-prompt prefill capture of an 8B model, on a 126 GiB host)."""
-    memory = host_memory_bytes()
-    return POOL_FLOOR_MIB if memory is None else max(POOL_FLOOR_MIB, memory / 4 / 2**20)
+    return _quarter_of_host(POOL_FLOOR_MIB, "MiB")
 
 
+HELD_FLOOR_GIB = 8.0
+
+
+def _held_default_gib() -> float:
+    """A quarter of the host's memory, at least :data:`HELD_FLOOR_GIB`: an offline call holds
+    every request's rows the pool does not take until its one fetch, and a fixed 8 GiB dropped
+    most of an 11 GB capture of 8 layers on a 128 GB host (issue #47)."""
+    return _quarter_of_host(HELD_FLOOR_GIB, "GiB")
+
+
+MAX_HELD_CAPTURE_GIB = Setting(
+    "LENS_EVALS_MAX_HELD_CAPTURE_GIB",
+    "number",
+    _number,
+    _held_default_gib,
+    "a quarter of the host's memory, at least 8",
+    "GiB",
+    "worker",
+    "captured rows a worker holds for all requests until fetched (rows in the hand-off pool do not count; "
+    "the worker waits for rows being written there); past it the oldest unfetched captures are dropped, "
+    "then requests in flight fail, with an error naming this bound",
+)
 HANDOFF_POOL_MIB = Setting(
     "LENS_EVALS_HANDOFF_POOL_MIB",
     "number",

@@ -331,7 +331,7 @@ def test_rows_written_early_for_an_aborted_or_dropped_request_free_their_region(
 
 def test_a_request_dropped_for_the_memory_bound_frees_its_pool_region(target, monkeypatch) -> None:
     """Its capture in the pool, its probe scores (below the hand-off's minimum) held for the
-    fetch: dropped for the memory bound, the region is free again and nothing comes back."""
+    fetch: dropped for the memory bound, the region is free again and its fetch gets an error."""
     from lens_evals.engine.compat import BatchLayout
 
     monkeypatch.setenv(handoff.MIN_BYTES_ENV, "1000")  # captures (4,800 bytes) go to the pool, scores (16) wait
@@ -344,7 +344,7 @@ def test_a_request_dropped_for_the_memory_bound_frees_its_pool_region(target, mo
     core.stores.max_held_bytes = 0
     core.store_step(core.begin_step(core.plan_step(BatchLayout(["r1"], [1], [4]), None)))  # a step of r1 only
     assert "k0" not in core.early.entries and sum(len(s.used) for s in pool.segments.values()) == 0
-    assert core.fetch_results(["k0"], sent()) == {"k0": None}
+    assert "dropped before it was fetched" in core.fetch_results(["k0"], sent())["k0"]["error"]  # and says why
 
 
 def test_a_frontend_in_this_process_gets_inline_bytes_early_counted_until_fetched(target) -> None:
@@ -364,7 +364,7 @@ def test_a_frontend_in_this_process_gets_inline_bytes_early_counted_until_fetche
     core.stores.max_held_bytes = core.held_bytes - 1  # k0's bytes are over the bound now
     core.store_step(core.begin_step(core.plan_step(BatchLayout(["r2"], [1], [4]), None)))
     assert "k0" not in core.early.entries and core.early.inline_bytes == 0
-    assert core.fetch_results(["k0"], None) == {"k0": None}  # dropped: nothing comes back
+    assert "LENS_EVALS_MAX_HELD_CAPTURE_GIB" in core.fetch_results(["k0"], None)["k0"]["error"]  # dropped: no rows, the bound named
 
 
 def test_a_request_cancelled_during_its_fetch_still_frees_its_pool_regions(tmp_path, target, monkeypatch) -> None:

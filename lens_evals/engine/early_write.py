@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict, deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -76,11 +77,21 @@ class EarlyWrites:
         if not taken.parts:
             self.written += 1
 
-    def reap(self) -> None:
+    def reap(self, wait_while: Callable[[], bool] | None = None) -> None:
         """Give back the pieces of the entries written since the last reap whose rows are all
-        written (worker's main thread; what is left of the others is written by the fetch)."""
-        while self._writing and self._writing[0].done.done():
-            entry = self._writing.popleft()
+        written (worker's main thread; what is left of the others is written by the fetch).
+        ``wait_while``: while it holds (the memory bound is exceeded), wait for the writes still
+        running rather than stop at the first: rows on their way to the frontend's pool are not
+        worth dropping (issue #47: a writer behind the steps had every request after the 347th
+        of an 11 GB capture dropped at an 8 GiB bound)."""
+        while self._writing:
+            entry = self._writing[0]
+            if not entry.done.done():
+                if wait_while is None or not wait_while():
+                    return
+                with timing.phase("early: wait for the writer (memory bound)"):
+                    wait([entry.done])
+            self._writing.popleft()
             if entry.gone:
                 continue
             if entry.done.exception() is not None or not entry.taken.parts:

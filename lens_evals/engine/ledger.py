@@ -9,6 +9,8 @@ from collections import OrderedDict
 
 from lens_evals.engine.requests import WorkerRequest
 
+MAX_DROPPED = 65536  # dropped keys whose error a later fetch still gets (one message string per drop)
+
 
 class RequestLedger:
     def __init__(self) -> None:
@@ -18,6 +20,7 @@ class RequestLedger:
         self.errors: dict[str, str] = {}  # lens key -> the first error
         self.fetched: set[str] = set()  # fetched before vLLM finished them
         self.finished_unfetched: OrderedDict[str, float] = OrderedDict()  # key -> when it finished
+        self.dropped: OrderedDict[str, str] = OrderedDict()  # key -> why its rows were dropped unfetched
 
     def known(self, req_id: str) -> bool:
         return req_id in self.requests
@@ -68,9 +71,15 @@ class RequestLedger:
         self.finished_unfetched[key] = time.monotonic()
         return None
 
-    def forget(self, key: str) -> None:
+    def forget(self, key: str, dropped: str | None = None) -> None:
+        """Forget ``key``; ``dropped``: its rows were dropped before it was fetched, and this is
+        what its fetch says (the last :data:`MAX_DROPPED` such keys are remembered)."""
         self.by_key.pop(key, None)
         self.errors.pop(key, None)
+        if dropped is not None:
+            self.dropped[key] = dropped
+            if len(self.dropped) > MAX_DROPPED:
+                self.dropped.popitem(last=False)
 
     def oldest_unfetched(self) -> str | None:
         """The key that finished longest ago and was not fetched, taken off the ledger's queue."""
@@ -81,6 +90,9 @@ class RequestLedger:
     def take(self, key: str) -> tuple[WorkerRequest | None, str | None]:
         """A fetch of ``key``: its request (None if unknown here) and its error; a request still
         running is remembered as fetched (its later rows are not kept)."""
+        dropped = self.dropped.pop(key, None)
+        if dropped is not None:
+            return None, dropped
         error = self.errors.get(key)
         req = self.by_key.pop(key, None)
         if key in self.finished_unfetched:

@@ -160,15 +160,32 @@ class WorkerCore:
             self._enforce_memory_bound()
 
     def _enforce_memory_bound(self) -> None:
+        """Over the bound: wait for the rows being written for the frontend first (they leave
+        when written into its pool), then drop the oldest finished but unfetched captures, then
+        fail the requests in flight; each of those gets an error naming the bound and the bytes."""
         self.early.reap()
+        if not self._over_bound():
+            return
+        self.early.reap(wait_while=self._over_bound)
+        message: str | None = None
         while self._over_bound() and (key := self.ledger.oldest_unfetched() or self.early.drop_oldest()) is not None:
-            logger.warning("lens_evals: dropping unfetched capture %s to stay under the host memory bound", key)
-            self._drop(key)
+            message = message or self._bound_message("its capture was dropped before it was fetched")
+            logger.warning("lens_evals: dropping unfetched capture %s: %s", key, message)
+            self._drop(key, message)
         if self.stores.over_bound():
             keys = list(self.stores.keys())
-            self.ledger.fail_keys(keys, "worker capture memory bound exceeded (LENS_EVALS_MAX_HELD_CAPTURE_GIB)")
+            self.ledger.fail_keys(keys, self._bound_message("it failed while running"))
             for key in keys:
                 self.stores.release(key)
+
+    def _bound_message(self, what: str) -> str:
+        """Why a request lost its capture to the memory bound, and what to change."""
+        bound = self.stores.max_held_bytes
+        return (
+            f"{what}: the worker held {self.held_bytes / 2**30:.3g} GiB of captured rows not yet fetched, over "
+            f"{settings.MAX_HELD_CAPTURE_GIB.name} ({bound / 2**30:.3g} GiB = {bound} bytes); raise it in the engine's "
+            "environment (default a quarter of the host's memory), or capture fewer layers or prompts per call"
+        )
 
     # ----------------------------------------------------------------- finishing and fetching
     def finish(self, req_id: str) -> None:
@@ -186,9 +203,10 @@ class WorkerCore:
             if sink is not None:
                 self.early.submit(req.key, self.fetch.take(req.key, hold=True), sink, req.handoff)
 
-    def _drop(self, key: str) -> None:
+    def _drop(self, key: str, dropped: str | None = None) -> None:
+        """Forget ``key`` (``dropped``: unfetched, and what its fetch will say)."""
         self.stores.release(key)
-        self.ledger.forget(key)
+        self.ledger.forget(key, dropped)
 
     def take_result(self, key: str, target: dict[str, Any] | None = None) -> TakenResult:
         """Release one request (see ``Fetch.take``), or take what was written of it early for

@@ -5,12 +5,13 @@ patch points (request validation, offline/async result delivery, the model runne
 forward, the HTTP app) and accessors (the batch layout, a request's extra args, the
 decoder layers, parallel ranks). A vLLM upgrade should only need edits here.
 
-This package splits them by side (``frontend``, ``rpc``, ``worker``, ``lora``) and keeps the
+This package splits them by side (``admission``, ``frontend``, ``rpc``, ``worker``, ``lora``) and keeps the
 per-architecture knowledge (``architectures``: how each decoder-layer class carries the stream); everything is re-exported
 here, so callers use ``compat.<name>``.
 """
 
 from lens_evals.engine.compat._base import *  # noqa: F401,F403
+from lens_evals.engine.compat.admission import *  # noqa: F401,F403
 from lens_evals.engine.compat.architectures import *  # noqa: F401,F403
 from lens_evals.engine.compat.frontend import *  # noqa: F401,F403
 from lens_evals.engine.compat.lora import *  # noqa: F401,F403
