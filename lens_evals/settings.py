@@ -157,7 +157,7 @@ MAX_CAPTURE_GIB = number(
 )
 DEVICE_BUDGET_MIB = number(
     "LENS_EVALS_DEVICE_BUDGET_MIB",
-    1024.0,
+    4096.0,
     "MiB",
     "frontend, worker",
     "device memory lens requests in flight may hold (a step's capture rows, vectors, probes, hook results), charged at "
