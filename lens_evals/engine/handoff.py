@@ -21,7 +21,6 @@ frontend that died without its exit handlers.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
 import re
@@ -32,7 +31,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lens_evals import settings
-from lens_evals.engine.handoff_pool import ROOM_MARGIN, SEGMENT_PREFIX, PoolViews, SharedPool, alive, free_bytes, map_and_unlink, trimmer
+from lens_evals.engine.handoff_files import alive, map_and_unlink, own_file_exists, read_pid, remove_if_own
+from lens_evals.engine.handoff_files import remove as _remove
+from lens_evals.engine.handoff_pool import ROOM_MARGIN, SEGMENT_PREFIX, PoolViews, SharedPool, free_bytes, trimmer
 from lens_evals.engine.protocol import HandoffAddressWire, HandoffTargetWire
 
 logger = logging.getLogger("lens_evals")
@@ -169,15 +170,12 @@ def claim_all(rank_results: list[Any], source: int = 0) -> None:
                     result[name] = claim(result[name], source)  # inline rows come back as they are
 
 
-def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):  # already claimed / removed: nothing to do
-        os.unlink(path)
-
-
 def sweep_stale(directory: str) -> list[str]:
     """Remove what processes that died without their exit handlers (SIGKILL, OOM) left in the
-    hand-off ``directory``: markers, row files and pool segments whose owner's pid is gone. A
-    marker without a pid (older versions) is left alone. Returns the names removed."""
+    hand-off ``directory``: markers, row files and pool segments whose owner's pid is gone. Only
+    regular files of this user are read or removed (``handoff_files``: a link, a FIFO or another
+    user's file under such a name is skipped); a marker without a pid (older versions) is left
+    alone. Returns the names removed."""
     removed: list[str] = []
     try:
         names = os.listdir(directory)
@@ -185,22 +183,10 @@ def sweep_stale(directory: str) -> list[str]:
         logger.warning("lens_evals: cannot list hand-off directory %s (%s)", directory, exc)
         return removed
     for name in names:
+        path = os.path.join(directory, name)
         owned = _OWNED_NAME.match(name)
-        if owned:
-            pid = int(owned.group(1))
-        elif _MARKER_NAME.match(name):
-            try:
-                with open(os.path.join(directory, name)) as marker:
-                    text = marker.read(32).strip()
-            except OSError:
-                continue
-            if not text.isdigit():
-                continue
-            pid = int(text)
-        else:
-            continue
-        if not alive(pid):
-            _remove(os.path.join(directory, name))
+        pid = int(owned.group(1)) if owned else read_pid(path) if _MARKER_NAME.match(name) else None
+        if pid is not None and not alive(pid) and remove_if_own(path):
             removed.append(name)
     if removed:
         logger.info("lens_evals: removed %d hand-off files of dead processes from %s", len(removed), directory)
@@ -241,11 +227,11 @@ def _pool_for(target: HandoffAddressWire | dict[str, Any] | None) -> SharedPool 
         return None
     seen = _files.seen.get((directory, token))
     if seen is None:
-        seen = _files.seen[(directory, token)] = os.path.exists(os.path.join(directory, MARKER_PREFIX + token))
+        seen = _files.seen[(directory, token)] = own_file_exists(os.path.join(directory, MARKER_PREFIX + token))
     if not seen:
         return None
     for other, old_pool in list(_files.pools.items()):  # frontends that exited: their pools go
-        if other != token and not os.path.exists(old_pool.marker):
+        if other != token and not own_file_exists(old_pool.marker):
             _cleanup_pool(_files.pools.pop(other))
     pool = _files.pools.get(token)
     if pool is None:

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from lens_evals import settings
+from lens_evals.engine.handoff_files import alive, map_and_unlink
 
 logger = logging.getLogger("lens_evals")
 POOL_ENV = settings.HANDOFF_POOL_MIB.name
@@ -335,27 +336,3 @@ class PoolViews:
         self.sources[name] = source
         self.freed.setdefault(source, deque())
         return mapping
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-def map_and_unlink(path: str) -> mmap.mmap | bytearray:
-    """Map a hand-off file and delete its name: from now on only the mappings hold it."""
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        raise ValueError(f"hand-off file {path} is gone (deleted before the frontend claimed it)") from None
-    try:
-        os.unlink(path)
-        size = os.fstat(fd).st_size
-        return mmap.mmap(fd, size) if size else bytearray()
-    finally:
-        os.close(fd)
