@@ -8,7 +8,8 @@ of the frontend's hand-off directory (tmpfs ``/dev/shm`` when it has room, else 
 directory) and sends only its name; the frontend maps the file and deletes its name at once, and
 the tensor it returns is backed by that mapping (freed with the tensor). Nothing is unpickled:
 the file holds raw rows of the dtype and shape the reply names, and the name must match our own
-pattern.
+pattern, with this host's and pid namespace's token (``handoff_files``: containers sharing
+``/dev/shm`` never touch each other's files).
 
 The frontend proves it shares the directory with a marker file made once per process
 (``HandoffTarget``). A worker that cannot see the marker, a frontend in the worker's own process
@@ -31,9 +32,21 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lens_evals import settings
-from lens_evals.engine.handoff_files import alive, map_and_unlink, own_file_exists, read_pid, remove_if_own
+from lens_evals.engine.handoff_files import (
+    MARKER_NAME,
+    OWNED_NAME,
+    ROWS_NAME,
+    ROWS_PREFIX,
+    alive,
+    map_and_unlink,
+    marker_name,
+    new_name,
+    own_file_exists,
+    read_pid,
+    remove_if_own,
+)
 from lens_evals.engine.handoff_files import remove as _remove
-from lens_evals.engine.handoff_pool import ROOM_MARGIN, SEGMENT_PREFIX, PoolViews, SharedPool, free_bytes, trimmer
+from lens_evals.engine.handoff_pool import ROOM_MARGIN, PoolViews, SharedPool, free_bytes, trimmer
 from lens_evals.engine.protocol import HandoffAddressWire, HandoffTargetWire
 
 logger = logging.getLogger("lens_evals")
@@ -42,11 +55,6 @@ DIR_ENV = settings.HANDOFF_DIR.name
 MIN_BYTES_ENV = settings.HANDOFF_MIN_BYTES.name  # smaller blocks go inline: a file costs more than copying them
 SHM_DIR = "/dev/shm"
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
-MARKER_PREFIX = "lens_evals-host-"
-ROWS_PREFIX = "lens_evals-rows-"
-_ROWS_NAME = re.compile(rf"^{ROWS_PREFIX}[0-9]+-[0-9a-f]{{32}}$")  # the writer's pid, then a uuid
-_MARKER_NAME = re.compile(rf"^{MARKER_PREFIX}[0-9a-f]{{32}}$")  # holds the frontend's pid
-_OWNED_NAME = re.compile(rf"^(?:{ROWS_PREFIX}|{SEGMENT_PREFIX})([0-9]+)-[0-9a-f]{{32}}$")
 
 
 class Rows(Protocol):
@@ -97,7 +105,7 @@ class HandoffTarget:
         self.directory = directory
         self.pool_views = PoolViews()
         self.token = uuid.uuid4().hex
-        self.marker = os.path.join(directory, MARKER_PREFIX + self.token)
+        self.marker = os.path.join(directory, marker_name(self.token))
         sweep_stale(directory)
         fd = os.open(self.marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # as every hand-off file
         with os.fdopen(fd, "w") as marker:
@@ -150,7 +158,7 @@ def claim(packed: dict[str, Any], source: int = 0) -> dict[str, Any]:
         return header | {"data": target.pool_views.view(target.directory, packed, source)}
     name = packed["file"]
     directory = target.directory if target is not None else None
-    if directory is None or not isinstance(name, str) or not _ROWS_NAME.match(name):
+    if directory is None or not isinstance(name, str) or not ROWS_NAME.match(name):
         raise ValueError(f"unexpected hand-off file name {name!r}")
     path = os.path.join(directory, name)
     mapping = map_and_unlink(path)
@@ -184,8 +192,8 @@ def sweep_stale(directory: str) -> list[str]:
         return removed
     for name in names:
         path = os.path.join(directory, name)
-        owned = _OWNED_NAME.match(name)
-        pid = int(owned.group(1)) if owned else read_pid(path) if _MARKER_NAME.match(name) else None
+        owned = OWNED_NAME.match(name)
+        pid = int(owned.group(1)) if owned else read_pid(path) if MARKER_NAME.match(name) else None
         if pid is not None and not alive(pid) and remove_if_own(path):
             removed.append(name)
     if removed:
@@ -227,7 +235,7 @@ def _pool_for(target: HandoffAddressWire | dict[str, Any] | None) -> SharedPool 
         return None
     seen = _files.seen.get((directory, token))
     if seen is None:
-        seen = _files.seen[(directory, token)] = own_file_exists(os.path.join(directory, MARKER_PREFIX + token))
+        seen = _files.seen[(directory, token)] = own_file_exists(os.path.join(directory, marker_name(token)))
     if not seen:
         return None
     for other, old_pool in list(_files.pools.items()):  # frontends that exited: their pools go
@@ -235,7 +243,7 @@ def _pool_for(target: HandoffAddressWire | dict[str, Any] | None) -> SharedPool 
             _cleanup_pool(_files.pools.pop(other))
     pool = _files.pools.get(token)
     if pool is None:
-        pool = _files.pools[token] = SharedPool(directory, os.path.join(directory, MARKER_PREFIX + token))
+        pool = _files.pools[token] = SharedPool(directory, os.path.join(directory, marker_name(token)))
         trimmer.start(lambda: list(_files.pools.values()))
     return pool
 
@@ -340,7 +348,7 @@ def _write_all(fd: int, blocks: list[Any]) -> int:
 def _write_file(directory: str, rows: Rows) -> dict[str, Any]:
     """The blocks written into a new file (plain writes: a full directory is an error now, not a
     SIGBUS later as with a mapping); inline bytes if the directory is full."""
-    name = f"{ROWS_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
+    name = new_name(ROWS_PREFIX)
     path = os.path.join(directory, name)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

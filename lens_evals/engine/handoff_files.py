@@ -6,18 +6,72 @@ with ``lstat`` and opened with ``O_NOFOLLOW | O_NONBLOCK`` (a symlink is not fol
 does not block the open), then ``fstat``-checked: only a regular file owned by this user is
 read, mapped or deleted; anything else is skipped (the sweep) or refused for that block alone
 (a claim), never fatal for the process.
+
+Every hand-off name carries ``NAMESPACE``, a token of this host's boot and this process's pid
+namespace: the pids in our names mean something only there, so a process (the sweep, a worker
+looking for its frontend's marker, a frontend mapping a segment) considers only names with its
+own token, and containers sharing the directory never touch each other's files. A name without
+a token (older lens-evals) or with another is never read, mapped or deleted; a worker in another
+pid namespace than its frontend does not find the frontend's marker and sends its rows inline.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import mmap
 import os
+import re
+import socket
 import stat
+import uuid
 
 logger = logging.getLogger("lens_evals")
 _SAFE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+MARKER_PREFIX = "lens_evals-host-"
+ROWS_PREFIX = "lens_evals-rows-"
+SEGMENT_PREFIX = "lens_evals-pool-"
+
+
+def _pid_namespace() -> str:
+    info = os.stat("/proc/self/ns/pid")  # the namespace's own inode
+    return f"{info.st_dev}:{info.st_ino}"
+
+
+def _boot_id() -> str:
+    with open("/proc/sys/kernel/random/boot_id") as handle:
+        return handle.read().strip()
+
+
+def namespace_token() -> str:
+    """16 hex digits from this pid namespace (its inode), the boot id and the host name."""
+    parts = []
+    for read in (_pid_namespace, _boot_id):
+        try:
+            parts.append(read())
+        except OSError as exc:  # no /proc (not Linux): the other parts still tell hosts apart
+            logger.debug("lens_evals: hand-off namespace token without %s (%s)", read.__name__, exc)
+            parts.append("")
+    parts.append(socket.gethostname())
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+NAMESPACE = namespace_token()
+MARKER_NAME = re.compile(rf"^{MARKER_PREFIX}{NAMESPACE}-[0-9a-f]{{32}}$")  # the frontend's token; holds its pid
+ROWS_NAME = re.compile(rf"^{ROWS_PREFIX}{NAMESPACE}-([0-9]+)-[0-9a-f]{{32}}$")  # the writer's pid, then a uuid
+SEGMENT_NAME = re.compile(rf"^{SEGMENT_PREFIX}{NAMESPACE}-([0-9]+)-[0-9a-f]{{32}}$")  # the worker's pid, then a uuid
+OWNED_NAME = re.compile(rf"^(?:{ROWS_PREFIX}|{SEGMENT_PREFIX}){NAMESPACE}-([0-9]+)-[0-9a-f]{{32}}$")
+
+
+def marker_name(token: str) -> str:
+    """The marker file of the frontend whose token (32 hex digits) is ``token``."""
+    return f"{MARKER_PREFIX}{NAMESPACE}-{token}"
+
+
+def new_name(prefix: str) -> str:
+    """A fresh row file or pool segment name (``ROWS_PREFIX`` / ``SEGMENT_PREFIX``) of this process."""
+    return f"{prefix}{NAMESPACE}-{os.getpid()}-{uuid.uuid4().hex}"
 
 
 class ForeignFile(ValueError):
