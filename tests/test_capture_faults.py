@@ -9,6 +9,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,8 @@ from test_capture_cmd import write_jsonl
 
 from lens_evals.capture import CaptureError, CaptureReader, CaptureStopped, run_capture
 from lens_evals.capture import runner as capture_runner
-from lens_evals.capture.inputs import read_prompts
+from lens_evals.capture.inputs import read_prompts, source_sha256
+from lens_evals.capture.manifest import CaptureManifest, read_manifest, write_manifest
 from lens_evals.capture.runner import CaptureSettings
 from lens_evals.cli import main as cli_main
 
@@ -122,13 +124,16 @@ def test_second_run_on_the_same_directory_is_refused(llm: Any, tmp_path: Path) -
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "the cat"}])
     out = tmp_path / "out"
     out.mkdir()
+    other = CaptureManifest(model="tiny-llama", layers=LAYERS, source=str(prompts), source_sha256=source_sha256(prompts), n_prompts=1)
+    write_manifest(out, other)  # as the other run wrote it at its start
     (out / "shard-00000.safetensors").write_bytes(b"the other run's shard, about to be recorded")
+    before = snapshot(out)
     fd = os.open(out, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         with pytest.raises(CaptureError, match=rf"another capture is writing to {out}"):
             run_capture(prompts, "tiny-llama", LAYERS, out, llm=llm, show_progress=False)
-        assert snapshot(out) == {"shard-00000.safetensors": b"the other run's shard, about to be recorded"}
+        assert snapshot(out) == before
     finally:
         os.close(fd)
     run_capture(prompts, "tiny-llama", LAYERS, out, llm=llm, show_progress=False)  # the lock is gone with its holder
@@ -149,6 +154,43 @@ class NoEngine:
         raise AssertionError(f"the engine was used ({name})")
 
 
+def test_a_directory_of_files_without_a_manifest_is_refused_untouched(tmp_path: Path) -> None:
+    """Before: a run into a directory holding files but no manifest.json (another tool's shards,
+    a manifest deleted by hand) deleted every file named like a shard or a temporary file there
+    as leftovers of a killed run, then started capturing."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "the cat"}])
+    out = tmp_path / "out"
+    out.mkdir()
+    files = {
+        "shard-00000.safetensors": b"not ours",
+        "shard-00001.safetensors.tmp": b"nor this",
+        "manifest.json.tmp": b"{",
+        "notes.txt": b"x",
+    }
+    for name, data in files.items():
+        (out / name).write_bytes(data)
+    message = (
+        rf"{re.escape(str(out))} holds files \(manifest\.json\.tmp, notes\.txt, shard-00000\.safetensors and 1 more\) but no manifest\.json"
+    )
+    with pytest.raises(CaptureError, match=message):
+        run_capture(prompts, "tiny-llama", LAYERS, out, llm=NoEngine(), show_progress=False)
+    assert snapshot(out) == files
+
+
+def test_a_run_killed_before_its_first_shard_was_recorded_resumes(tmp_path: Path) -> None:
+    """The manifest is written before any shard, so the refusal above never blocks our own resume:
+    the unrecorded shard of a run killed at its first shard is removed as before."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "the cat"}])
+    out = tmp_path / "out"
+    with pytest.raises(AssertionError, match="the engine was used"):  # the run "killed" at its engine
+        run_capture(prompts, "tiny-llama", LAYERS, out, llm=NoEngine(), show_progress=False)
+    assert read_manifest(out) is not None and not read_manifest(out).shards
+    (out / "shard-00000.safetensors").write_bytes(b"written, not recorded")
+    with pytest.raises(AssertionError, match="the engine was used"):
+        run_capture(prompts, "tiny-llama", LAYERS, out, llm=NoEngine(), show_progress=False)
+    assert sorted(snapshot(out)) == ["manifest.json"]
+
+
 def test_killed_while_marking_complete_finishes_without_an_engine(complete: Path, tmp_path: Path) -> None:
     """Every prompt recorded, ``complete`` not yet true (killed, or out of disk, at the last step).
     Before: the rerun opened an engine (minutes for a large model) to capture nothing."""
@@ -167,13 +209,14 @@ def test_disk_full_while_recording_a_shard_keeps_the_manifest(llm: Any, tmp_path
 
     def failing_write(out_dir: Path, manifest: Any) -> None:
         calls.append(len(manifest.shards))
-        if len(calls) == 2:
+        if len(manifest.shards) == 2:  # after the first write (no shard) and shard-00000's
             raise OSError(errno.ENOSPC, "No space left on device")
         real_write(out_dir, manifest)
 
     monkeypatch.setattr(capture_runner, "write_manifest", failing_write)
     with pytest.raises(CaptureError, match=r"while writing shard-00001\.safetensors: kept 1 complete shards \(1 of 4 prompts\)"):
         capture(llm, tmp_path)
+    assert calls == [0, 1, 2]  # the manifest is written once before the first shard
     out = tmp_path / "out"
     assert sorted(snapshot(out)) == ["manifest.json", "shard-00000.safetensors"]
     monkeypatch.undo()

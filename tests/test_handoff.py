@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from lens_evals.engine import handoff, handoff_pool
+from lens_evals.engine import handoff, handoff_files, handoff_pool
 from lens_evals.engine.frontend_rows import result_tensors
 from lens_evals.engine.handoff import HandoffTarget, claim, claim_all, sink_for
 from lens_evals.engine.host_store import Piece, PieceStore, assemble, row_blocks
@@ -74,11 +74,13 @@ def test_small_blocks_same_process_and_unseen_markers_stay_inline(target, monkey
 
 
 def test_claim_refuses_foreign_names_and_missing_files(target, monkeypatch) -> None:
-    for name in ("../etc/passwd", "lens_evals-rows-xyz", handoff.MARKER_PREFIX + target["token"]):
+    for name in ("../etc/passwd", "lens_evals-rows-xyz", handoff_files.marker_name(target["token"])):
         with pytest.raises(ValueError, match="unexpected hand-off file name"):
             claim({"file": name, "nbytes": 0, "dtype": "float32", "shape": [0]})
     with pytest.raises(ValueError, match="is gone"):
-        claim({"file": handoff.ROWS_PREFIX + "1-" + "0" * 32, "nbytes": 4, "dtype": "float32", "shape": [1]})
+        claim(
+            {"file": handoff_files.ROWS_PREFIX + handoff_files.NAMESPACE + "-1-" + "0" * 32, "nbytes": 4, "dtype": "float32", "shape": [1]}
+        )
     monkeypatch.setenv(handoff_pool.POOL_ENV, "0")
     packed, _ = assemble(_pieces(torch.float32), sink_for(target))
     with pytest.raises(ValueError, match="bytes, the reply says"):
@@ -168,7 +170,7 @@ def test_pool_of_an_exited_frontend_is_dropped(tmp_path, target) -> None:
     token = target["token"]
     assert token in handoff._files.pools
     other = {**target, "token": "f" * 32}
-    open(tmp_path / (handoff.MARKER_PREFIX + other["token"]), "x").close()
+    open(tmp_path / handoff_files.marker_name(other["token"]), "x").close()
     os.unlink(HandoffTarget._current.marker)  # the first frontend exits
     sink_for(other)
     assert token not in handoff._files.pools
@@ -232,14 +234,15 @@ def test_files_of_dead_processes_are_swept_when_a_frontend_starts(tmp_path) -> N
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
     dead_pid, live_pid = int(dead.stdout), os.getpid()
+    marker, rows, pool = (prefix + handoff_files.NAMESPACE + "-" for prefix in ("lens_evals-host-", "lens_evals-rows-", "lens_evals-pool-"))
     files = [  # (name without its uuid, content, kept)
-        (handoff.MARKER_PREFIX, str(dead_pid), False),
-        (handoff.MARKER_PREFIX, str(live_pid), True),
-        (handoff.MARKER_PREFIX, "", True),  # an older marker without a pid
-        (f"{handoff.ROWS_PREFIX}{dead_pid}-", "rows", False),
-        (f"{handoff.ROWS_PREFIX}{live_pid}-", "rows", True),
-        (f"{handoff_pool.SEGMENT_PREFIX}{dead_pid}-", "pool", False),
-        (f"{handoff_pool.SEGMENT_PREFIX}{live_pid}-", "pool", True),
+        (marker, str(dead_pid), False),
+        (marker, str(live_pid), True),
+        (marker, "", True),  # an older marker without a pid
+        (f"{rows}{dead_pid}-", "rows", False),
+        (f"{rows}{live_pid}-", "rows", True),
+        (f"{pool}{dead_pid}-", "pool", False),
+        (f"{pool}{live_pid}-", "pool", True),
         (f"not-ours-{dead_pid}-", "x", True),
     ]
     made = {f"{prefix}{n:032x}": (text, kept) for n, (prefix, text, kept) in enumerate(files, start=1)}

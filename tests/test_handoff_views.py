@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from lens_evals.engine import handoff_pool
+from lens_evals.engine import handoff_files, handoff_pool
 
 
 def _mapped(name: str) -> bool:
@@ -62,9 +62,9 @@ def test_a_worker_exiting_after_its_frontend_was_killed_removes_the_frontends_ma
     from lens_evals.engine import handoff
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
-    marker = tmp_path / f"{handoff.MARKER_PREFIX}{'a' * 32}"
+    marker = tmp_path / handoff_files.marker_name("a" * 32)
     marker.write_text(dead.stdout.strip())
-    live = tmp_path / f"{handoff.MARKER_PREFIX}{'b' * 32}"
+    live = tmp_path / handoff_files.marker_name("b" * 32)
     live.write_text(str(os.getpid()))
     pool = handoff_pool.SharedPool(str(tmp_path), str(marker))
     monkeypatch.setattr(handoff, "_files", handoff._WorkerFiles({}, set(), {"a" * 32: pool}))

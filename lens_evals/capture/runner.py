@@ -1,7 +1,9 @@
 """Run a capture: prompts in batches through the offline engine, rows into shards, the manifest
 rewritten atomically after each shard. Restarting with the same arguments skips every prompt the
 manifest already holds; files a killed run left behind (temporary files, a shard written but not
-yet recorded) are removed first, so no row is ever written twice."""
+yet recorded) are removed first, so no row is ever written twice. A capture starts only in an
+empty directory and writes its manifest there before any shard: a directory holding files but no
+manifest is refused untouched (they are not ours to remove)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from tqdm.auto import tqdm
 
 from lens_evals.capture.inputs import PromptItem, read_prompts, source_sha256
 from lens_evals.capture.manifest import (
+    MANIFEST_NAME,
     CaptureError,
     CaptureManifest,
     RowRecord,
@@ -62,7 +65,9 @@ def _start_manifest(prompts_path: Path, model: str, layers: list[int], out_dir: 
     sha256 = source_sha256(prompts_path)
     manifest = read_manifest(out_dir)
     if manifest is None:
-        return CaptureManifest(model=model, layers=layers, source=str(prompts_path), source_sha256=sha256, n_prompts=n_prompts)
+        manifest = CaptureManifest(model=model, layers=layers, source=str(prompts_path), source_sha256=sha256, n_prompts=n_prompts)
+        _start_in_empty(out_dir, manifest)
+        return manifest
     mine = {"model": model, "layers": layers, "source_sha256": sha256}
     theirs = {"model": manifest.model, "layers": manifest.layers, "source_sha256": manifest.source_sha256}
     if mine != theirs:
@@ -72,6 +77,25 @@ def _start_manifest(prompts_path: Path, model: str, layers: list[int], out_dir: 
             "model, layers and prompt set, or choose another --out"
         )
     return manifest
+
+
+def _start_in_empty(out_dir: Path, manifest: CaptureManifest) -> None:
+    """Refuse a directory without a manifest that holds anything (another tool's files, a
+    manifest deleted by hand: nothing proves this tool wrote them); in an empty one, write the
+    manifest at once, so that a run killed before its first shard is recorded resumes."""
+    found = sorted(path.name for path in out_dir.iterdir())
+    if found:
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise CaptureError(
+            f"{out_dir} holds files ({shown}) but no {MANIFEST_NAME}: a capture starts only in an empty "
+            "directory and resumes only one it started; nothing there was changed. Choose another --out"
+        )
+    try:
+        write_manifest(out_dir, manifest)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise CaptureError(f"disk full in {out_dir} before the first shard; free space and rerun the same command") from None
 
 
 def _remove_stale(out_dir: Path, manifest: CaptureManifest) -> None:

@@ -8,7 +8,8 @@ of the frontend's hand-off directory (tmpfs ``/dev/shm`` when it has room, else 
 directory) and sends only its name; the frontend maps the file and deletes its name at once, and
 the tensor it returns is backed by that mapping (freed with the tensor). Nothing is unpickled:
 the file holds raw rows of the dtype and shape the reply names, and the name must match our own
-pattern.
+pattern, with this host's and pid namespace's token (``handoff_files``: containers sharing
+``/dev/shm`` never touch each other's files).
 
 The frontend proves it shares the directory with a marker file made once per process
 (``HandoffTarget``). A worker that cannot see the marker, a frontend in the worker's own process
@@ -21,7 +22,6 @@ frontend that died without its exit handlers.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
 import re
@@ -32,7 +32,21 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lens_evals import settings
-from lens_evals.engine.handoff_pool import ROOM_MARGIN, SEGMENT_PREFIX, PoolViews, SharedPool, alive, free_bytes, map_and_unlink, trimmer
+from lens_evals.engine.handoff_files import (
+    MARKER_NAME,
+    OWNED_NAME,
+    ROWS_NAME,
+    ROWS_PREFIX,
+    alive,
+    map_and_unlink,
+    marker_name,
+    new_name,
+    own_file_exists,
+    read_pid,
+    remove_if_own,
+)
+from lens_evals.engine.handoff_files import remove as _remove
+from lens_evals.engine.handoff_pool import ROOM_MARGIN, PoolViews, SharedPool, free_bytes, trimmer
 from lens_evals.engine.protocol import HandoffAddressWire, HandoffTargetWire
 
 logger = logging.getLogger("lens_evals")
@@ -41,11 +55,6 @@ DIR_ENV = settings.HANDOFF_DIR.name
 MIN_BYTES_ENV = settings.HANDOFF_MIN_BYTES.name  # smaller blocks go inline: a file costs more than copying them
 SHM_DIR = "/dev/shm"
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
-MARKER_PREFIX = "lens_evals-host-"
-ROWS_PREFIX = "lens_evals-rows-"
-_ROWS_NAME = re.compile(rf"^{ROWS_PREFIX}[0-9]+-[0-9a-f]{{32}}$")  # the writer's pid, then a uuid
-_MARKER_NAME = re.compile(rf"^{MARKER_PREFIX}[0-9a-f]{{32}}$")  # holds the frontend's pid
-_OWNED_NAME = re.compile(rf"^(?:{ROWS_PREFIX}|{SEGMENT_PREFIX})([0-9]+)-[0-9a-f]{{32}}$")
 
 
 class Rows(Protocol):
@@ -96,7 +105,7 @@ class HandoffTarget:
         self.directory = directory
         self.pool_views = PoolViews()
         self.token = uuid.uuid4().hex
-        self.marker = os.path.join(directory, MARKER_PREFIX + self.token)
+        self.marker = os.path.join(directory, marker_name(self.token))
         sweep_stale(directory)
         fd = os.open(self.marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # as every hand-off file
         with os.fdopen(fd, "w") as marker:
@@ -149,7 +158,7 @@ def claim(packed: dict[str, Any], source: int = 0) -> dict[str, Any]:
         return header | {"data": target.pool_views.view(target.directory, packed, source)}
     name = packed["file"]
     directory = target.directory if target is not None else None
-    if directory is None or not isinstance(name, str) or not _ROWS_NAME.match(name):
+    if directory is None or not isinstance(name, str) or not ROWS_NAME.match(name):
         raise ValueError(f"unexpected hand-off file name {name!r}")
     path = os.path.join(directory, name)
     mapping = map_and_unlink(path)
@@ -169,15 +178,12 @@ def claim_all(rank_results: list[Any], source: int = 0) -> None:
                     result[name] = claim(result[name], source)  # inline rows come back as they are
 
 
-def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):  # already claimed / removed: nothing to do
-        os.unlink(path)
-
-
 def sweep_stale(directory: str) -> list[str]:
     """Remove what processes that died without their exit handlers (SIGKILL, OOM) left in the
-    hand-off ``directory``: markers, row files and pool segments whose owner's pid is gone. A
-    marker without a pid (older versions) is left alone. Returns the names removed."""
+    hand-off ``directory``: markers, row files and pool segments whose owner's pid is gone. Only
+    regular files of this user are read or removed (``handoff_files``: a link, a FIFO or another
+    user's file under such a name is skipped); a marker without a pid (older versions) is left
+    alone. Returns the names removed."""
     removed: list[str] = []
     try:
         names = os.listdir(directory)
@@ -185,22 +191,10 @@ def sweep_stale(directory: str) -> list[str]:
         logger.warning("lens_evals: cannot list hand-off directory %s (%s)", directory, exc)
         return removed
     for name in names:
-        owned = _OWNED_NAME.match(name)
-        if owned:
-            pid = int(owned.group(1))
-        elif _MARKER_NAME.match(name):
-            try:
-                with open(os.path.join(directory, name)) as marker:
-                    text = marker.read(32).strip()
-            except OSError:
-                continue
-            if not text.isdigit():
-                continue
-            pid = int(text)
-        else:
-            continue
-        if not alive(pid):
-            _remove(os.path.join(directory, name))
+        path = os.path.join(directory, name)
+        owned = OWNED_NAME.match(name)
+        pid = int(owned.group(1)) if owned else read_pid(path) if MARKER_NAME.match(name) else None
+        if pid is not None and not alive(pid) and remove_if_own(path):
             removed.append(name)
     if removed:
         logger.info("lens_evals: removed %d hand-off files of dead processes from %s", len(removed), directory)
@@ -241,15 +235,15 @@ def _pool_for(target: HandoffAddressWire | dict[str, Any] | None) -> SharedPool 
         return None
     seen = _files.seen.get((directory, token))
     if seen is None:
-        seen = _files.seen[(directory, token)] = os.path.exists(os.path.join(directory, MARKER_PREFIX + token))
+        seen = _files.seen[(directory, token)] = own_file_exists(os.path.join(directory, marker_name(token)))
     if not seen:
         return None
     for other, old_pool in list(_files.pools.items()):  # frontends that exited: their pools go
-        if other != token and not os.path.exists(old_pool.marker):
+        if other != token and not own_file_exists(old_pool.marker):
             _cleanup_pool(_files.pools.pop(other))
     pool = _files.pools.get(token)
     if pool is None:
-        pool = _files.pools[token] = SharedPool(directory, os.path.join(directory, MARKER_PREFIX + token))
+        pool = _files.pools[token] = SharedPool(directory, os.path.join(directory, marker_name(token)))
         trimmer.start(lambda: list(_files.pools.values()))
     return pool
 
@@ -354,7 +348,7 @@ def _write_all(fd: int, blocks: list[Any]) -> int:
 def _write_file(directory: str, rows: Rows) -> dict[str, Any]:
     """The blocks written into a new file (plain writes: a full directory is an error now, not a
     SIGBUS later as with a mapping); inline bytes if the directory is full."""
-    name = f"{ROWS_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
+    name = new_name(ROWS_PREFIX)
     path = os.path.join(directory, name)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

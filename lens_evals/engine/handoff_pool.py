@@ -25,10 +25,8 @@ import bisect
 import logging
 import mmap
 import os
-import re
 import threading
 import time
-import uuid
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -37,14 +35,13 @@ from typing import Any
 import numpy as np
 
 from lens_evals import settings
+from lens_evals.engine.handoff_files import SEGMENT_NAME, SEGMENT_PREFIX, alive, map_and_unlink, new_name
 
 logger = logging.getLogger("lens_evals")
 POOL_ENV = settings.HANDOFF_POOL_MIB.name
 SEGMENT_BYTES = 64 * 2**20
 ALIGN = 4096
-SEGMENT_PREFIX = "lens_evals-pool-"
 ROOM_MARGIN = 256 << 20  # leave this much free in the hand-off directory (segments and files)
-SEGMENT_NAME = re.compile(rf"^{SEGMENT_PREFIX}([0-9]+)-[0-9a-f]{{32}}$")  # the worker's pid, then a uuid
 
 
 def free_bytes(directory: str) -> int:
@@ -61,7 +58,7 @@ class _Segment:
     """One shared file, mapped by the worker, with its free regions (sorted, coalesced)."""
 
     def __init__(self, directory: str, size: int) -> None:
-        self.name = f"{SEGMENT_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
+        self.name = new_name(SEGMENT_PREFIX)
         self.path = os.path.join(directory, self.name)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -335,27 +332,3 @@ class PoolViews:
         self.sources[name] = source
         self.freed.setdefault(source, deque())
         return mapping
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-def map_and_unlink(path: str) -> mmap.mmap | bytearray:
-    """Map a hand-off file and delete its name: from now on only the mappings hold it."""
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        raise ValueError(f"hand-off file {path} is gone (deleted before the frontend claimed it)") from None
-    try:
-        os.unlink(path)
-        size = os.fstat(fd).st_size
-        return mmap.mmap(fd, size) if size else bytearray()
-    finally:
-        os.close(fd)
