@@ -72,7 +72,7 @@ def register() -> None:
     compat.give_engine_cores_their_teardown_time()
     compat.patch_async_results(frontend_attach.attach_async, frontend_attach.discard_async)
     compat.patch_model_runner(on_load, on_step_start, around_forward)
-    compat.patch_http_app(http_middleware.add_middleware, http_middleware.MIDDLEWARE_PATH)
+    compat.patch_http_app(http_middleware.LensResponseMiddleware)
     compat.add_worker_methods(WORKER_METHODS)
     compat.add_offline_methods(vllm_lens_api.OFFLINE_METHODS)
     compat.use_grouped_lora_ops()
