@@ -169,6 +169,20 @@ MAX_SAVED_MIB = number(
 MAX_HOOK_SETS = integer(
     "LENS_EVALS_MAX_HOOK_SETS", 64, "sets", "frontend", "live persistent hook sets per engine; one more is refused (429)"
 )
+MAX_HOOK_SETS_PER_KEY = integer(
+    "LENS_EVALS_MAX_HOOK_SETS_PER_KEY",
+    16,
+    "sets",
+    "frontend",
+    "live persistent hook sets one API key may hold (a server with --api-key); one more is refused (429)",
+)
+HOOK_SET_IDLE_S = number(
+    "LENS_EVALS_HOOK_SET_IDLE_S",
+    3600.0,
+    "s",
+    "frontend",
+    "a server's hook set neither used nor collected for this long is freed at the next lens call (0: never)",
+)
 MAX_HOOK_SET_MIB = number(
     "LENS_EVALS_MAX_HOOK_SET_MIB",
     256.0,
@@ -353,6 +367,8 @@ ALL: tuple[Setting[Any], ...] = (
     DEVICE_BUDGET_MIB,
     MAX_SAVED_MIB,
     MAX_HOOK_SETS,
+    MAX_HOOK_SETS_PER_KEY,
+    HOOK_SET_IDLE_S,
     MAX_HOOK_SET_MIB,
     MAX_HOOK_RESULTS_MIB,
     HANDOFF,

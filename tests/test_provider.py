@@ -9,6 +9,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import numpy as np
 import psutil
 import pytest
@@ -142,13 +143,19 @@ def test_eval_on_smollm2_starts_and_stops_its_server(smollm2_path, tmp_path) -> 
         config=GenerateConfig(max_tokens=8, temperature=0.0),
     )
     before = _descendants()
-    logs = inspect_eval(
-        task,
-        model="vllm-lens/smollm2-135m-instruct",
-        model_args={"max_model_len": 512, "dtype": "float32", **gpu_share()},
-        log_dir=str(tmp_path),
-        display="none",
-    )
+    model_args = {"max_model_len": 512, "dtype": "float32", **gpu_share()}
+    # the server the eval shares (same model and args): it takes a random key, which its client sends
+    api = get_model("vllm-lens/smollm2-135m-instruct", memoize=False, **model_args).api
+    assert api.server is not None and api.server.api_key and len(api.server.api_key) >= 32
+    assert api.api_key == api.server.api_key
+    for path, body in [("/v1/models", None), ("/lens/hook_sets", {"hooks": [{"name": "record_norm", "layer_indices": [1]}]})]:
+        method = "get" if body is None else "post"
+        assert httpx.request(method, f"{api.server.url}{path}", json=body, timeout=60).status_code == 401, path
+        wrong = {"Authorization": "Bearer lens-evals-local"}  # the provider's old placeholder key
+        assert httpx.request(method, f"{api.server.url}{path}", json=body, headers=wrong, timeout=60).status_code == 401, path
+    assert asyncio.run(api.served_models()) == ["smollm2-135m-instruct"]
+    logs = inspect_eval(task, model="vllm-lens/smollm2-135m-instruct", model_args=model_args, log_dir=str(tmp_path), display="none")
+    api.close()
     assert logs[0].status == "success", logs[0].error
     sample = logs[0].samples[0]
     assert sample.messages[-1].metadata["lens_steering"]["layers"] == [10]

@@ -195,14 +195,14 @@ def test_hook_set_endpoints(server, offline) -> None:
         assert activations_from_response(resp.json()) == {}
         ids.append(resp.json()["id"])
     assert complete(server).status_code == 200  # a request that does not opt in adds nothing
-    collected = requests.post(f"{url}/{set_id}/collect", timeout=60)
+    collected = requests.post(f"{url}/{set_id}/collect", json={}, timeout=60)
     assert collected.status_code == 200, collected.text
     results = hook_results_from_response(collected.json())
     assert [r["request_id"].rsplit("-", 1)[0] for r in results] == ids and collected.json()["refused"] == 0
     for result in results:
         assert_saved_close(result["saved"], offline["hooked"].activations["saved"])
-    assert requests.post(f"{url}/{set_id}/collect", timeout=60).json()["results"] == []
+    assert requests.post(f"{url}/{set_id}/collect", json={}, timeout=60).json()["results"] == []
     assert requests.delete(f"{url}/{set_id}", timeout=60).json() == {"id": set_id, "dropped_results": 0}
     assert requests.delete(f"{url}/{set_id}", timeout=60).status_code == 404
-    assert requests.post(f"{url}/{set_id}/collect", timeout=60).status_code == 404
+    assert requests.post(f"{url}/{set_id}/collect", json={}, timeout=60).status_code == 404
     assert complete(server, vllm_xargs=lens_xargs(hook_set=set_id)).status_code == 400

@@ -214,7 +214,12 @@ def test_persistent_hooks_under_their_routes(server) -> None:
     assert refused.status_code == 400 and "LENS_EVALS_HOOKS=" in refused.json()["error"]["message"], refused.text
     assert post(server, "/v1/hooks/register", {"hooks": [Hook("record_norm", [1]).to_wire()]}, headers={}).status_code == 401
     for route in ("/v1/hooks/register", "/lens/hook_sets"):  # JSON deeper than the parser goes: 400, was 500
-        deep = requests.post(f"{server.url}{route}", data='{"hooks": ' + "[" * 100_000 + "]" * 100_000 + "}", headers=AUTH, timeout=60)
+        deep = requests.post(
+            f"{server.url}{route}",
+            data='{"hooks": ' + "[" * 100_000 + "]" * 100_000 + "}",
+            headers={**AUTH, "Content-Type": "application/json"},
+            timeout=60,
+        )
         assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]["message"], f"{route}: {deep.text[:300]}"
     made = post(server, "/v1/hooks/register", {"hooks": [Hook("record_norm", [1]).to_wire()]})
     assert made.status_code == 200 and made.json()["status"] == "ok" and made.json()["count"] == 1, made.text

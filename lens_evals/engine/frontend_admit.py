@@ -21,7 +21,7 @@ from lens_evals.engine import compat, frontend_budget
 from lens_evals.engine.frontend_hooks import encode_hooks
 from lens_evals.engine.graph_taps import configured_layers, refusal
 from lens_evals.engine.handoff import HandoffTarget
-from lens_evals.engine.hook_sets import UnknownHookSet, store_of
+from lens_evals.engine.hook_sets import CALLER, UnknownHookSet, store_of
 from lens_evals.engine.probe_cache import encode_probe
 from lens_evals.engine.protocol import LensSpecWire
 from lens_evals.hooks import check_registered_args
@@ -195,7 +195,7 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
             check_registered_args(str(hook.fn), hook.args)
     if lens.hook_set is not None:
         try:
-            store_of(processor).record(lens.hook_set)
+            store_of(processor).record(lens.hook_set, CALLER.get())  # only its owner's requests find it
         except UnknownHookSet as exc:
             raise ValueError(str(exc.args[0])) from None
     registry = pending_of(processor)

@@ -10,6 +10,12 @@ with a message saying to collect or clear. The sets themselves are bounded per e
 at most ``LENS_EVALS_MAX_HOOK_SET_MIB`` (default 256); a set over either bound is refused
 (:class:`HookSetLimit`, HTTP 429) until one is cleared.
 
+On a server each set belongs to the API key that made it (no key configured: one shared owner):
+another key's requests, collects and deletes find no such set (404 / 400), each key holds at most
+``LENS_EVALS_MAX_HOOK_SETS_PER_KEY`` of the live sets, and a set neither used nor collected for
+``LENS_EVALS_HOOK_SET_IDLE_S`` is freed, its worker half too, by the next lens call
+(:func:`free_idle_async`). Offline sets have no owner and never expire.
+
 Offline: :func:`register_hook_set` (returns a :class:`HookSet` with ``extra_args``, ``collect()``
 and ``clear()``). Server: the HTTP endpoints in ``lens_evals.engine.http_middleware``.
 """
@@ -17,8 +23,10 @@ and ``clear()``). Server: the HTTP endpoints in ``lens_evals.engine.http_middlew
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +40,12 @@ from lens_evals.spec import HOOK_SET_KEY, LensRequest
 STORE_ATTR = "_lens_evals_hook_sets"
 MAX_HOOKS_PER_SET = 256
 FREE_HINT = "free one with DELETE /lens/hook_sets/{id} (offline: HookSet.clear())"
+# The owner of the HTTP request being served (set by the lens middleware for every request):
+# its API key's digest, SHARED_OWNER on a server without keys, NOBODY for a request carrying no
+# valid key. None outside a server request: only offline sets (owner None) are found then.
+CALLER: ContextVar[str | None] = ContextVar("lens_evals_hook_set_caller", default=None)
+SHARED_OWNER = ""
+NOBODY = "-"
 
 
 class UnknownHookSet(KeyError):
@@ -50,6 +64,8 @@ class _Record:
     results: list[dict[str, Any]] = field(default_factory=list)
     chars: int = 0
     refused: int = 0
+    owner: str | None = None  # the API key's digest that made it (SHARED_OWNER: no keys; None: offline)
+    last_used: float = field(default_factory=time.monotonic)  # made, used by a request, or collected
 
 
 class HookSetStore:
@@ -80,6 +96,14 @@ class HookSetStore:
             raise HookSetLimit(
                 f"too many hook sets: {live} live, the bound is {self.max_sets} (LENS_EVALS_MAX_HOOK_SETS); {FREE_HINT} and try again"
             )
+        if record.owner:  # a keyed owner; without keys (SHARED_OWNER) only the bound above applies
+            mine = sum(other.owner == record.owner for other in [*self.sets.values(), *self.pending])
+            bound = settings.MAX_HOOK_SETS_PER_KEY.get()
+            if mine >= bound:
+                raise HookSetLimit(
+                    f"too many hook sets for this API key: {mine} live, the bound is {bound} per key "
+                    f"(LENS_EVALS_MAX_HOOK_SETS_PER_KEY); {FREE_HINT} and try again"
+                )
         held = self.hook_chars + sum(pending.hook_chars for pending in self.pending)
         if held + record.hook_chars > self.max_hook_chars:
             raise HookSetLimit(
@@ -101,10 +125,30 @@ class HookSetStore:
     def max_chars(self) -> int:
         return settings.MAX_HOOK_RESULTS_MIB.in_bytes()
 
-    def record(self, set_id: str) -> _Record:
-        if set_id not in self.sets:
-            raise UnknownHookSet(f"hook set {set_id!r} is not registered (cleared?)")
-        return self.sets[set_id]
+    def record(self, set_id: str, caller: str | None = None) -> _Record:
+        """The set, for ``caller`` (a server request's owner, :data:`CALLER`); counts as a use.
+        A set another owner made, or one idle past LENS_EVALS_HOOK_SET_IDLE_S, is not found
+        (the same answer as an unknown id: its holder's id tells nobody else anything)."""
+        record = self.sets.get(set_id)
+        now = time.monotonic()
+        if record is None or (record.owner is not None and record.owner != caller) or self._idle(record, now):
+            raise UnknownHookSet(f"hook set {set_id!r} is not registered (cleared, expired, or made with another API key?)")
+        record.last_used = now
+        return record
+
+    @staticmethod
+    def _idle(record: _Record, now: float) -> bool:
+        idle_s = settings.HOOK_SET_IDLE_S.get()
+        return record.owner is not None and idle_s > 0 and now - record.last_used > idle_s
+
+    def expire(self) -> list[str]:
+        """Drop the server sets idle past LENS_EVALS_HOOK_SET_IDLE_S; their ids (the workers'
+        halves are the caller's to clear)."""
+        now = time.monotonic()
+        expired = [set_id for set_id, record in self.sets.items() if self._idle(record, now)]
+        for set_id in expired:
+            self._drop(set_id)
+        return expired
 
     def add_result(self, set_id: str, request_id: str, saved: dict[str, Any]) -> str | None:
         """Keep one request's result (hook index -> saved, encoded); the error text when the
@@ -121,27 +165,31 @@ class HookSetStore:
                 "hook sets to make room; this request's result was not kept"
             )
         record.results.append({"request_id": request_id, "hook_results": saved})
+        record.last_used = time.monotonic()
         record.chars += chars
         self.held_chars += chars
         return None
 
-    def peek(self, set_id: str) -> dict[str, Any]:
+    def peek(self, set_id: str, caller: str | None = None) -> dict[str, Any]:
         """Like :meth:`collect` but the results stay (vllm-lens's non-draining collect)."""
-        record = self.record(set_id)
+        record = self.record(set_id, caller)
         return {"id": set_id, "results": list(record.results), "refused": record.refused}
 
-    def collect(self, set_id: str) -> dict[str, Any]:
+    def collect(self, set_id: str, caller: str | None = None) -> dict[str, Any]:
         """Every result held for the set ({"request_id", "hook_results"}: hook index -> saved,
         encoded), and how many were refused; empties the set."""
-        record = self.record(set_id)
+        record = self.record(set_id, caller)
         results, refused = record.results, record.refused
         self.held_chars -= record.chars
         record.results, record.chars, record.refused = [], 0, 0
         return {"id": set_id, "results": results, "refused": refused}
 
-    def remove(self, set_id: str) -> _Record:
-        record = self.record(set_id)
-        del self.sets[set_id]
+    def remove(self, set_id: str, caller: str | None = None) -> _Record:
+        self.record(set_id, caller)
+        return self._drop(set_id)
+
+    def _drop(self, set_id: str) -> _Record:
+        record = self.sets.pop(set_id)
         if self.auto_set == set_id:
             self.auto_set = None
         self.held_chars -= record.chars
@@ -241,9 +289,10 @@ def register_hook_set(llm: Any, hooks: Sequence[Any]) -> HookSet:
 
 
 # --------------------------------------------------------------------------- server (AsyncLLM)
-async def register_async(engine: Any, hooks: Sequence[Any]) -> dict[str, Any]:
+async def register_async(engine: Any, hooks: Sequence[Any], owner: str = SHARED_OWNER) -> dict[str, Any]:
     processor = compat.input_processor(engine)
     set_id, record = prepare(processor, hooks)
+    record.owner = owner
     store = store_of(processor)
     try:
         store.admit(record)  # before the await: concurrent creates cannot pass the bounds together
@@ -261,12 +310,21 @@ async def register_async(engine: Any, hooks: Sequence[Any]) -> dict[str, Any]:
     return {"id": set_id, "hooks": [hook["name"] for hook in record.hooks]}
 
 
-def collect_async(engine: Any, set_id: str) -> dict[str, Any]:
+def collect_async(engine: Any, set_id: str, owner: str) -> dict[str, Any]:
     """Raw (per-hook) results; ``union_view`` gives our HTTP form."""
-    return store_of(compat.input_processor(engine)).collect(set_id)
+    return store_of(compat.input_processor(engine)).collect(set_id, owner)
 
 
-async def clear_async(engine: Any, set_id: str) -> dict[str, Any]:
-    record = store_of(compat.input_processor(engine)).remove(set_id)
+async def clear_async(engine: Any, set_id: str, owner: str) -> dict[str, Any]:
+    record = store_of(compat.input_processor(engine)).remove(set_id, owner)
     await compat.async_collective_rpc(engine, CLEAR_SET_METHOD, (set_id,))
     return {"id": set_id, "dropped_results": len(record.results)}
+
+
+async def free_idle_async(engine: Any) -> list[str]:
+    """Free the sets idle past LENS_EVALS_HOOK_SET_IDLE_S, the workers' halves too (every lens
+    route calls this first, so an expired set never holds a slot a create needs); their ids."""
+    expired = store_of(compat.input_processor(engine)).expire()
+    for set_id in expired:
+        await compat.async_collective_rpc(engine, CLEAR_SET_METHOD, (set_id,))
+    return expired

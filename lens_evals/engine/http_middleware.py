@@ -16,19 +16,26 @@ from typing import Any
 import torch
 
 from lens_evals import wire, wire_frame
-from lens_evals.engine import compat
+from lens_evals.engine import compat, hook_sets
 from lens_evals.engine.frontend_attach import HTTP_SINK, HttpResult, release_when_idle
-from lens_evals.engine.hook_routes import HOOK_SETS_PATH, UNAUTHORIZED, Message, Receive, Scope, Send, authorized, reply, serve_hook_sets
+from lens_evals.engine.hook_routes import (
+    HOOK_SETS_PATH,
+    UNAUTHORIZED,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    caller,
+    error_body,
+    json_only,
+    reply,
+    serve_hook_sets,
+)
 from lens_evals.engine.vllm_lens_api import HOOKS_PATH, serve_vllm_lens_hooks
 from lens_evals.wire_codec import Buffers
 
 logger = logging.getLogger("lens_evals")
 _TRAILING_INDEX = re.compile(r"-(\d+)$")
-MIDDLEWARE_PATH = "lens_evals.engine.http_middleware.LensResponseMiddleware"
-
-
-def add_middleware(app: Any) -> None:
-    app.add_middleware(LensResponseMiddleware)
 
 
 def encode_activations(activations: dict[str, Any], encoding: str = wire.DEFAULT_RESPONSE_ENCODING) -> dict[str, Any]:
@@ -68,21 +75,29 @@ def _error_body(results: list[HttpResult]) -> dict[str, Any] | None:
 class LensResponseMiddleware:
     """Buffers non-streaming completion/chat responses that carried lens requests and adds
     ``"activations"`` (one request) or a list of them (several prompts, in prompt order).
-    It also answers the lens routes (``/lens/...``), each behind the server's API keys: it runs
-    outside vLLM's authentication, which guards only ``/v1``-like prefixes anyway."""
+    It also answers the lens routes (``/lens/...``, ``/v1/hooks/...``), each behind the server's
+    API keys (vLLM's authentication guards only ``/v1``-like prefixes), JSON bodies only. It is
+    the innermost middleware: the operator's ``--middleware`` and CORS see every request first."""
 
     def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
+        owner = caller(scope) if scope.get("type") == "http" else None
         if scope.get("type") == "http" and (path.startswith(HOOK_SETS_PATH) or path.startswith(HOOKS_PATH)):
-            if not authorized(scope):
+            if owner is None:
                 await reply(send, 401, UNAUTHORIZED)
                 return
+            if (refusal := json_only(scope)) is not None:
+                await reply(send, 415, error_body(refusal, 415))
+                return
             serve = serve_hook_sets if path.startswith(HOOK_SETS_PATH) else serve_vllm_lens_hooks
-            await serve(scope, receive, send)
+            await serve(scope, receive, send, owner)
             return
+        # the request's own context (each ASGI request runs in a task of its own): admission
+        # finds only this caller's hook sets (frontend_admit)
+        hook_sets.CALLER.set(hook_sets.NOBODY if owner is None else owner)
         if scope.get("type") != "http" or scope.get("method") != "POST" or not scope.get("path", "").endswith("completions"):
             await self.app(scope, receive, send)
             return

