@@ -155,6 +155,14 @@ MAX_CAPTURE_GIB = number(
     "frontend",
     "one request's capture (layers x positions x hidden x 4 bytes); larger is refused (400)",
 )
+MAX_REQUEST_ARRAYS_GIB = number(
+    "LENS_EVALS_MAX_REQUEST_ARRAYS_GIB",
+    4.0,
+    "GiB",
+    "frontend",
+    "what one request's arrays (steering vectors, probe weights, hook args) may decode to in all; "
+    "larger declared sizes are refused (400) before decoding",
+)
 MAX_HELD_CAPTURE_GIB = number(
     "LENS_EVALS_MAX_HELD_CAPTURE_GIB",
     8.0,
@@ -321,6 +329,7 @@ ALL: tuple[Setting[Any], ...] = (
     HOOKS,
     TIMING,
     MAX_CAPTURE_GIB,
+    MAX_REQUEST_ARRAYS_GIB,
     MAX_HELD_CAPTURE_GIB,
     MAX_SAVED_MIB,
     MAX_HOOK_SETS,
