@@ -133,8 +133,9 @@ class Hook:
         return json.dumps(self.to_wire())
 
     @classmethod
-    def from_wire(cls, payload: Any) -> Hook:
-        """A Hook object, or the JSON form (dict or string) of a registered hook."""
+    def from_wire(cls, payload: Any, bound: wire.Bound = wire.UNBOUNDED) -> Hook:
+        """A Hook object, or the JSON form (dict or string) of a registered hook (each array of
+        its args refused unread if it declares more than ``bound``)."""
         if isinstance(payload, Hook):
             return payload
         if isinstance(payload, str):
@@ -145,7 +146,7 @@ class Hook:
         if not isinstance(payload.get("name"), str):
             raise ValueError("a hook in JSON form needs 'name': the name of a registered hook")
         try:
-            args = wire.decode_tree(payload.get("args") or {})
+            args = wire.decode_tree(payload.get("args") or {}, bound=bound)
         except wire.WireError as exc:
             raise ValueError(f"hook args: {exc}") from None
         if not isinstance(args, dict):

@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from lens_evals import host_memory
+from lens_evals.host_memory import UNIT_BYTES
+
 T = TypeVar("T")
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
-UNIT_BYTES = {"bytes": 1, "MiB": 2**20, "GiB": 2**30}
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,14 @@ DEVICE_BUDGET_MIB = number(
     "device memory lens requests in flight may hold (a step's capture rows, vectors, probes, hook results), charged at "
     "admission: past it a request gets HTTP 429; on a GPU taken out of vLLM's KV cache when the engine starts",
 )
+MAX_REQUEST_ARRAYS_GIB = number(
+    "LENS_EVALS_MAX_REQUEST_ARRAYS_GIB",
+    4.0,
+    "GiB",
+    "frontend",
+    "what one request's arrays (steering vectors, probe weights, hook args) may decode to in all; "
+    "larger declared sizes are refused (400) before decoding",
+)
 MAX_SAVED_MIB = number(
     "LENS_EVALS_MAX_SAVED_MIB", 256.0, "MiB", "worker", "what one request's hooks save (their JSON size); past it the request fails"
 )
@@ -220,53 +230,11 @@ HANDOFF_MIN_BYTES = integer(
     "smaller blocks go inline (sharing them costs more than copying them)",
     "65536 (64 KiB)",
 )
-POOL_FLOOR_MIB = 4096.0
-
-
-def host_memory_bytes() -> int | None:
-    """This host's memory for us: physical memory, or the cgroup (v2) limit where one is lower;
-    None where neither can be read."""
-    try:
-        total: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        total = None
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-    except OSError:
-        limit = "max"
-    if limit.isdigit():
-        total = int(limit) if total is None else min(total, int(limit))
-    return total
-
-
-def _quarter_of_host(floor: float, unit: str) -> float:
-    """A quarter of the host's memory in ``unit``, at least ``floor``."""
-    memory = host_memory_bytes()
-    return floor if memory is None else max(floor, memory / 4 / UNIT_BYTES[unit])
-
-
-def _pool_default_mib() -> float:
-    """A quarter of the host's memory, at least :data:`POOL_FLOOR_MIB`: a loop of calls whose
-    captures the caller holds one at a time needs two calls' rows in the pool (issue #21: 22 GB
-    for 8 layers of the 1,000-prompt prefill capture of an 8B model, on a 126 GiB host)."""
-    return _quarter_of_host(POOL_FLOOR_MIB, "MiB")
-
-
-HELD_FLOOR_GIB = 8.0
-
-
-def _held_default_gib() -> float:
-    """A quarter of the host's memory, at least :data:`HELD_FLOOR_GIB`: an offline call holds
-    every request's rows the pool does not take until its one fetch, and a fixed 8 GiB dropped
-    most of an 11 GB capture of 8 layers on a 128 GB host (issue #47)."""
-    return _quarter_of_host(HELD_FLOOR_GIB, "GiB")
-
-
 MAX_HELD_CAPTURE_GIB = Setting(
     "LENS_EVALS_MAX_HELD_CAPTURE_GIB",
     "number",
     _number,
-    _held_default_gib,
+    host_memory.held_default_gib,
     "a quarter of the host's memory, at least 8",
     "GiB",
     "worker",
@@ -278,7 +246,7 @@ HANDOFF_POOL_MIB = Setting(
     "LENS_EVALS_HANDOFF_POOL_MIB",
     "number",
     _number,
-    _pool_default_mib,
+    host_memory.pool_default_mib,
     "a quarter of the host's memory, at least 4096",
     "MiB",
     "worker",
@@ -363,6 +331,7 @@ ALL: tuple[Setting[Any], ...] = (
     HOOKS,
     TIMING,
     MAX_CAPTURE_GIB,
+    MAX_REQUEST_ARRAYS_GIB,
     MAX_HELD_CAPTURE_GIB,
     DEVICE_BUDGET_MIB,
     MAX_SAVED_MIB,

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Self
 
 import numpy as np
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_serializer, field_validator, model_validator
 
 from lens_evals import wire
 from lens_evals.hooks import Hook
@@ -43,14 +43,16 @@ MAX_PROBES_PER_REQUEST = 4096
 # Each hook runs in Python once per layer and step: 2,000 hooks at 4 layers made 8 tokens of a
 # batch take 1.8 s instead of 0.04 s (tiny Llama, CPU), for every request of the batch.
 MAX_HOOKS_PER_REQUEST = 256
+BOUND_CONTEXT = "bound"  # validation context key: the wire.Bound an encoded array is decoded under
 
 
-def float32_array(value: Any) -> np.ndarray:
+def float32_array(value: Any, bound: wire.Bound = wire.UNBOUNDED) -> np.ndarray:
     """``value`` as a float32 numpy array: a torch tensor of any dtype (bfloat16 included, which
     numpy cannot hold: ``tensor.numpy()`` and ``np.asarray(tensor)`` refuse it), a numpy array, nested
-    lists, or one encoded wire array. Not numeric: a ValueError."""
+    lists, or one encoded wire array (refused unread if larger than ``bound``). Not numeric: a
+    ValueError."""
     if isinstance(value, Mapping):
-        return wire.decode_array(value).astype(np.float32)
+        return wire.decode_array(value, bound=bound).astype(np.float32)
     if hasattr(value, "detach"):  # torch.Tensor, without importing torch
         value = value.detach()
         value = value.resolve_conj().cpu().numpy() if value.is_complex() else value.float().cpu().numpy()
@@ -66,10 +68,12 @@ def float32_array(value: Any) -> np.ndarray:
     return array.real.astype(np.float32)
 
 
-def owned_float32_array(value: Any) -> np.ndarray:
+def owned_float32_array(value: Any, info: ValidationInfo | None = None) -> np.ndarray:
     """:func:`float32_array` as a copy of its own: a float32 array or tensor would otherwise be
-    shared with the caller, who may refill or normalise it in place before the request is sent."""
-    return np.array(float32_array(value), dtype=np.float32, copy=True)
+    shared with the caller, who may refill or normalise it in place before the request is sent.
+    An encoded array is decoded under the validation context's bound (``from_wire``'s)."""
+    context = info.context if info is not None and isinstance(info.context, Mapping) else {}
+    return np.array(float32_array(value, context.get(BOUND_CONTEXT, wire.UNBOUNDED)), dtype=np.float32, copy=True)
 
 
 def _as_tensor(array: np.ndarray) -> Any:
@@ -106,11 +110,13 @@ class _WireModel(BaseModel):
         return json.dumps(self.to_wire())
 
     @classmethod
-    def from_wire(cls, payload: Any) -> Self:
-        """Accept the object itself, its wire dict or that dict as a JSON string."""
+    def from_wire(cls, payload: Any, bound: wire.Bound = wire.UNBOUNDED) -> Self:
+        """Accept the object itself, its wire dict or that dict as a JSON string; its encoded
+        array is refused unread if it declares more than ``bound``."""
         if isinstance(payload, cls):
             return payload
-        return cls.model_validate(wire.json_object(payload, cls.wire_name, cls.model_fields))
+        fields = wire.json_object(payload, cls.wire_name, cls.model_fields)
+        return cls.model_validate(fields, context={BOUND_CONTEXT: bound})
 
 
 class SteeringVector(_WireModel):
@@ -135,8 +141,8 @@ class SteeringVector(_WireModel):
 
     @field_validator("activations", mode="before")
     @classmethod
-    def _to_array(cls, value: Any) -> Any:
-        return _as_tensor(owned_float32_array(value))
+    def _to_array(cls, value: Any, info: ValidationInfo) -> Any:
+        return _as_tensor(owned_float32_array(value, info))
 
     @field_serializer("activations")
     def _encode_activations(self, value: Any) -> dict[str, Any]:
@@ -220,8 +226,8 @@ class LinearProbe(_WireModel):
 
     @field_validator("weights", mode="before")
     @classmethod
-    def _to_array(cls, value: Any) -> np.ndarray:
-        return owned_float32_array(value)
+    def _to_array(cls, value: Any, info: ValidationInfo) -> np.ndarray:
+        return owned_float32_array(value, info)
 
     @field_serializer("weights")
     def _encode_weights(self, value: np.ndarray) -> dict[str, Any]:

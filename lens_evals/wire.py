@@ -9,7 +9,10 @@
 Both carry the tensor's native dtype (bfloat16 stays bfloat16). Decoding validates everything it
 reads and raises :class:`WireError` (a ``ValueError``) saying what is wrong; a compressed payload
 is checked against its declared size (at most ``MAX_DECODED_BYTES``) BEFORE it is inflated and
-is never inflated past it (a zip bomb is refused, a truncated frame is an error).
+is never inflated past it (a zip bomb is refused, a truncated frame is an error). A request's
+arrays are decoded under a :class:`~lens_evals.wire_codec.Bound` (the most the model can use, and
+a budget for the request): every declared size (shape, ``nbytes``, base64 length) is checked
+against it before anything is decoded.
 
 Arrays decode to numpy (bfloat16 widened to float32, exactly) or, with :func:`decode_tensor`, to
 a torch tensor in the native dtype. Importable without torch.
@@ -25,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from lens_evals import wire_codec as codec
-from lens_evals.wire_codec import MAX_DECODED_BYTES, Raw, WireError, json_loads
+from lens_evals.wire_codec import MAX_DECODED_BYTES, UNBOUNDED, Bound, Budget, Raw, WireError, json_loads
 
-__all__ = ["MAX_DECODED_BYTES", "WireError", "json_loads"]
+__all__ = ["MAX_DECODED_BYTES", "UNBOUNDED", "Bound", "Budget", "WireError", "json_loads"]
 ENCODING = "safetensors-base64"
 # What a request may ask its activations to come back as (``activations_encoding``): in a JSON
 # body (base64 text), or (``safetensors-frame``, completions only) the same JSON with the arrays'
@@ -107,30 +110,36 @@ def is_vllm_lens_form(payload: Any) -> bool:
     return isinstance(payload, Mapping) and "encoding" not in payload and {"data", "dtype", "shape"} <= set(payload)
 
 
-def _decode_ours(payload: Mapping[str, Any], allowed: frozenset[str]) -> dict[str, Raw]:
+def _decode_ours(payload: Mapping[str, Any], allowed: frozenset[str], bound: Bound) -> dict[str, Raw]:
     if payload.get("encoding") != ENCODING:
         raise WireError(f"unknown tensor encoding {payload.get('encoding')!r}; expected {ENCODING!r}")
     extra = set(payload) - _OURS_KEYS
     if extra:
         raise WireError(f"unknown tensor object fields {sorted(extra)}")
+    data = payload.get("data")
     if _compression(payload) is None:
-        return codec.parse_safetensors(_b64(payload.get("data")), allowed)
+        if isinstance(data, (str, bytes, bytearray, memoryview)):  # its length says what it holds
+            bound.reserve(len(data) // 4 * 3 if isinstance(data, str) else memoryview(data).nbytes, "data of")
+        return codec.parse_safetensors(_b64(data, codec.b64_chars(bound.max_bytes)), allowed, bound)
     declared = payload.get("nbytes")
     if not codec.is_int(declared) or declared < 8:
         raise WireError("a zstd-compressed tensor object needs 'nbytes': the inflated size in bytes")
     nbytes = int(declared)
     codec.check_size(nbytes)
-    packed = _b64(payload.get("data"), codec.b64_chars(codec.compress_bound(nbytes)))
-    return codec.parse_safetensors(codec.inflate(packed, nbytes), allowed)
+    bound.reserve(nbytes, "declares")
+    packed = _b64(data, codec.b64_chars(codec.compress_bound(nbytes)))
+    return codec.parse_safetensors(codec.inflate(packed, nbytes), allowed, bound)
 
 
-def _decode_theirs(payload: Mapping[str, Any], allowed: frozenset[str]) -> Raw:
+def _decode_theirs(payload: Mapping[str, Any], allowed: frozenset[str], bound: Bound) -> Raw:
     extra = set(payload) - _THEIRS_KEYS - {"__type__"}
     if extra:
         raise WireError(f"unknown tensor object fields {sorted(extra)}")
     dtype = codec.vllm_lens_dtype(payload.get("dtype"), payload.get("original_dtype"), allowed)
     shape = codec.checked_shape(payload.get("shape"))
+    bound.check_elements(shape)
     nbytes = codec.nbytes_of(dtype, shape)  # checked against MAX_DECODED_BYTES before any decoding
+    bound.reserve(nbytes, "needs")
     if _compression(payload) is None:
         data = _b64(payload.get("data"), codec.b64_chars(nbytes))
     else:
@@ -140,25 +149,26 @@ def _decode_theirs(payload: Mapping[str, Any], allowed: frozenset[str]) -> Raw:
     return Raw(data, dtype, shape)
 
 
-def decode_raws(payload: Any, allowed_dtypes: frozenset[str] = FLOAT_DTYPES) -> dict[str, Raw]:
-    """Either form -> named raw tensors (bytes, dtype name, shape); WireError if malformed."""
+def decode_raws(payload: Any, allowed_dtypes: frozenset[str] = FLOAT_DTYPES, bound: Bound = UNBOUNDED) -> dict[str, Raw]:
+    """Either form -> named raw tensors (bytes, dtype name, shape); WireError if malformed or
+    (declared) larger than ``bound``."""
     if not isinstance(payload, Mapping):
         raise WireError(f"expected an encoded tensor object, got {type(payload).__name__}")
     if is_vllm_lens_form(payload):
-        return {"tensor": _decode_theirs(payload, allowed_dtypes)}
-    return _decode_ours(payload, allowed_dtypes)
+        return {"tensor": _decode_theirs(payload, allowed_dtypes, bound)}
+    return _decode_ours(payload, allowed_dtypes, bound)
 
 
-def _one(payload: Any, allowed_dtypes: frozenset[str]) -> Raw:
-    raws = decode_raws(payload, allowed_dtypes)
+def _one(payload: Any, allowed_dtypes: frozenset[str], bound: Bound = UNBOUNDED) -> Raw:
+    raws = decode_raws(payload, allowed_dtypes, bound)
     if len(raws) != 1:
         raise WireError(f"expected one tensor in payload, found {len(raws)}")
     return next(iter(raws.values()))
 
 
-def decode_array(payload: Any, allowed_dtypes: frozenset[str] = FLOAT_DTYPES) -> np.ndarray:
-    """One array (numpy; bfloat16 widened to float32)."""
-    return _one(payload, allowed_dtypes).to_numpy()
+def decode_array(payload: Any, allowed_dtypes: frozenset[str] = FLOAT_DTYPES, bound: Bound = UNBOUNDED) -> np.ndarray:
+    """One array (numpy; bfloat16 widened to float32), refused unread if larger than ``bound``."""
+    return _one(payload, allowed_dtypes, bound).to_numpy()
 
 
 def decode_tensor(payload: Any, allowed_dtypes: frozenset[str] = TREE_DTYPES) -> Any:
@@ -219,9 +229,10 @@ def encode_tree(value: Any, path: str = "value", depth: int = 0, encoding: str =
     )
 
 
-def decode_tree(value: Any, convert: Callable[[np.ndarray], Any] = lambda array: array, depth: int = 0) -> Any:
-    """Inverse of :func:`encode_tree`; each decoded array (numpy) goes through ``convert``."""
-    return _walk(value, lambda payload: convert(decode_array(payload, TREE_DTYPES)), depth)
+def decode_tree(value: Any, convert: Callable[[np.ndarray], Any] = lambda array: array, depth: int = 0, bound: Bound = UNBOUNDED) -> Any:
+    """Inverse of :func:`encode_tree`; each decoded array (numpy, each within ``bound``) goes
+    through ``convert``."""
+    return _walk(value, lambda payload: convert(decode_array(payload, TREE_DTYPES, bound)), depth)
 
 
 def decode_tree_native(value: Any) -> Any:

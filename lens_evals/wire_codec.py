@@ -18,6 +18,10 @@ import numpy as np
 import zstandard
 
 MAX_DECODED_BYTES = 2 * 2**30  # one decoded payload; larger declared sizes are refused unread
+MAX_ITEMSIZE = 8  # the widest dtype that travels (float64, int64)
+# What a safetensors file of one tensor may hold beside its data: its header (~100 bytes; some
+# writers add ``__metadata__``), padded to 8 bytes.
+HEADER_SLACK = 4096
 MAX_DIMS = 8
 ZSTD_LEVEL = 1
 # dtype name -> (safetensors code, numpy storage dtype)
@@ -141,6 +145,59 @@ def raw_of(value: Any, copy: bool = True) -> Raw:
     return Raw(data, dtype, tuple(int(n) for n in array.shape))
 
 
+# --------------------------------------------------------------------------- bounds
+class Budget:
+    """The bytes a request's arrays may still decode to, in all (shared by its :class:`Bound` s)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.total = self.left = nbytes
+
+    def take(self, nbytes: int) -> None:
+        if nbytes > self.left:
+            raise WireError(
+                f"the request's arrays would decode to more than {self.total} bytes in all "
+                "(LENS_EVALS_MAX_REQUEST_ARRAYS_GIB); refused before decoding"
+            )
+        self.left -= nbytes
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The most one array may decode to: ``max_elements`` (the largest the model can use, e.g. its
+    hidden size for a probe's weights; ``what`` says which) and bytes taken from ``budget``. Each
+    size a payload declares (its shape, its zstd ``nbytes``, its base64 length) is checked against
+    it BEFORE anything is decoded or inflated."""
+
+    max_elements: int
+    what: str = "an array"
+    budget: Budget | None = None
+
+    @property
+    def max_bytes(self) -> int:
+        """The largest payload that can hold a legal array (in the widest dtype), with its header."""
+        return min(MAX_DECODED_BYTES, self.max_elements * MAX_ITEMSIZE + HEADER_SLACK)
+
+    def check_elements(self, shape: tuple[int, ...]) -> None:
+        if math.prod(shape) > self.max_elements:
+            raise WireError(
+                f"tensor of shape {list(shape)} has {math.prod(shape)} elements, over the {self.max_elements} "
+                f"that {self.what} may have; refused before decoding"
+            )
+
+    def reserve(self, nbytes: int, declared: str) -> None:
+        """Take ``nbytes`` (what the payload's ``declared`` size says it decodes to) or refuse it."""
+        if nbytes > self.max_bytes:
+            raise WireError(
+                f"tensor {declared} {nbytes} bytes, over the {self.max_bytes} that {self.what} may take "
+                f"(at most {self.max_elements} elements); refused before decoding"
+            )
+        if self.budget is not None:
+            self.budget.take(nbytes)
+
+
+UNBOUNDED = Bound(MAX_DECODED_BYTES, "any array")  # no model to size against: the global bound alone
+
+
 # --------------------------------------------------------------------------- sizes
 def checked_shape(shape: Any) -> tuple[int, ...]:
     if not (isinstance(shape, list) and len(shape) <= MAX_DIMS and all(is_int(n) and n >= 0 for n in shape)):
@@ -244,7 +301,7 @@ def safetensors_bytes(tensors: Mapping[str, Raw]) -> bytes:
     return b"".join(safetensors_pieces(tensors))
 
 
-def parse_safetensors(raw: bytes | memoryview, allowed: frozenset[str]) -> dict[str, Raw]:
+def parse_safetensors(raw: bytes | memoryview, allowed: frozenset[str], bound: Bound = UNBOUNDED) -> dict[str, Raw]:
     """Read a safetensors file, validating every header entry before touching the body."""
     if len(raw) < 8:
         raise WireError("tensor payload truncated (no header)")
@@ -274,6 +331,7 @@ def parse_safetensors(raw: bytes | memoryview, allowed: frozenset[str]) -> dict[
             shape = checked_shape(info["shape"])
         except WireError as exc:
             raise WireError(f"tensor {name!r}: {exc}") from None
+        bound.check_elements(shape)
         start, end = offsets
         if not (0 <= start <= end <= len(body)):
             raise WireError(f"tensor {name!r}: data offsets outside payload (truncated?)")

@@ -79,7 +79,7 @@ BAD: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "steer oversize vector": (
         {"apply_steering_vectors": [steer(activations=wire.encode_array(np.ones((1, 200_000), np.float32)))]},
         {},
-        "hidden size 200000",
+        "that a steering vector (4 layers x 11 positions x 128) may",  # refused before it is decoded
     ),
     "steer NaN": ({"apply_steering_vectors": ['{"activations": [[NaN]], "layer_indices": [0]}']}, {}, "NaN or inf"),
     "steer inf": ({"apply_steering_vectors": [steer(activations=[[float("inf")] * HIDDEN])]}, {}, "NaN or inf"),

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from lens_evals import settings
+from lens_evals import host_memory, settings
 from lens_evals.engine.frontend_rows import result_tensors
 from lens_evals.engine.handoff import claim_all
 from tests.conftest import TINY_PROMPTS, capture, greedy, make_llm
@@ -94,7 +94,7 @@ def test_the_default_bound_is_a_quarter_of_the_host_memory(monkeypatch) -> None:
     still wins."""
     monkeypatch.delenv("LENS_EVALS_MAX_HELD_CAPTURE_GIB", raising=False)
     for memory, held in ((128 * 10**9, 32 * 10**9), (24 * 2**30, 8 * 2**30), (None, 8 * 2**30)):
-        monkeypatch.setattr(settings, "host_memory_bytes", lambda memory=memory: memory)
+        monkeypatch.setattr(host_memory, "host_memory_bytes", lambda memory=memory: memory)
         assert settings.MAX_HELD_CAPTURE_GIB.in_bytes() == held, memory
     monkeypatch.setenv("LENS_EVALS_MAX_HELD_CAPTURE_GIB", "2")
     assert settings.MAX_HELD_CAPTURE_GIB.in_bytes() == 2 * 2**30

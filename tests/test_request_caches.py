@@ -1,5 +1,6 @@
 """The per-request work done once (issue #21, item 4): probes encoded once per distinct probe on
-the frontend and decoded once per digest on the worker, probes sent as JSON strings parsed once,
+the frontend and decoded once per digest on the worker, probes sent as JSON strings parsed once
+(once a request sending them is accepted),
 the engine's facts read once per input processor. No engine. References: the uncached forms
 (``LinearProbe.to_wire``, a fresh parse, SHA-256 of the weights and bias computed here)."""
 
@@ -18,7 +19,7 @@ import torch
 from lens_evals.engine import compat, frontend_admit
 from lens_evals.engine.probe_cache import LRU, encode_probe, probe_digest
 from lens_evals.engine.requests import decode_worker_request
-from lens_evals.request_args import parse_lens_args
+from lens_evals.request_args import parse_lens_args, remember_probes
 from lens_evals.spec import CAPTURE_KEY, INTERNAL_KEY, PROBE_KEY, LinearProbe
 
 HIDDEN = 64
@@ -60,12 +61,15 @@ def test_a_probe_is_encoded_once_per_content() -> None:
 def test_probe_json_strings_are_parsed_once_and_errors_still_name_the_item() -> None:
     texts = [probe(2, "a").to_json(), probe(3, "b").to_json()]
     one = parse_lens_args({PROBE_KEY: list(texts)})
+    assert not any(x is y for x, y in zip(one.probes, parse_lens_args({PROBE_KEY: list(texts)}).probes))  # not accepted yet
+    remember_probes({PROBE_KEY: texts}, one.probes)  # what admission does once the request is accepted
     again = parse_lens_args({PROBE_KEY: list(texts)})
     assert [p.name for p in one.probes] == ["a", "b"]
     assert all(x is y for x, y in zip(one.probes, again.probes))  # the same parsed objects
     np.testing.assert_array_equal(one.probes[1].weights, probe(3).weights)
     whole = json.dumps([json.loads(text) for text in texts])  # vllm-lens's form: one string of the list
     assert [p.name for p in parse_lens_args({PROBE_KEY: whole}).probes] == ["a", "b"]
+    remember_probes({PROBE_KEY: whole}, parse_lens_args({PROBE_KEY: whole}).probes)
     assert parse_lens_args({PROBE_KEY: whole}).probes[0] is parse_lens_args({PROBE_KEY: whole}).probes[0]
     bad = json.dumps({**json.loads(texts[1]), "layer": -1})
     with pytest.raises(ValueError, match=r"output_probe_scores\[1\]"):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lens_evals import settings
+from lens_evals import host_memory, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "lens_evals"
@@ -169,7 +169,7 @@ def test_the_pool_default_is_a_quarter_of_the_hosts_memory_at_least_4_gib(monkey
     limit = Path("/sys/fs/cgroup/memory.max")
     if limit.exists() and limit.read_text().strip().isdigit():
         total = min(total, int(limit.read_text()))
-    assert settings.host_memory_bytes() == total
+    assert host_memory.host_memory_bytes() == total
     assert settings.HANDOFF_POOL_MIB.get() == max(4096.0, total / 4 / 2**20)
     monkeypatch.setenv(settings.HANDOFF_POOL_MIB.name, "512")
     assert settings.HANDOFF_POOL_MIB.in_bytes() == 512 * 2**20

@@ -25,7 +25,7 @@ from lens_evals.engine.hook_sets import CALLER, UnknownHookSet, store_of
 from lens_evals.engine.probe_cache import encode_probe
 from lens_evals.engine.protocol import LensSpecWire
 from lens_evals.hooks import check_registered_args
-from lens_evals.request_args import parse_lens_args, refuse_misspelled_keys
+from lens_evals.request_args import LensLimits, parse_lens_args, refuse_misspelled_keys, remember_probes
 from lens_evals.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS, LensRequest
 
 REGISTRY_ATTR = "_lens_evals_pending"
@@ -174,18 +174,18 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
     refuse_misspelled_keys(extra)
     if not any(key in extra for key in LENS_KEYS):
         return
-    lens = parse_lens_args(extra)
+    facts = engine_facts(processor)  # first: the model's shape bounds what parsing may decode
+    shape = facts.shape
+    prompt_len = len(request.prompt_token_ids or [])
+    max_positions = prompt_len + int(params.max_tokens or 1) - 1
+    lens = parse_lens_args(extra, LensLimits.for_model(shape.num_layers, shape.hidden_size, max_positions))
     if not lens.active:
         return
-    facts = engine_facts(processor)
     if facts.refusal is not None:
         raise ValueError(facts.refusal)
     if getattr(params, "n", 1) != 1:
         raise ValueError(f"{'/'.join(LENS_KEYS)} need n=1 (send n separate requests)")
-    shape = facts.shape
     lens = lens.for_model(shape.num_layers)
-    prompt_len = len(request.prompt_token_ids or [])
-    max_positions = prompt_len + int(params.max_tokens or 1) - 1
     lens.check_model(shape.num_layers, shape.hidden_size, max(max_positions, 1), max_capture_bytes())
     tapped = facts.tapped
     if tapped is not None and (reason := refusal(lens, tapped)) is not None:
@@ -216,6 +216,7 @@ def _normalise(request: Any, params: Any, extra: dict[str, Any], lens: LensReque
     prompt_len = len(request.prompt_token_ids or [])
     hooks, local_ids = encode_hooks(lens.hooks)
     probes = [encode_probe(probe) for probe in lens.probes]  # once per distinct probe
+    remember_probes(extra, lens.probes)  # accepted: its probe strings are parsed once from now on
     key = uuid.uuid4().hex
     normalised = {k: v for k, v in extra.items() if k not in LENS_KEYS}
     spec: LensSpecWire = {
