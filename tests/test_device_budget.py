@@ -32,6 +32,12 @@ def capture_bytes(positions: int, layers: int) -> int:
     return positions * layers * HIDDEN * ACT
 
 
+def prompt_tokens(tiny_path: Any) -> int:
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(str(tiny_path))(PROMPT)["input_ids"])
+
+
 def test_a_request_over_the_whole_budget_is_refused_saying_what_to_lower(llm, monkeypatch) -> None:
     n_prompt = len(llm.get_tokenizer()(PROMPT)["input_ids"])
     need = capture_bytes(n_prompt + MAX_TOKENS - 1, len(LAYERS))
@@ -48,7 +54,7 @@ def test_requests_past_the_budget_together_get_429_the_rest_equal_their_solo_run
     """Eight captures at once against a budget that holds about two: at least one 429 naming the
     budget, every 200 equal to the request run alone, plain requests all served; afterwards the
     budget is free again (the same capture served alone)."""
-    n_prompt = 13  # the prompt's tokens on the tiny Llama (checked below)
+    n_prompt = prompt_tokens(tiny_path)
     one = capture_bytes(n_prompt + MAX_TOKENS - 1, len(LAYERS))
     env = {"LENS_EVALS_DEVICE_BUDGET_MIB": str(2.5 * one / 2**20)}
     body = {"model": "test", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
@@ -82,7 +88,7 @@ def test_hook_results_past_the_budget_fail_the_requests_admitted_last(tiny_path)
     """``record`` keeps every hooked row on the device until the fetch. With a budget for about
     three requests' rows, six at once: the first ones finish with their rows, the later ones fail
     with the budget's message, and a request afterwards is served (nothing left held)."""
-    n_prompt = 13
+    n_prompt = prompt_tokens(tiny_path)
     rows = (n_prompt + MAX_TOKENS - 1) * HIDDEN * ACT * 2  # the rows and their positions' ids, generously
     env = {"LENS_EVALS_DEVICE_BUDGET_MIB": str(3 * rows / 2**20)}
     payload: dict[str, Any] = {"model": "test", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
