@@ -287,6 +287,13 @@ PROBE_DIR = path(
     "client, tools",
     "where trained probes are saved and looked up",
 )
+ALLOW_PICKLE_PROBES = flag(
+    "LENS_EVALS_ALLOW_PICKLE_PROBES",
+    False,
+    "client, tools",
+    "load a probe saved as a joblib pickle (NAME.joblib, named explicitly), which can run any code it holds; "
+    "`lens-evals probes convert NAME.joblib` makes a safetensors probe of it instead",
+)
 ORACLE_DIR = path(
     "LENS_EVALS_ORACLE_DIR",
     lambda: _cache_dir("oracles"),
@@ -336,6 +343,7 @@ ALL: tuple[Setting[Any], ...] = (
     WRITE_THREADS,
     MODEL_DIR,
     PROBE_DIR,
+    ALLOW_PICKLE_PROBES,
     ORACLE_DIR,
     GGUF_DIR,
     DEQUANT_DTYPE,

@@ -11,11 +11,12 @@ from inspect_ai import Task, task
 
 from lens_evals import settings
 from lens_evals.integrations.petri import OracleInspector, ProbeInspector, TurnInspector, target_activations
+from lens_evals.probing.probe import PROBE_SUFFIX
 
 INSPECTORS = ("probe", "oracle")
 # The default model's coup probe (``lens-evals probes train --dataset coup``); named here, not through
 # lens_evals.probing.train, which needs the engine's packages that Petri's client-only venv lacks.
-DEFAULT_PROBE_FILE = "smollm2-135m-instruct__coup.joblib"
+DEFAULT_PROBE_FILE = f"smollm2-135m-instruct__coup{PROBE_SUFFIX}"
 
 
 def build_inspectors(

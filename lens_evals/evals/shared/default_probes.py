@@ -13,10 +13,11 @@ from pathlib import Path
 
 def default_probe(directory: str | Path | None = None, training_set: str | None = None, model: str | None = None) -> Path:
     """The default model's probe trained on ``training_set`` (default: Instructed-Pairs), with its card."""
+    from lens_evals.probing.probe import PROBE_SUFFIX
     from lens_evals.probing.train import DEFAULT_MODEL, DEFAULT_TRAINING_SET, default_probe_name, probe_dir
 
     training_set = training_set or DEFAULT_TRAINING_SET
-    path = (Path(directory) if directory else probe_dir()) / f"{default_probe_name(model or DEFAULT_MODEL, training_set)}.joblib"
+    path = (Path(directory) if directory else probe_dir()) / f"{default_probe_name(model or DEFAULT_MODEL, training_set)}{PROBE_SUFFIX}"
     if not path.is_file() or not path.with_suffix(".json").is_file():
         dataset = "" if training_set == DEFAULT_TRAINING_SET else f" --dataset {training_set}"
         raise FileNotFoundError(
