@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = probes_sub.add_parser("train", help="train one probe, write probes/NAME.safetensors and its JSON card")
     train.add_argument("--layer", type=layer_index, default=None, help="default: the model's chosen layer")
     train.add_argument("--name", type=probe_name, default=None)
-    train.add_argument("--out", default="probes")
+    train.add_argument("--out", default=None, help="directory (default: LENS_EVALS_PROBE_DIR, else the repository's probes/)")
     convert = probes_sub.add_parser(
         "convert", help="NAME.joblib (a pickle: only files you trust) -> NAME.safetensors beside it, card updated"
     )

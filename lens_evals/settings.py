@@ -282,8 +282,8 @@ MODEL_DIR = path(
 )
 PROBE_DIR = path(
     "LENS_EVALS_PROBE_DIR",
-    lambda: Path.cwd() / "probes",
-    "./probes (the working directory's)",
+    lambda: Path(__file__).resolve().parents[1] / "probes",
+    "probes/ beside the lens_evals package (the repository's committed probes; never the working directory's)",
     "client, tools",
     "where trained probes are saved and looked up",
 )

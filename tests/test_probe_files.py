@@ -1,5 +1,6 @@
 """Probe files that cannot run code: safetensors weights + JSON card, rebuilt into a scikit-learn
-pipeline that scores exactly as the saved one; joblib pickles only when named and opted in. No engine."""
+pipeline that scores exactly as the saved one; joblib pickles only when named and opted in; the
+default probes are the repository's, never the working directory's ./probes. No engine."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from sklearn.preprocessing import StandardScaler
 
 from lens_evals import settings
 from lens_evals.cli import main
+from lens_evals.evals.shared.default_probes import default_probe, default_probe_set
 from lens_evals.probing.probe import Probe, convert_probe, load_probe
 from tests.test_probing import _card
 
@@ -112,6 +114,27 @@ def test_convert_gives_a_safetensors_probe_scoring_as_the_joblib_one(tmp_path, c
     joblib.dump(pipeline, tmp_path / "lone.joblib")  # no card beside it: a message, exit 2
     assert main(["probes", "convert", str(tmp_path / "lone.joblib")]) == 2
     assert "probe file missing" in capsys.readouterr().err and not (tmp_path / "lone.safetensors").exists()
+
+
+def test_a_probes_folder_in_the_working_directory_is_not_the_default(tmp_path, monkeypatch) -> None:
+    """Before: LENS_EVALS_PROBE_DIR unset meant ./probes, so running a task in someone else's
+    checkout loaded (unpickled) whatever probe it held."""
+    planted = tmp_path / "probes"
+    for name in ("smollm2-135m-instruct__instructed-pairs", "smollm2-135m-instruct__coup"):
+        _joblib_probe(planted, name)
+        Probe(_fitted(), _card(name=name)).save(planted)
+    for suffix in (".json", ".npz"):
+        (planted / f"smollm2-135m-instruct__probe-set{suffix}").write_text("planted")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(settings.PROBE_DIR.name, raising=False)
+    committed = ROOT / "probes"
+    assert settings.PROBE_DIR.get() == committed
+    assert default_probe() == committed / "smollm2-135m-instruct__instructed-pairs.safetensors"
+    assert default_probe(training_set="coup") == committed / "smollm2-135m-instruct__coup.safetensors"
+    assert default_probe_set().parent == committed
+    assert load_probe(default_probe(training_set="coup")).card.hidden_size == 576  # the committed probe, not the planted one (8)
+    monkeypatch.setenv(settings.PROBE_DIR.name, "probes")  # named by the user: theirs to choose
+    assert default_probe().parent == Path("probes")
 
 
 def test_committed_probes_are_safetensors_and_load(monkeypatch) -> None:

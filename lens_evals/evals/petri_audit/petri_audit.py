@@ -52,7 +52,7 @@ def petri_audit(
 ) -> Task:
     """Petri's ``audit`` with the ``target_activations`` auditor tool. ``inspectors``: a comma list of
     ``probe`` and ``oracle`` (the first is the tool's default). ``probe`` defaults to the default
-    model's coup probe in ``probe_dir`` (default: ``LENS_EVALS_PROBE_DIR``, else ``./probes``);
+    model's coup probe in ``probe_dir`` (default: ``LENS_EVALS_PROBE_DIR``, else the repository's ``probes/``);
     ``oracle`` is a trained oracle's directory, served by the target's server as ``oracle_lora``.
     ``compaction`` is off by default: it counts tokens with tiktoken, whose encoding is downloaded
     at run time."""

@@ -3,8 +3,10 @@
 Building a task changes no environment variable and trains nothing; a missing default probe is a
 clear error naming the command that trains it (``lens-evals roleplaying`` trains the default probe
 itself, before it builds the task). ``directory``: where to look (default: ``LENS_EVALS_PROBE_DIR``,
-else ``./probes``, where ``lens-evals probes train`` writes). The training modules are imported
-only when a default is looked up, so the task registry loads in a client-only install."""
+else the repository's committed ``probes/``, where ``lens-evals probes train`` writes; never the
+working directory's ``./probes``, whose files someone else may have put there). The training
+modules are imported only when a default is looked up, so the task registry loads in a
+client-only install."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def default_probe(directory: str | Path | None = None, training_set: str | None 
         dataset = "" if training_set == DEFAULT_TRAINING_SET else f" --dataset {training_set}"
         raise FileNotFoundError(
             f"no probe at {path} (and its .json card): train it once with `lens-evals probes train"
-            f"{dataset}` (with LENS_EVALS_PROBE_DIR={path.parent}, or run where that is ./probes), "
+            f"{dataset}` (with LENS_EVALS_PROBE_DIR={path.parent}), "
             "or pass -T probe=PATH"
         )
     return path
