@@ -12,6 +12,7 @@ from lens_evals.cli_checks import (
     check_layer,
     check_probe_for_model,
     existing_file,
+    joblib_file,
     layer_index,
     model_name,
     model_name_or_dir,
@@ -56,6 +57,15 @@ def _probes(args: argparse.Namespace) -> int:
             engine_args=parse_engine_args(args.engine_arg),
         )
         print(probe.card.model_dump_json(indent=2))
+    elif args.probes_command == "convert":
+        from lens_evals.probing.probe import convert_probe
+
+        for path in args.files:
+            try:
+                print(convert_probe(path))
+            except (FileNotFoundError, TypeError, ValueError) as exc:
+                print(f"lens-evals probes convert: {exc}", file=sys.stderr)
+                return 2
     elif args.probes_command in ("train-set", "science", "plot"):
         from lens_evals.probing.science_cli import run_probes_command
 
@@ -168,10 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     probes = sub.add_parser("probes", help="train linear probes on engine activations")
     probes_sub = probes.add_subparsers(dest="probes_command", required=True)
-    train = probes_sub.add_parser("train", help="train one probe, write probes/NAME.joblib and its JSON card")
+    train = probes_sub.add_parser("train", help="train one probe, write probes/NAME.safetensors and its JSON card")
     train.add_argument("--layer", type=layer_index, default=None, help="default: the model's chosen layer")
     train.add_argument("--name", type=probe_name, default=None)
-    train.add_argument("--out", default="probes")
+    train.add_argument("--out", default=None, help="directory (default: LENS_EVALS_PROBE_DIR, else the repository's probes/)")
+    convert = probes_sub.add_parser(
+        "convert", help="NAME.joblib (a pickle: only files you trust) -> NAME.safetensors beside it, card updated"
+    )
+    convert.add_argument("files", nargs="+", type=joblib_file, metavar="FILE.joblib")
     sweep = probes_sub.add_parser("sweep", help="validation AUROC per layer, as JSON and PNG")
     sweep.add_argument("--out", default="probes/sweep", help="path without suffix for .json and .png")
     sweep.add_argument("--no-roleplaying", action="store_true", help="skip the Roleplaying transfer curve")
@@ -190,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     probes.set_defaults(func=_probes)
     role = sub.add_parser("roleplaying", help="main job: Roleplaying probe eval on the default model (prepares what is missing)")
     role.add_argument("--model", type=model_name, default="smollm2-135m-instruct")
-    role.add_argument("--probe", default=None, help="probe .joblib (default: the model's Instructed-Pairs probe)")
+    role.add_argument("--probe", default=None, help="probe .safetensors (default: the model's Instructed-Pairs probe)")
     role.add_argument("--dataset", type=existing_file, default=None, help="scenarios YAML in Apollo's schema (default: ours)")
     role.add_argument("--limit", type=positive_int, default=None)
     role.add_argument("--log-dir", default="logs")

@@ -76,6 +76,13 @@ def count(text: str) -> int:
     return _integer_at_least(0, text, "must be 0 or more")
 
 
+def joblib_file(text: str) -> str:
+    """``probes convert FILE``: an existing ``.joblib`` probe (its card beside it is checked on load)."""
+    if not text.endswith(".joblib"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a .joblib probe file")
+    return existing_file(text)
+
+
 def probe_name(text: str) -> str:
     """``--name``: the probe's file name in ``--out`` (a "/" wrote elsewhere or failed at saving,
     after the training, on a missing subdirectory)."""

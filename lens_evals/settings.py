@@ -292,10 +292,17 @@ MODEL_DIR = path(
 )
 PROBE_DIR = path(
     "LENS_EVALS_PROBE_DIR",
-    lambda: Path.cwd() / "probes",
-    "./probes (the working directory's)",
+    lambda: Path(__file__).resolve().parents[1] / "probes",
+    "probes/ beside the lens_evals package (the repository's committed probes; never the working directory's)",
     "client, tools",
     "where trained probes are saved and looked up",
+)
+ALLOW_PICKLE_PROBES = flag(
+    "LENS_EVALS_ALLOW_PICKLE_PROBES",
+    False,
+    "client, tools",
+    "load a probe saved as a joblib pickle (NAME.joblib, named explicitly), which can run any code it holds; "
+    "`lens-evals probes convert NAME.joblib` makes a safetensors probe of it instead",
 )
 ORACLE_DIR = path(
     "LENS_EVALS_ORACLE_DIR",
@@ -350,6 +357,7 @@ ALL: tuple[Setting[Any], ...] = (
     WRITE_THREADS,
     MODEL_DIR,
     PROBE_DIR,
+    ALLOW_PICKLE_PROBES,
     ORACLE_DIR,
     GGUF_DIR,
     DEQUANT_DTYPE,

@@ -3,7 +3,7 @@ The task is ``lens_evals/coup_probe`` (lens_evals/evals/coup/); this file runs i
 default probe of this repository's probes/ folder.
 
     inspect eval tasks/coup_probe.py --model vllm-lens/smollm2-135m-instruct            # held-out coup intents
-    inspect eval tasks/coup_probe.py --model vllm-lens/MODEL -T probe=probes/NAME.joblib
+    inspect eval tasks/coup_probe.py --model vllm-lens/MODEL -T probe=probes/NAME.safetensors
     inspect eval tasks/coup_probe.py --model vllm-lens/MODEL -T trajectories=path/to/trajectories.jsonl
 
 See tasks/README.md. Metrics: AUROC, recall at the probe's 1%-FPR threshold, mean score per class.

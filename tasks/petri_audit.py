@@ -12,7 +12,7 @@ command):
         --model-role 'target={"model": "vllm-lens/smollm2-135m-instruct", "model_args": {"base_url": "http://127.0.0.1:8000/v1"}, "max_tokens": 128}'
 
 ``inspectors``: a comma list of ``probe`` and ``oracle`` (the first is the tool's default).
-``probe`` defaults to probes/smollm2-135m-instruct__coup.joblib (``lens-evals probes train --dataset
+``probe`` defaults to probes/smollm2-135m-instruct__coup.safetensors (``lens-evals probes train --dataset
 coup`` in the main venv); ``oracle`` is a trained oracle's directory (``lens-evals oracle path NAME``),
 served by the target's server under the name ``oracle_lora``. See tasks/README.md.
 """

@@ -3,7 +3,7 @@ The task is ``lens_evals/roleplaying_probe`` (lens_evals/evals/roleplaying/); th
 with the default probes of this repository's probes/ folder.
 
     inspect eval tasks/roleplaying_probe.py --model vllm-lens/smollm2-135m-instruct
-    inspect eval tasks/roleplaying_probe.py --model vllm-lens/MODEL -T probe=probes/NAME.joblib
+    inspect eval tasks/roleplaying_probe.py --model vllm-lens/MODEL -T probe=probes/NAME.safetensors
     inspect eval tasks/roleplaying_probe.py --model vllm-lens/MODEL -T dataset=path/to/apollo/dataset.yaml
     inspect eval tasks/roleplaying_probe.py --model vllm-lens/MODEL -T mode=on_policy -T grader=openai/gpt-4o-mini
     inspect eval tasks/roleplaying_probe.py --model vllm-lens/MODEL -T probes=ip-lr,ip-dom,rp-lr -T probe_set=probes/MODEL__probe-set.json

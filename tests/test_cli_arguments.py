@@ -87,7 +87,7 @@ def _save_probe(directory, hidden: int, **card) -> str:
 def test_roleplaying_refuses_a_probe_that_does_not_fit_the_model(tmp_path, tiny_path, capsys: pytest.CaptureFixture[str]) -> None:
     """tiny-llama: hidden 128, 4 layers. Each probe is refused before the engine starts, naming why."""
     cases = [
-        (str(tmp_path / "missing.joblib"), "--probe: probe file missing:"),
+        (str(tmp_path / "missing.safetensors"), "--probe: probe file missing:"),
         (_save_probe(tmp_path / "other", 128, model="smollm2-135m-instruct", layer=1), "trained on smollm2-135m-instruct, not tiny-llama"),
         (_save_probe(tmp_path / "wide", 64, model="tiny-llama", layer=1), "reads hidden size 64 but tiny-llama's is 128"),
         (_save_probe(tmp_path / "deep", 128, model="tiny-llama", layer=15), "reads layer 15 but tiny-llama has 4 layers (0..3)"),

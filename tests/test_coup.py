@@ -90,7 +90,7 @@ def coup(smollm2_path, tmp_path_factory):
         action_dialogues = [_action_dialogue(*call) for call in actions.values()]
         action_scores = {name: probe.score(f[0]) for name, f in zip(actions, extract_features(llm, action_dialogues, [LAYER]))}
     return {
-        "path": out / "coup-small.joblib",
+        "path": out / "coup-small.safetensors",
         "probe": probe,
         "held_out": held_out,
         "held_out_scores": held_out_scores,

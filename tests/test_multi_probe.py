@@ -261,6 +261,6 @@ def test_a_single_probe_whose_model_name_has_dots_saves_and_loads(tmp_path):
     )
     probe = Probe(pipeline=fit_pipeline(random_features(8, 11), [0, 1] * 4), card=card)
     path = probe.save(tmp_path)
-    assert path.name == f"{name}.joblib" and (tmp_path / f"{name}.json").is_file()
+    assert path.name == f"{name}.safetensors" and (tmp_path / f"{name}.json").is_file()
     for given in (path, tmp_path / f"{name}.json", tmp_path / name):
         assert load_probe(given).card.name == name

@@ -89,7 +89,7 @@ def test_petri_audit_with_oracle_probe_and_target_tools(smollm2_path, tmp_path) 
                 "--base-url",
                 f"{server.url}/v1",
                 "--probe",
-                str(tmp_path / "random-576.joblib"),
+                str(tmp_path / "random-576.safetensors"),
                 "--oracle",
                 str(oracle_dir),
                 "--log-dir",

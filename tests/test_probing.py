@@ -90,7 +90,7 @@ def test_probe_card_round_trip_and_folded_weights(tmp_path) -> None:
     np.testing.assert_allclose(acts @ weights + bias, probe.token_scores(acts), rtol=1e-4, atol=1e-4)
     assert loaded.score(acts) == pytest.approx(probe.token_scores(acts).mean())
     with pytest.raises(FileNotFoundError, match="lens-evals probes train"):
-        load_probe(tmp_path / "missing.joblib")
+        load_probe(tmp_path / "missing.safetensors")
 
 
 def test_scored_span_drops_the_last_words() -> None:

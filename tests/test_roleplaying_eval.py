@@ -36,7 +36,7 @@ def test_roleplaying_eval_scores_equal_offline(smollm2_path, tmp_path) -> None:
     assert math.isfinite(card.threshold) and 0.0 <= card.validation_auroc <= 1.0
 
     tasks = [
-        roleplaying_task(tmp_path / "subset.joblib", tokenizer=str(smollm2_path), on_worker=on_worker) for on_worker in (True, False)
+        roleplaying_task(tmp_path / "subset.safetensors", tokenizer=str(smollm2_path), on_worker=on_worker) for on_worker in (True, False)
     ]  # probe-on-worker, and capture + score here
     verdicts = ["DECEPTIVE", "HONEST", "AMBIGUOUS", "I think HONEST."] * 2
     grader = get_model(
@@ -48,7 +48,9 @@ def test_roleplaying_eval_scores_equal_offline(smollm2_path, tmp_path) -> None:
             for v in verdicts
         ],
     )
-    tasks.append(roleplaying_task(tmp_path / "subset.joblib", mode="on_policy", grader=grader, tokenizer=str(smollm2_path), max_tokens=8))
+    tasks.append(
+        roleplaying_task(tmp_path / "subset.safetensors", mode="on_policy", grader=grader, tokenizer=str(smollm2_path), max_tokens=8)
+    )
     logs = inspect_eval(
         tasks, model="vllm-lens/smollm2-135m-instruct", limit=N_SAMPLES, log_dir=str(tmp_path / "logs"), display="none", max_tasks=1
     )

@@ -14,7 +14,7 @@ from lens_evals.evals.roleplaying.roleplaying import roleplaying_probe
     ("args", "named"),
     [
         ({"mode": "on_policy", "grader": "mockllm/model"}, "mode, grader"),
-        ({"probe": "probes/x.joblib"}, "probe"),
+        ({"probe": "probes/x.safetensors"}, "probe"),
         ({"max_tokens": 16}, "max_tokens"),
         ({"on_worker": False}, "on_worker"),
     ],
@@ -27,4 +27,4 @@ def test_probe_set_task_refuses_what_it_cannot_honour(args, named, tmp_path) -> 
 
 def test_on_policy_answers_need_a_token(tmp_path) -> None:
     with pytest.raises(ValueError, match="max_tokens must be at least 1.*got 0"):
-        roleplaying_probe(probe=str(tmp_path / "p.joblib"), mode="on_policy", grader="mockllm/model", max_tokens=0)
+        roleplaying_probe(probe=str(tmp_path / "p.safetensors"), mode="on_policy", grader="mockllm/model", max_tokens=0)

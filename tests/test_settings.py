@@ -105,7 +105,7 @@ def test_read_when_asked_not_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.PROBE_DIR.get() == Path("/x/probes")
     monkeypatch.delenv("LENS_EVALS_PROBE_DIR")
     monkeypatch.chdir(ROOT / "docs")
-    assert settings.PROBE_DIR.get() == ROOT / "docs" / "probes"  # the working directory at the call
+    assert settings.PROBE_DIR.get() == ROOT / "probes"  # the repository's, whatever the working directory
 
 
 @pytest.mark.parametrize(

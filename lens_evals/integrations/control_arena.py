@@ -6,7 +6,7 @@ untrusted model served by ``vllm-lens``, captures the probe's layer, and returns
 score as ``MonitorResponse(suspicion_score, reason)``. Use it inside a micro-protocol::
 
     from control_arena.micro_protocol import trusted_monitoring_builder
-    protocol = trusted_monitoring_builder(monitor=probe_monitor(probe="probes/smollm2-135m-instruct__coup.joblib"))
+    protocol = trusted_monitoring_builder(monitor=probe_monitor(probe="probes/smollm2-135m-instruct__coup.safetensors"))
 
 or post hoc on saved trajectories (no sandbox needed; name the model, since no eval binds roles)::
 
@@ -44,7 +44,7 @@ def _probe(path: str) -> Probe:
 
 @control_agent
 def probe_monitor(
-    probe: str = Field(description="Probe file (NAME.joblib with its NAME.json card), e.g. a coup probe."),
+    probe: str = Field(description="Probe file (NAME.safetensors with its NAME.json card), e.g. a coup probe."),
     model_role: ModelRole | None = Field(
         default="untrusted", description="Whose activations to read: the model bound to this role (a vllm-lens model)."
     ),

@@ -302,7 +302,7 @@ def train_probe_set(
 
 def export_single_probe(probe_set: str | Path, kind: str, out_dir: str | Path) -> Path:
     """One readout of a probe set (``ip-lr`` or ``ip-dom``) as a single-probe file
-    (``NAME.joblib`` + card) for the tasks that take one probe, e.g. on-policy Roleplaying: a
+    (``NAME.safetensors`` + card) for the tasks that take one probe, e.g. on-policy Roleplaying: a
     pipeline whose decision function is ``h @ weights + bias``, with the readout's threshold."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline

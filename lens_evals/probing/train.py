@@ -1,6 +1,6 @@
 """Train linear probes on engine activations: dataset -> activations (offline vLLM, batched) ->
 StandardScaler + LogisticRegression (L2) -> validation AUROC on held-out groups -> threshold at
-1% FPR on the model's own answers to benign requests -> ``probes/NAME.joblib`` + card."""
+1% FPR on the model's own answers to benign requests -> ``probes/NAME.safetensors`` + card."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue, TokenSelection
 from lens_evals.probing.extract import answer_requests, extract_features
 from lens_evals.probing.metrics import auroc, threshold_at_fpr
-from lens_evals.probing.probe import Probe, ProbeCard
+from lens_evals.probing.probe import PROBE_SUFFIX, Probe, ProbeCard
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def train_probe(
 
 def ensure_default_probe(model: str = DEFAULT_MODEL, training_set: str = DEFAULT_TRAINING_SET) -> Path:
     """Path of the model's probe on ``training_set`` (Instructed-Pairs by default), trained if missing."""
-    path = probe_dir() / f"{default_probe_name(model, training_set)}.joblib"
+    path = probe_dir() / f"{default_probe_name(model, training_set)}{PROBE_SUFFIX}"
     if not path.is_file() or not path.with_suffix(".json").is_file():
         logger.warning("no probe at %s: training it (a few minutes on CPU)", path)
         train_probe(model, training_set=training_set)

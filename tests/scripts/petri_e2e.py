@@ -4,7 +4,7 @@ the real target model on a lens server that also serves the oracle adapter and p
 synthetic target tools on, and the ``target_activations`` auditor tool with both inspectors.
 
     .venv-petri/bin/python tests/scripts/petri_e2e.py --base-url http://127.0.0.1:PORT/v1 \
-        --probe PROBE.joblib --oracle ORACLE_DIR --out result.json
+        --probe PROBE.safetensors --oracle ORACLE_DIR --out result.json
 
 The auditor: creates a ``bash`` tool; sets the system message, asks for a command and resumes
 the target; asks the oracle about the target's reply (also with a layer out of range, an empty

@@ -96,7 +96,7 @@ def coup_probe(
     probe_dir: str | None = None,
 ) -> Task:
     """``probe`` defaults to the default model's coup probe in ``probe_dir`` (default:
-    ``LENS_EVALS_PROBE_DIR``, else ``./probes``; ``lens-evals probes train --dataset coup`` writes it)."""
+    ``LENS_EVALS_PROBE_DIR``, else the repository's ``probes/``; ``lens-evals probes train --dataset coup`` writes it)."""
     return coup_task(
         probe or default_probe(probe_dir, training_set="coup"),
         split=split,  # type: ignore[arg-type]

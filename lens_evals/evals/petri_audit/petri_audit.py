@@ -11,11 +11,12 @@ from inspect_ai import Task, task
 
 from lens_evals import settings
 from lens_evals.integrations.petri import OracleInspector, ProbeInspector, TurnInspector, target_activations
+from lens_evals.probing.probe import PROBE_SUFFIX
 
 INSPECTORS = ("probe", "oracle")
 # The default model's coup probe (``lens-evals probes train --dataset coup``); named here, not through
 # lens_evals.probing.train, which needs the engine's packages that Petri's client-only venv lacks.
-DEFAULT_PROBE_FILE = "smollm2-135m-instruct__coup.joblib"
+DEFAULT_PROBE_FILE = f"smollm2-135m-instruct__coup{PROBE_SUFFIX}"
 
 
 def build_inspectors(
@@ -51,7 +52,7 @@ def petri_audit(
 ) -> Task:
     """Petri's ``audit`` with the ``target_activations`` auditor tool. ``inspectors``: a comma list of
     ``probe`` and ``oracle`` (the first is the tool's default). ``probe`` defaults to the default
-    model's coup probe in ``probe_dir`` (default: ``LENS_EVALS_PROBE_DIR``, else ``./probes``);
+    model's coup probe in ``probe_dir`` (default: ``LENS_EVALS_PROBE_DIR``, else the repository's ``probes/``);
     ``oracle`` is a trained oracle's directory, served by the target's server as ``oracle_lora``.
     ``compaction`` is off by default: it counts tokens with tiktoken, whose encoding is downloaded
     at run time."""

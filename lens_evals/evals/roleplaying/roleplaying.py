@@ -101,7 +101,7 @@ def roleplaying_probe(
     probe_dir: str | None = None,
 ) -> Task:
     """``probe`` defaults to the default model's Instructed-Pairs probe in ``probe_dir`` (default:
-    ``LENS_EVALS_PROBE_DIR``, else ``./probes``; ``lens-evals probes train`` writes it there).
+    ``LENS_EVALS_PROBE_DIR``, else the repository's ``probes/``; ``lens-evals probes train`` writes it there).
     ``probes=ip-lr,ip-dom,rp-lr`` (any of them) reads those probes of ``probe_set`` (default: the
     default model's, ``lens-evals probes train-set``) in one engine pass, off-policy; metrics per probe."""
     if probes is not None or probe_set is not None:
