@@ -125,6 +125,13 @@ BAD: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         "out of range: this request has at most",
     ),
     "steer scale NaN": ({"apply_steering_vectors": [steer(scale=float("nan"))]}, {}, "must be finite"),
+    "steer scale beyond float32": ({"apply_steering_vectors": [steer(scale=1e39)]}, {}, "must be finite in float32"),
+    "steer norm_match scale beyond float32": ({"apply_steering_vectors": [steer(scale=1e39, norm_match=True)]}, {}, "finite in float32"),
+    "steer scale x vector overflows": (
+        {"apply_steering_vectors": [steer(activations=[[2.0] * HIDDEN], scale=3e38)]},
+        {},
+        "scale x activations is not finite in float32",
+    ),
     "steer scale string": ({"apply_steering_vectors": [steer(scale="big")]}, {}, "scale"),
     "steer norm_match zero vector": ({"apply_steering_vectors": [steer(activations=[[0.0] * HIDDEN], norm_match=True)]}, {}, "non-zero"),
     "steer unknown field": ({"apply_steering_vectors": [steer(code="__import__('os')")]}, {}, "unknown steering vector fields"),
