@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from lens_evals.engine.probe_cache import LRU
+
 
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
@@ -22,6 +24,19 @@ def _row_mask(ctx: Any, positions: list[int] | None) -> torch.Tensor | None:
         return None
     wanted = torch.tensor(positions, dtype=ctx.positions.dtype, device=ctx.positions.device)
     return torch.isin(ctx.positions, wanted)
+
+
+def matched_rows(ctx: Any, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows of this call whose position is in ``positions``, the index in ``positions`` of each
+    row's position: its first occurrence), by a sort and a binary search instead of a loop."""
+    if not positions:
+        nothing = torch.zeros(0, dtype=torch.long, device=ctx.positions.device)
+        return nothing, nothing
+    wanted = torch.tensor(positions, dtype=ctx.positions.dtype, device=ctx.positions.device)
+    ordered, order = torch.sort(wanted, stable=True)
+    slot = torch.searchsorted(ordered, ctx.positions).clamp_(max=len(positions) - 1)
+    rows = (ordered[slot] == ctx.positions).nonzero().squeeze(1)
+    return rows, order[slot[rows]]
 
 
 def append_rows(saved: dict[str, Any], key: str, rows: torch.Tensor) -> None:
@@ -66,11 +81,11 @@ def add(ctx: Any, hidden: torch.Tensor) -> torch.Tensor | None:
     vector = torch.as_tensor(args.vector, device=hidden.device, dtype=hidden.dtype)
     if args.positions is None:
         return hidden + args.scale * vector
+    rows, index = matched_rows(ctx, args.positions)
+    if rows.numel() == 0:
+        return None
     out = hidden.clone()
-    for row, position in enumerate(ctx.positions.tolist()):
-        if position in args.positions:
-            delta = vector if vector.dim() == 1 else vector[args.positions.index(position)]
-            out[row] += args.scale * delta
+    out.index_add_(0, rows, args.scale * (vector.expand(len(rows), -1) if vector.dim() == 1 else vector[index]))
     return out
 
 
@@ -88,12 +103,10 @@ def patch(ctx: Any, hidden: torch.Tensor) -> torch.Tensor | None:
     values = torch.as_tensor(args.values, device=hidden.device, dtype=hidden.dtype)
     if values.dim() != 2 or values.shape[0] != len(args.positions):
         raise ValueError(f"values must be (len(positions), hidden), got {tuple(values.shape)}")
-    out, changed = hidden.clone(), False
-    for row, position in enumerate(ctx.positions.tolist()):
-        if position in args.positions:
-            out[row] = values[args.positions.index(position)]
-            changed = True
-    return out if changed else None
+    rows, index = matched_rows(ctx, args.positions)
+    if rows.numel() == 0:
+        return None
+    return hidden.clone().index_copy_(0, rows, values[index])
 
 
 patch.args_model = PatchArgs  # type: ignore[attr-defined]
@@ -133,6 +146,19 @@ class LogitLensArgs(_Args):
     unembedding: str = "lm_head.weight"
 
 
+# (data_ptr, dtype, shape, stride, device, version) -> (the weight, its float32 copy): built once per
+# worker, not at every call (a bfloat16 unembedding of 128k x 8k is a 4 GiB copy per layer and
+# step). The weight is held, so its memory (and pointer) cannot go to another tensor meanwhile;
+# an in-place update of the weight bumps its version and makes a new copy.
+_float32_weights: LRU[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = LRU(8)
+
+
+def float32_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight.float()``, cached per weight (the same tensor object while the weight is unchanged)."""
+    key = (weight.data_ptr(), weight.dtype, tuple(weight.shape), weight.stride(), str(weight.device), weight._version)
+    return _float32_weights.get_or_make(key, lambda: (weight, weight.float()))[1]
+
+
 def logit_lens(ctx: Any, hidden: torch.Tensor) -> None:
     """Project the stream through the final RMSNorm and the unembedding (Llama-style names by
     default): saved["top_ids.<layer>"], ["top_logprobs.<layer>"] (rows, top_k), with ``token_ids``
@@ -144,8 +170,9 @@ def logit_lens(ctx: Any, hidden: torch.Tensor) -> None:
         return None
     eps = float(getattr(ctx.hf_config, "rms_norm_eps", 1e-6))
     stream = rows.float()
-    normed = stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + eps) * ctx.get_parameter(args.norm).float()
-    logprobs = torch.log_softmax(normed @ ctx.get_parameter(args.unembedding).float().T, dim=-1)
+    norm = float32_weight(ctx.get_parameter(args.norm))
+    normed = stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + eps) * norm
+    logprobs = torch.log_softmax(normed @ float32_weight(ctx.get_parameter(args.unembedding)).T, dim=-1)
     layer = ctx.layer_idx
     if args.top_k:
         top = logprobs.topk(args.top_k, dim=-1)
