@@ -1,7 +1,8 @@
 """The built-in hooks' cost is bounded: ``add`` / ``patch`` are vectorised and equal the per-row
-loop they replace, ``logit_lens`` converts the weights to float32 once per worker; on the tiny
-Llama ``add`` at positions equals a steering vector at the same positions and ``patch`` puts
-states back."""
+loop they replace, ``logit_lens`` converts the weights to float32 once per worker, and their args
+are bounded at admission (the HTTP 400 / offline ValueError cases are in
+tests/test_hardening_inputs.py's table); on the tiny Llama ``add`` at positions equals a steering
+vector at the same positions and ``patch`` puts states back."""
 
 from __future__ import annotations
 
@@ -64,6 +65,20 @@ def test_add_and_patch_equal_the_per_row_loop(dtype: torch.dtype, seed: int) -> 
     torch.testing.assert_close(
         hidden if got is None else got, loop_patch(positions, hidden, wanted, per_position.to(dtype)), atol=0, rtol=0
     )
+
+
+def test_a_module_hook_is_bounded_by_positions_not_by_the_hidden_size() -> None:
+    """A ``module`` hook sees the module's rows (e.g. MLP neurons): their width is not the
+    model's hidden size, so only its positions and structure are checked."""
+    from lens_evals.hooks import HookBounds, check_hook_args
+
+    check_hook_args(Hook("ablate", [0], pre=True, module="mlp.down_proj", args={"indices": [300]}), HIDDEN, 10, 512)
+    with pytest.raises(ValueError, match="index 300 out of range: the rows have 128 columns"):
+        check_hook_args(Hook("ablate", [0], args={"indices": [300]}), HIDDEN, 10, 512)
+    with pytest.raises(ValueError, match=r"position 10 out of range: this request has at most 10 positions \(0..9\)"):
+        check_hook_args(Hook("add", [0], module="mlp", args={"vector": [1.0] * 300, "positions": [10]}), HIDDEN, 10, 512)
+    bounds = HookBounds(None, 10, 512)
+    assert hook_library.check_rows("vector", [[1.0] * 300] * 2, bounds, 2).shape == (2, 300)
 
 
 class CopyCounter(TorchDispatchMode):
@@ -146,3 +161,20 @@ def test_add_at_positions_equals_steering_and_patch_restores_states(llm) -> None
     )[0]
     assert patched.outputs[0].token_ids == added.outputs[0].token_ids
     assert_stream_close(capture(patched)[0], capture(added)[1], "patched with the added run's states vs that run")
+
+
+def test_a_hook_set_is_bounded_by_the_context_length(llm) -> None:
+    from lens_evals import register_hook_set
+
+    with pytest.raises(ValueError, match="100000 positions, more than the 1024"):
+        register_hook_set(llm, [Hook("record", [1], args={"positions": list(range(100_000))})])
+    with pytest.raises(ValueError, match="vector must be"):
+        register_hook_set(llm, [Hook("add", [1], args={"vector": [1.0] * 64})])
+    hook_set = register_hook_set(llm, [Hook("record", [1], args={"positions": [0, 1023]})])
+    try:
+        out = llm.generate([TINY_PROMPTS[0]], greedy(3, **hook_set.extra_args))[0]
+        assert out.outputs[0].token_ids
+        (result,) = hook_set.collect()["results"]
+        assert result["saved"]["positions.1"].tolist() == [0]
+    finally:
+        hook_set.clear()
