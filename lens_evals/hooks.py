@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import field
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ConfigDict, field_validator
 from pydantic.dataclasses import dataclass
@@ -204,11 +204,33 @@ def registered_hook(name: str) -> Callable[..., Any]:
     return import_target(registry[name])
 
 
-def check_registered_args(name: str, args: Mapping[str, Any]) -> None:
+class HookBounds(NamedTuple):
+    """What admission knows for a hook's args, given to its ``args_model`` as the validation
+    context ``{"bounds": HookBounds}``: ``width``, the rows' width (the model's hidden size; None
+    for a ``module`` hook, whose width is the module's), ``max_positions``, how many positions
+    the request may have (prompt + max_tokens - 1; for a hook set, the model's context length),
+    and the model's ``vocab_size``. The worker validates again without it."""
+
+    width: int | None
+    max_positions: int
+    vocab_size: int
+
+
+BOUNDS_CONTEXT = "bounds"
+
+
+def check_hook_args(hook: Hook, hidden_size: int, max_positions: int, vocab_size: int) -> None:
+    """A registered hook's args against its ``args_model`` and the request's and model's bounds."""
+    if hook.registered:
+        bounds = HookBounds(hidden_size if hook.module is None else None, max_positions, vocab_size)
+        check_registered_args(str(hook.fn), hook.args, bounds)
+
+
+def check_registered_args(name: str, args: Mapping[str, Any], bounds: HookBounds | None = None) -> None:
     """Validate ``args`` with the hook's ``args_model`` (a pydantic model), if it declares one."""
     model = getattr(registered_hook(name), "args_model", None)
     if model is not None:
         try:
-            model.model_validate(dict(args))
+            model.model_validate(dict(args), context=None if bounds is None else {BOUNDS_CONTEXT: bounds})
         except ValueError as exc:
             raise ValueError(f"hook {name!r} args: {exc}") from None

@@ -86,13 +86,35 @@ def _as_tensor(array: np.ndarray) -> Any:
     return torch.from_numpy(array)
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def _finite(value: float) -> float:
     if not math.isfinite(value):
         raise ValueError("must be finite")
     return value
 
 
+def _float32(value: float) -> float:
+    if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+        raise ValueError(f"must be finite in float32 (|x| <= {FLOAT32_MAX:.4g}), got {value}")
+    return value
+
+
 FiniteFloat = Annotated[float, AfterValidator(_finite)]
+# A number the engine uses in float32 (a scale, a value put in the stream): 1e39 is finite in
+# Python but inf there.
+Float32 = Annotated[float, AfterValidator(_float32)]
+
+
+def check_scaled(name: str, array: np.ndarray, scale: float) -> None:
+    """Refuse ``array`` with NaN / inf, or whose ``scale`` times it is not finite in float32 (a
+    scale of 3e38 times a vector with an entry of 2 is inf: the stream would turn to inf / NaN)."""
+    if not np.isfinite(array).all():
+        raise ValueError(f"{name} contains NaN or inf")
+    peak = float(np.abs(array).max(initial=0.0))
+    if abs(scale) * peak > FLOAT32_MAX:
+        raise ValueError(f"scale x {name} is not finite in float32: |scale| {abs(scale):.4g} x max |{name}| {peak:.4g} > {FLOAT32_MAX:.4g}")
 
 
 class _WireModel(BaseModel):
@@ -135,7 +157,7 @@ class SteeringVector(_WireModel):
 
     activations: Any
     layer_indices: list[int]
-    scale: FiniteFloat = 1.0
+    scale: Float32 = 1.0
     norm_match: bool = False
     position_indices: list[int] | None = None
 
@@ -183,8 +205,13 @@ class SteeringVector(_WireModel):
                 raise ValueError(f"activations has {acts.shape[1]} position rows but position_indices has {len(positions)}")
         if not np.isfinite(acts).all():
             raise ValueError("activations contain NaN or inf")
-        if self.norm_match and (np.linalg.norm(acts.astype(np.float64), axis=-1) == 0).any():  # float32 squares underflow
-            raise ValueError("norm_match needs non-zero vectors (a zero vector has no direction)")
+        added = acts
+        if self.norm_match:  # the direction v / ||v|| is added (times scale and the row's norm)
+            norms = np.linalg.norm(acts.astype(np.float64), axis=-1, keepdims=True)  # float32 squares underflow
+            if (norms == 0).any():
+                raise ValueError("norm_match needs non-zero vectors (a zero vector has no direction)")
+            added = acts / norms
+        check_scaled("activations", added, self.scale)
         return self
 
     @property

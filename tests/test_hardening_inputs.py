@@ -19,7 +19,7 @@ import pytest
 import requests
 import torch
 
-from lens_evals import LinearProbe, SteeringVector, wire
+from lens_evals import Hook, LinearProbe, SteeringVector, wire
 from lens_evals.client import activations_from_response, lens_xargs
 from lens_evals.provider.server import LensServer
 from tests.conftest import capture, greedy, lens_server, make_llm
@@ -37,6 +37,10 @@ TRIED = {"http": 0, "offline": 0}
 def steer(**fields: Any) -> str:
     base = {"activations": [[1.0] * HIDDEN], "layer_indices": [0]}
     return json.dumps({**base, **fields})
+
+
+def hook(name: str, **args: Any) -> str:
+    return Hook(name, [0], args=args).to_json()
 
 
 def probe(**fields: Any) -> str:
@@ -125,6 +129,13 @@ BAD: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         "out of range: this request has at most",
     ),
     "steer scale NaN": ({"apply_steering_vectors": [steer(scale=float("nan"))]}, {}, "must be finite"),
+    "steer scale beyond float32": ({"apply_steering_vectors": [steer(scale=1e39)]}, {}, "must be finite in float32"),
+    "steer norm_match scale beyond float32": ({"apply_steering_vectors": [steer(scale=1e39, norm_match=True)]}, {}, "finite in float32"),
+    "steer scale x vector overflows": (
+        {"apply_steering_vectors": [steer(activations=[[2.0] * HIDDEN], scale=3e38)]},
+        {},
+        "scale x activations is not finite in float32",
+    ),
     "steer scale string": ({"apply_steering_vectors": [steer(scale="big")]}, {}, "scale"),
     "steer norm_match zero vector": ({"apply_steering_vectors": [steer(activations=[[0.0] * HIDDEN], norm_match=True)]}, {}, "non-zero"),
     "steer unknown field": ({"apply_steering_vectors": [steer(code="__import__('os')")]}, {}, "unknown steering vector fields"),
@@ -192,6 +203,34 @@ BAD: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "probe empty name": ({"output_probe_scores": [probe(name=" ")]}, {}, "must not be empty"),
     "probe not JSON": ({"output_probe_scores": ["{oops"]}, {}, "probe string is not valid JSON"),
     "probe unknown field": ({"output_probe_scores": [probe(code="import os")]}, {}, "unknown probe fields"),
+    # hooks' args: bounded by the request's positions (~12 here) and the model's hidden size
+    "hook add 100k positions": (
+        {"apply_hooks": [hook("add", vector=[1.0] * HIDDEN, positions=list(range(100_000)))]},
+        {},
+        "100000 positions, more than the",
+    ),
+    "hook position out of range": ({"apply_hooks": [hook("record", positions=[0, 50])]}, {}, "position 50 out of range"),
+    "hook positions duplicated": ({"apply_hooks": [hook("add", vector=[1.0] * HIDDEN, positions=[1, 1])]}, {}, "positions has duplicates"),
+    "hook position negative": ({"apply_hooks": [hook("patch", values=[[1.0] * HIDDEN], positions=[-1])]}, {}, "positions must be >= 0"),
+    "hook add vector width": ({"apply_hooks": [hook("add", vector=[1.0] * 64)]}, {}, "vector must be (128,), got shape (64,)"),
+    "hook add vector rows": (
+        {"apply_hooks": [hook("add", vector=[[1.0] * HIDDEN] * 3, positions=[0, 1])]},
+        {},
+        "vector must be (128,) or (2, 128), got shape (3, 128)",
+    ),
+    "hook add scale x vector overflows": (
+        {"apply_hooks": [hook("add", vector=[2.0] * HIDDEN, scale=3e38)]},
+        {},
+        "scale x vector is not finite in float32",
+    ),
+    "hook patch values width": ({"apply_hooks": [hook("patch", values=[[1.0] * 64], positions=[0])]}, {}, "values must be (1, 128)"),
+    "hook patch values inf": (
+        {"apply_hooks": [hook("patch", values=np.full((1, HIDDEN), np.inf, np.float32), positions=[0])]},
+        {},
+        "values contains NaN or inf",
+    ),
+    "hook ablate column out of range": ({"apply_hooks": [hook("ablate", indices=[HIDDEN])]}, {}, "index 128 out of range"),
+    "hook logit_lens token out of range": ({"apply_hooks": [hook("logit_lens", token_ids=[10**6])]}, {}, "token id 1000000 out of range"),
     # keys
     "reserved internal key": ({"_lens_evals": "x"}, {}, "reserved"),
     "misspelled capture key": ({"output_residual_streams": [0]}, {}, "did you mean 'output_residual_stream'"),

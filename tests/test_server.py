@@ -170,9 +170,9 @@ def test_hooks_over_http_equal_offline_and_a_failing_hook_fails_alone(server, of
     assert resp.status_code == 200, resp.text
     assert resp.json()["choices"][0]["token_ids"] == list(offline["hooked"].outputs[0].token_ids)
     assert_saved_close(activations_from_response(resp.json())["saved"], offline["hooked"].activations["saved"])
-    broken = Hook("patch", [0], args={"positions": [0], "values": [[1.0, 2.0]]})  # raises inside the hook
+    broken = Hook("logit_lens", [0], args={"norm": "model.nope.weight"})  # raises inside the hook
     resp = complete(server, vllm_xargs=lens_xargs(hooks=[broken]))
-    assert resp.status_code == 500 and "hook patch failed at layer 0: RuntimeError" in resp.json()["error"]["message"], resp.text
+    assert resp.status_code == 500 and "hook logit_lens failed at layer 0: ValueError" in resp.json()["error"]["message"], resp.text
     assert complete(server, vllm_xargs=lens_xargs(hooks=HOOKS)).status_code == 200
 
 

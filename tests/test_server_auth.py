@@ -44,7 +44,7 @@ WRONG = [
     {"X-API-Key": KEYS[0]},
 ]
 SMALL = [Hook("record_norm", [1])]
-BIG = [Hook("ablate", [0], args={"indices": [5], "positions": list(range(20_000))})]  # ~130 KB of JSON args
+BIG = [Hook("ablate", [0], args={"indices": [5], "positions": list(range(1000))})] * 20  # ~100 KB of JSON args
 IDLE_S = 10.0
 GOOD_ORIGIN, EVIL_ORIGIN = "http://good.example", "http://evil.example"
 

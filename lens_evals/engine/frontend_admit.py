@@ -24,7 +24,7 @@ from lens_evals.engine.handoff import HandoffTarget
 from lens_evals.engine.hook_sets import CALLER, UnknownHookSet, store_of
 from lens_evals.engine.probe_cache import encode_probe
 from lens_evals.engine.protocol import LensSpecWire
-from lens_evals.hooks import check_registered_args
+from lens_evals.hooks import check_hook_args
 from lens_evals.request_args import LensLimits, parse_lens_args, refuse_misspelled_keys, remember_probes
 from lens_evals.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS, LensRequest
 
@@ -191,8 +191,7 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
     if tapped is not None and (reason := refusal(lens, tapped)) is not None:
         raise ValueError(reason)
     for hook in lens.hooks:
-        if hook.registered:
-            check_registered_args(str(hook.fn), hook.args)
+        check_hook_args(hook, shape.hidden_size, max(max_positions, 1), shape.vocab_size)
     if lens.hook_set is not None:
         try:
             store_of(processor).record(lens.hook_set, CALLER.get())  # only its owner's requests find it

@@ -34,7 +34,7 @@ from lens_evals import settings, wire
 from lens_evals.engine import compat
 from lens_evals.engine.frontend_hooks import encode_hooks, forget_local, union_of
 from lens_evals.engine.protocol import CLEAR_SET_METHOD, REGISTER_SET_METHOD, HookWire
-from lens_evals.hooks import Hook, check_registered_args
+from lens_evals.hooks import Hook, check_hook_args
 from lens_evals.spec import HOOK_SET_KEY, LensRequest
 
 STORE_ATTR = "_lens_evals_hook_sets"
@@ -213,10 +213,9 @@ def prepare(processor: Any, hooks: Sequence[Any]) -> tuple[str, _Record]:
     if len(hooks) > MAX_HOOKS_PER_SET:
         raise ValueError(f"a hook set holds at most {MAX_HOOKS_PER_SET} hooks")
     parsed = [Hook.from_wire(hook) for hook in hooks]
-    for hook in parsed:
-        if hook.registered:
-            check_registered_args(str(hook.fn), hook.args)
     shape = compat.model_shape(processor.vllm_config)
+    for hook in parsed:  # a set serves requests not known yet: positions bounded by the context length
+        check_hook_args(hook, shape.hidden_size, shape.max_model_len, shape.vocab_size)
     LensRequest(hooks=parsed).check_model(shape.num_layers, shape.hidden_size, 1, 2**62)
     encoded, local_ids = encode_hooks(parsed)
     return uuid.uuid4().hex, _Record(encoded, local_ids, hook_chars=len(json.dumps(encoded)))

@@ -17,6 +17,7 @@ class ModelShape:
     num_layers: int
     hidden_size: int
     max_model_len: int
+    vocab_size: int
 
 
 def model_shape(vllm_config: Any) -> ModelShape:
@@ -25,6 +26,7 @@ def model_shape(vllm_config: Any) -> ModelShape:
         num_layers=int(text_config.num_hidden_layers),
         hidden_size=int(text_config.hidden_size),
         max_model_len=int(vllm_config.model_config.max_model_len),
+        vocab_size=int(vllm_config.model_config.get_vocab_size()),
     )
 
 
