@@ -53,6 +53,11 @@ CODE_REFUSED = (
 MAX_HOOK_LAYERS = 4096
 
 
+def code_refused() -> str:
+    """Why a hook given as code is refused, and how to register it by name instead."""
+    return CODE_REFUSED + ", ".join(sorted(BUILTIN_HOOKS)) + " (see docs/vllm_lens.md)"
+
+
 @dataclass(frozen=True, config=ConfigDict(arbitrary_types_allowed=True))
 class Hook:
     """``Hook(fn, layer_indices, pre=False, module=None, args={})``.
@@ -132,6 +137,14 @@ class Hook:
     def to_json(self) -> str:
         return json.dumps(self.to_wire())
 
+    def model_dump(self) -> dict[str, Any]:
+        """The JSON form, under the name vllm-lens's ``Hook`` gives it (its client sends
+        ``hook.model_dump()``): a registered hook's :meth:`to_wire`. A Python callable has none
+        here, so it is refused before anything is sent, saying how to register it by name."""
+        if not self.registered:
+            raise ValueError(f"hook {self.name}: {code_refused()}")
+        return self.to_wire()
+
     @classmethod
     def from_wire(cls, payload: Any) -> Hook:
         """A Hook object, or the JSON form (dict or string) of a registered hook."""
@@ -140,7 +153,7 @@ class Hook:
         if isinstance(payload, str):
             payload = wire.json_object(payload, "hook", _WIRE_FIELDS | {"fn"})
         if isinstance(payload, Mapping) and "fn" in payload:
-            raise ValueError(CODE_REFUSED + ", ".join(sorted(BUILTIN_HOOKS)) + " (see docs/vllm_lens.md)")
+            raise ValueError(code_refused())
         payload = wire.json_object(payload, "hook", _WIRE_FIELDS)
         if not isinstance(payload.get("name"), str):
             raise ValueError("a hook in JSON form needs 'name': the name of a registered hook")
