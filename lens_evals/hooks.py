@@ -125,7 +125,7 @@ class Hook:
     def to_wire(self) -> dict[str, Any]:
         """JSON form (registered hooks only: code never travels as JSON)."""
         if not self.registered:
-            raise ValueError(f"hook {self.name} is a Python callable: only registered hooks (by name) have a JSON form")
+            raise ValueError(f"hook {self.name} is a Python callable, which has no JSON form: {code_refused()}")
         return {
             "name": self.fn,
             "layer_indices": self.layer_indices,
@@ -138,11 +138,9 @@ class Hook:
         return json.dumps(self.to_wire())
 
     def model_dump(self) -> dict[str, Any]:
-        """The JSON form, under the name vllm-lens's ``Hook`` gives it (its client sends
-        ``hook.model_dump()``): a registered hook's :meth:`to_wire`. A Python callable has none
-        here, so it is refused before anything is sent, saying how to register it by name."""
-        if not self.registered:
-            raise ValueError(f"hook {self.name}: {code_refused()}")
+        """:meth:`to_wire` under the name vllm-lens's ``Hook`` gives it (its client sends
+        ``hook.model_dump()``): a Python callable is refused before anything is sent, saying how
+        to register it by name."""
         return self.to_wire()
 
     @classmethod

@@ -189,3 +189,16 @@ def test_version_is_the_distributions() -> None:
     from importlib.metadata import version
 
     assert lens_evals.__version__ == version("lens-evals")  # vllm_lens.__version__ is its distribution's too
+
+
+def test_the_inspect_provider_reads_their_form() -> None:
+    """The provider's decoder for a response in vllm-lens's form: the server's default since #43,
+    what a provider without the frame client gets (it read the form as a plain dict before)."""
+    from lens_evals.provider.outputs import decode_activations, decode_hook_results
+
+    stream, scores = TENSORS["bfloat16"], TENSORS["float32"]
+    raw = {"residual_stream": their_tensor(stream), "probe_scores": {"p": their_tensor(scores)}}
+    decoded = decode_activations([raw])
+    assert torch.equal(decoded["residual_stream"], stream) and torch.equal(decoded["probe_scores"]["p"], scores)
+    hooks = decode_hook_results({"0": {"norm": {"__type__": "tensor", **their_tensor(stream)}, "n": 2}})
+    assert torch.equal(hooks["0"]["norm"], stream) and hooks["0"]["n"] == 2
