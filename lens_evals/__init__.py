@@ -2,9 +2,10 @@
 
 What users import is here, loaded on first use: ``import lens_evals`` itself imports nothing
 (no vllm, no torch, no numpy). The client side (``SteeringVector``, ``LinearProbe``, ``Hook``,
-``lens_xargs``, ``LensClient``...) needs neither vllm nor torch; ``HookContext`` (what a hook
-sees on the worker), ``LensRequestError`` and ``register_hook_set`` / ``HookSet`` (offline
-persistent hook sets) come from the engine and need torch.
+``lens_xargs``, ``LensClient``, vllm-lens's six helpers ``serialize_tensor``...) imports neither
+vllm nor torch; ``HookContext`` (what a hook sees on the worker), ``LensRequestError`` and
+``register_hook_set`` / ``HookSet`` (offline persistent hook sets) come from the engine and need
+torch.
 """
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ if TYPE_CHECKING:
     from lens_evals.hooks import Hook
     from lens_evals.request_args import parse_lens_args
     from lens_evals.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY, LensRequest, LinearProbe, SteeringVector
+    from lens_evals.vllm_lens_helpers import (
+        decode_activations,
+        deserialize_hook_results,
+        deserialize_tensor,
+        serialize_activations,
+        serialize_hook_results,
+        serialize_tensor,
+    )
 
 # name -> the module that defines it
 _EXPORTS = {
@@ -38,6 +47,13 @@ _EXPORTS = {
     "LensRequestError": "lens_evals.engine.frontend_attach",
     "HookSet": "lens_evals.engine.hook_sets",
     "register_hook_set": "lens_evals.engine.hook_sets",
+    # vllm-lens's helpers, under its names and signatures (docs/vllm_lens.md)
+    "decode_activations": "lens_evals.vllm_lens_helpers",
+    "deserialize_hook_results": "lens_evals.vllm_lens_helpers",
+    "deserialize_tensor": "lens_evals.vllm_lens_helpers",
+    "serialize_activations": "lens_evals.vllm_lens_helpers",
+    "serialize_hook_results": "lens_evals.vllm_lens_helpers",
+    "serialize_tensor": "lens_evals.vllm_lens_helpers",
 }
 
 __all__ = [
@@ -53,9 +69,15 @@ __all__ = [
     "LinearProbe",
     "SteeringVector",
     "activations_from_response",
+    "decode_activations",
+    "deserialize_hook_results",
+    "deserialize_tensor",
     "lens_xargs",
     "parse_lens_args",
     "register_hook_set",
+    "serialize_activations",
+    "serialize_hook_results",
+    "serialize_tensor",
 ]
 __version__ = "0.1.0"
 

@@ -4,9 +4,10 @@ always gives numpy).
 
 * :class:`LensClient` (alias ``VLLMLensClient``): what vllm-lens's client does (generate / chat
   with capture, steering, hooks; persistent hooks), against our server.
-* vllm-lens's helpers under their names: :func:`serialize_tensor`, :func:`deserialize_tensor`,
-  :func:`serialize_activations`, :func:`decode_activations`, :func:`serialize_hook_results`,
-  :func:`deserialize_hook_results`. Both wire encodings decode everywhere (``lens_evals.wire``).
+* vllm-lens's six helpers under their names (defined in ``lens_evals.vllm_lens_helpers``, also at
+  the package root): ``serialize_tensor``, ``deserialize_tensor``, ``serialize_activations``,
+  ``decode_activations``, ``serialize_hook_results``, ``deserialize_hook_results``. Both wire
+  encodings decode everywhere (``lens_evals.wire``).
 * Request builders: :func:`lens_xargs`, :func:`hook_set_body`.
 """
 
@@ -19,9 +20,36 @@ from typing import TYPE_CHECKING, Any
 from lens_evals import wire, wire_frame
 from lens_evals.hooks import Hook
 from lens_evals.spec import CAPTURE_KEY, ENCODING_KEY, HOOK_SET_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
+from lens_evals.vllm_lens_helpers import (
+    as_object,
+    decode_activations,
+    decode_item,
+    deserialize_hook_results,
+    deserialize_tensor,
+    serialize_activations,
+    serialize_hook_results,
+    serialize_tensor,
+)
 
 if TYPE_CHECKING:
     import urllib3
+
+__all__ = [
+    "GenerateOutput",
+    "LensClient",
+    "VLLMLensClient",
+    "activations_from_response",
+    "decode_activations",
+    "deserialize_hook_results",
+    "deserialize_tensor",
+    "hook_results_from_response",
+    "hook_set_body",
+    "http_pool",
+    "lens_xargs",
+    "serialize_activations",
+    "serialize_hook_results",
+    "serialize_tensor",
+]
 
 # "residual_stream": array, "probe_scores": {name: array}, "saved": hook results (arrays decoded)
 ActivationsDict = dict[str, Any]
@@ -78,13 +106,6 @@ def hook_set_body(hooks: Sequence[Hook]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- decoding (numpy)
-def _mapping(value: Any, what: str) -> Mapping[str, Any]:
-    """``value`` if it is an object: a response is read as data, its shape checked like its arrays."""
-    if not isinstance(value, Mapping):
-        raise wire.WireError(f"{what} must be an object, got {type(value).__name__}")
-    return value
-
-
 def hook_results_from_response(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Decode the ``results`` of ``POST /lens/hook_sets/{id}/collect``."""
     results = body.get("results", [])
@@ -92,7 +113,7 @@ def hook_results_from_response(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         raise wire.WireError(f"results must be a list, got {type(results).__name__}")
     decoded = []
     for result in results:
-        result = _mapping(result, "a hook set result")
+        result = as_object(result, "a hook set result")
         if not {"request_id", "saved"} <= set(result):
             raise wire.WireError(f"a hook set result needs 'request_id' and 'saved', got {sorted(result)}")
         decoded.append({"request_id": result["request_id"], "saved": wire.decode_tree(result["saved"])})
@@ -107,58 +128,8 @@ def activations_from_response(body: Mapping[str, Any]) -> ActivationsDict | list
     if raw is None:
         return None
     if isinstance(raw, list):
-        return [_decode_activations(item, wire.decode_array, wire.decode_tree) for item in raw]
-    return _decode_activations(raw, wire.decode_array, wire.decode_tree)
-
-
-def _decode_activations(item: Mapping[str, Any], array: Any, tree: Any) -> ActivationsDict:
-    out: ActivationsDict = {}
-    for name, encoded in _mapping(item, "activations").items():
-        if name == "probe_scores":
-            out[name] = {probe: array(scores) for probe, scores in _mapping(encoded, "probe_scores").items()}
-        elif name == "saved":
-            out[name] = tree(encoded)
-        else:
-            out[name] = array(encoded)
-    return out
-
-
-# --------------------------------------------------------------------------- vllm-lens's helpers
-def serialize_tensor(tensor: Any) -> dict[str, Any]:
-    """A tensor / array in vllm-lens's form (native dtype, zstd, base64)."""
-    return wire.encode_vllm_lens(tensor)
-
-
-def deserialize_tensor(payload: Mapping[str, Any]) -> Any:
-    """Either encoding -> a torch tensor in its native dtype (numpy without torch)."""
-    return wire.decode_native(payload)
-
-
-def serialize_activations(tensors: Mapping[str, Any]) -> dict[str, Any]:
-    return {name: serialize_tensor(tensor) for name, tensor in tensors.items()}
-
-
-def decode_activations(response_json: Mapping[str, Any]) -> ActivationsDict | list[ActivationsDict]:
-    """``"activations"`` of a response as tensors in their native dtype ({} when absent; a list
-    for several prompts)."""
-    raw = response_json.get("activations")
-    if raw is None:
-        return {}
-    native = wire.decode_native
-    if isinstance(raw, list):
-        return [_decode_activations(item, native, wire.decode_tree_native) for item in raw]
-    return _decode_activations(raw, native, wire.decode_tree_native)
-
-
-def serialize_hook_results(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """``{hook_index: saved}`` for JSON (tensors in vllm-lens's form; never pickled: values that
-    are not JSON, arrays or tensors are refused)."""
-    return {index: wire.encode_tree(dict(saved), f"hook_results.{index}", encoding=wire.VLLM_LENS) for index, saved in results.items()}
-
-
-def deserialize_hook_results(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Inverse of :func:`serialize_hook_results` (either encoding; a cloudpickled value is refused)."""
-    return {index: wire.decode_tree_native(saved) for index, saved in _mapping(raw, "hook_results").items()}
+        return [decode_item(item, wire.decode_array, wire.decode_tree) for item in raw]
+    return decode_item(raw, wire.decode_array, wire.decode_tree)
 
 
 # --------------------------------------------------------------------------- the client
@@ -223,7 +194,8 @@ class LensClient:
             body["vllm_xargs"] = {**body.get("vllm_xargs", {}), **xargs}
         data = self._json("POST", path, body)
         choice = data["choices"][0]
-        activations = decode_activations(data) if "activations" in data else None
+        raw = data.get("activations")
+        activations = None if raw is None else [decode_item(item) for item in raw] if isinstance(raw, list) else decode_item(raw)
         hook_results = deserialize_hook_results(data["hook_results"]) if "hook_results" in data else None
         return GenerateOutput(
             text=(choice.get("message") or {}).get("content") or choice.get("text", ""),
@@ -301,7 +273,7 @@ class LensClient:
         return str(made["id"])
 
     def _collect(self, set_id: str) -> dict[str, dict[str, Any]]:
-        raw = _mapping(self._json("POST", "/v1/hooks/collect", {"id": set_id}).get("results"), "results")
+        raw = as_object(self._json("POST", "/v1/hooks/collect", {"id": set_id}).get("results"), "results")
         return {request_id: deserialize_hook_results(per_hook) for request_id, per_hook in raw.items()}
 
     def collect_hook_results(self) -> dict[str, dict[str, dict[str, Any]]]:

@@ -53,6 +53,11 @@ CODE_REFUSED = (
 MAX_HOOK_LAYERS = 4096
 
 
+def code_refused() -> str:
+    """Why a hook given as code is refused, and how to register it by name instead."""
+    return CODE_REFUSED + ", ".join(sorted(BUILTIN_HOOKS)) + " (see docs/vllm_lens.md)"
+
+
 @dataclass(frozen=True, config=ConfigDict(arbitrary_types_allowed=True))
 class Hook:
     """``Hook(fn, layer_indices, pre=False, module=None, args={})``.
@@ -120,7 +125,7 @@ class Hook:
     def to_wire(self) -> dict[str, Any]:
         """JSON form (registered hooks only: code never travels as JSON)."""
         if not self.registered:
-            raise ValueError(f"hook {self.name} is a Python callable: only registered hooks (by name) have a JSON form")
+            raise ValueError(f"hook {self.name} is a Python callable, which has no JSON form: {code_refused()}")
         return {
             "name": self.fn,
             "layer_indices": self.layer_indices,
@@ -132,6 +137,12 @@ class Hook:
     def to_json(self) -> str:
         return json.dumps(self.to_wire())
 
+    def model_dump(self) -> dict[str, Any]:
+        """:meth:`to_wire` under the name vllm-lens's ``Hook`` gives it (its client sends
+        ``hook.model_dump()``): a Python callable is refused before anything is sent, saying how
+        to register it by name."""
+        return self.to_wire()
+
     @classmethod
     def from_wire(cls, payload: Any, bound: wire.Bound = wire.UNBOUNDED) -> Hook:
         """A Hook object, or the JSON form (dict or string) of a registered hook (each array of
@@ -141,7 +152,7 @@ class Hook:
         if isinstance(payload, str):
             payload = wire.json_object(payload, "hook", _WIRE_FIELDS | {"fn"})
         if isinstance(payload, Mapping) and "fn" in payload:
-            raise ValueError(CODE_REFUSED + ", ".join(sorted(BUILTIN_HOOKS)) + " (see docs/vllm_lens.md)")
+            raise ValueError(code_refused())
         payload = wire.json_object(payload, "hook", _WIRE_FIELDS)
         if not isinstance(payload.get("name"), str):
             raise ValueError("a hook in JSON form needs 'name': the name of a registered hook")

@@ -8,7 +8,8 @@ A request asks for features through ``SamplingParams.extra_args`` (offline) or
      "output_probe_scores": [LinearProbe(...) or its wire dict],
      "apply_hooks": [Hook(...) or a registered hook's wire dict],
      "use_hook_set": "<id of a registered persistent hook set>",
-     "activations_encoding": "safetensors" | "safetensors-zstd" | "vllm-lens"}
+     "activations_encoding": "vllm-lens" (absent: the same) | "safetensors" | "safetensors-zstd"
+                             | "safetensors-frame"}
 
 A list of objects may also come as ONE JSON string of the list (vllm-lens's wire form).
 

@@ -199,7 +199,7 @@ def test_request_side_validation() -> None:
         Hook("ablate", [1], module="mlp/../x")
     with pytest.raises(ValueError, match="unsupported type"):
         Hook("ablate", [1], args={"indices": [1], "bad": object()})
-    with pytest.raises(ValueError, match="only registered hooks"):
+    with pytest.raises(ValueError, match="Python callable, which has no JSON form.*LENS_EVALS_HOOKS="):
         Hook(record_rows, [1]).to_wire()
     wired = Hook.from_wire(Hook("patch", [2], args={"positions": [1], "values": np.ones((1, 4), np.float32)}).to_json())
     assert wired.fn == "patch" and wired.args["values"].dtype == np.float32

@@ -27,6 +27,12 @@ CLIENT_NAMES = [
     "CAPTURE_KEY",
     "PROBE_KEY",
     "STEERING_KEY",
+    "serialize_tensor",
+    "deserialize_tensor",
+    "serialize_activations",
+    "decode_activations",
+    "serialize_hook_results",
+    "deserialize_hook_results",
 ]
 
 

@@ -22,6 +22,7 @@ from lens_evals.client import LensClient, activations_from_response, decode_acti
 from lens_evals.hooks import Hook
 from lens_evals.spec import SteeringVector
 from tests.conftest import gpu_share
+from tests.test_vllm_lens_names import read_their_tensor
 from tests.tolerance import assert_stream_close
 
 KEY = "compat-key"
@@ -83,6 +84,29 @@ def test_every_encoding_carries_bf16_unchanged(server) -> None:
     assert theirs["activations"]["residual_stream"]["original_dtype"] == "torch.bfloat16"
     every = stream_of(complete(server, {"output_residual_stream": "true"}))
     assert every.shape[0] == 4 and torch.equal(every[[0, 3]], reference)
+
+
+def test_an_unmodified_vllm_lens_client_reads_our_responses(server) -> None:
+    """Issue #43: their client's request (``vllm_xargs`` as JSON strings, no encoding named) gets
+    its activations, hook results and a stream's last event in their form, read here by a reader
+    of their documented format, equal to what our own frame carries."""
+    their_xargs = {"output_residual_stream": json.dumps([1, 2]), "apply_hooks": json.dumps([Hook("record_norm", [2]).model_dump()])}
+    theirs = complete(server, their_xargs)
+    assert theirs.status_code == 200, theirs.text
+    body = theirs.json()
+    stream = read_their_tensor(body["activations"]["residual_stream"])
+    norms = body["hook_results"]["0"]["norm.2"]
+    assert norms["__type__"] == "tensor" and body["activations"]["saved"]["norm.2"]["__type__"] == "tensor"
+    framed = decode_activations(body_of(complete(server, {**their_xargs, "activations_encoding": wire.SAFETENSORS_FRAME})))
+    assert stream.dtype == torch.bfloat16 and torch.equal(stream, framed["residual_stream"])
+    assert torch.equal(read_their_tensor(norms), framed["saved"]["norm.2"])
+    chat = {"model": "test", "messages": MESSAGES, "max_tokens": 4, "temperature": 0, "ignore_eos": True, "vllm_xargs": their_xargs}
+    whole = read_their_tensor(post(server, "/v1/chat/completions", chat).json()["activations"]["residual_stream"])
+    with requests.post(f"{server.url}/v1/chat/completions", json={**chat, "stream": True}, headers=AUTH, stream=True, timeout=300) as resp:
+        events = [line.removeprefix(b"data: ") for line in resp.iter_lines() if line.startswith(b"data: ")]
+    last = json.loads(events[-2])
+    assert events[-1] == b"[DONE]" and last["hook_results"]["0"]["norm.2"]["__type__"] == "tensor"
+    assert_stream_close(read_their_tensor(last["activations"]["residual_stream"]).float(), whole.float(), "their stream vs whole")
 
 
 def test_vllm_lens_request_forms_equal_ours(server) -> None:

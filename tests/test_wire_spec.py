@@ -270,6 +270,8 @@ def test_client_decoders_refuse_hostile_response_shapes_with_wire_errors(body: d
     from lens_evals import client
 
     decoders = [client.activations_from_response, client.decode_activations]
+    if isinstance(body.get("activations"), list):  # vllm-lens's decode_activations reads one prompt's
+        decoders = [client.activations_from_response, lambda b: client.decode_activations({"activations": b["activations"][-1]})]
     if "hook_results" in body:
         decoders = [lambda b: client.deserialize_hook_results(b["hook_results"])]
     if "results" in body:

@@ -30,7 +30,14 @@ from lens_evals import wire
 from lens_evals.provider import frames
 from lens_evals.provider.logged_call import logged_extra_args, real_extra_args, split_xargs, wire_request
 from lens_evals.provider.lora_args import lora_server_args
-from lens_evals.provider.outputs import ACTIVATIONS_KEY, HOOK_RESULTS_KEY, PROMPT_TOKEN_IDS_KEY, TOKEN_IDS_KEY, decode_activations
+from lens_evals.provider.outputs import (
+    ACTIVATIONS_KEY,
+    HOOK_RESULTS_KEY,
+    PROMPT_TOKEN_IDS_KEY,
+    TOKEN_IDS_KEY,
+    decode_activations,
+    decode_hook_results,
+)
 from lens_evals.provider.server import LensServer, acquire_server, release_server, stop_shared_servers
 from lens_evals.provider.xargs import to_vllm_xargs
 from lens_evals.spec import ENCODING_KEY
@@ -165,7 +172,7 @@ class VLLMLensAPI(OpenAICompatibleAPI):
             output.metadata = {**(output.metadata or {}), TOKEN_IDS_KEY: token_ids, PROMPT_TOKEN_IDS_KEY: token_ids["prompt"]}
         hook_results = _RAW_HOOK_RESULTS.get()
         if hook_results is not None and isinstance(output, ModelOutput):
-            output.metadata = {**(output.metadata or {}), HOOK_RESULTS_KEY: decode_activations(hook_results)}
+            output.metadata = {**(output.metadata or {}), HOOK_RESULTS_KEY: decode_hook_results(hook_results)}
         return result
 
     async def tokenize(

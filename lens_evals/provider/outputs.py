@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from lens_evals import wire
+from lens_evals.vllm_lens_helpers import decode_item
 
 ACTIVATIONS_KEY = "activations"
 TOKEN_IDS_KEY = "token_ids"  # {"prompt": [...], "completion": [...]} with return_token_ids
@@ -21,11 +22,17 @@ NOT_A_LENS_MODEL = "use a vllm-lens/<model> model"
 
 
 def decode_activations(raw: Any) -> dict[str, Any]:
-    """Torch tensors; numpy arrays in a client-only install without torch. Arrays anywhere
-    ("probe_scores" is {name: array}, "saved" a tree) are decoded."""
+    """Torch tensors in the model's dtype; numpy arrays in a client-only install without torch.
+    Every encoding the server sends, vllm-lens's per-tensor form included ("probe_scores" is
+    {name: array}, "saved" a tree)."""
     if isinstance(raw, list):
         raw = raw[0]
-    decoded: dict[str, Any] = wire.decode_tree_native(raw or {})  # in the model's dtype (numpy, bf16 widened, without torch)
+    return decode_item(raw or {})
+
+
+def decode_hook_results(raw: Any) -> dict[str, Any]:
+    """{hook index: saved}, each a tree with its tensors decoded (as :func:`decode_activations`)."""
+    decoded: dict[str, Any] = wire.decode_tree_native(raw or {})
     return decoded
 
 
