@@ -165,6 +165,13 @@ DEVICE_BUDGET_MIB = number(
     "device memory lens requests in flight may hold (a step's capture rows, vectors, probes, hook results), charged at "
     "admission: past it a request gets HTTP 429; on a GPU taken out of vLLM's KV cache when the engine starts",
 )
+MAX_RESPONSE_HELD_MIB = number(
+    "LENS_EVALS_MAX_RESPONSE_HELD_MIB",
+    4096.0,
+    "MiB",
+    "frontend",
+    "lens results of served responses not yet written to their clients (rows and their encoded copies); past it lens requests get 429",
+)
 MAX_REQUEST_ARRAYS_GIB = number(
     "LENS_EVALS_MAX_REQUEST_ARRAYS_GIB",
     4.0,
@@ -339,6 +346,7 @@ ALL: tuple[Setting[Any], ...] = (
     TIMING,
     MAX_CAPTURE_GIB,
     MAX_REQUEST_ARRAYS_GIB,
+    MAX_RESPONSE_HELD_MIB,
     MAX_HELD_CAPTURE_GIB,
     DEVICE_BUDGET_MIB,
     MAX_SAVED_MIB,

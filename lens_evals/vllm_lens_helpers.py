@@ -69,18 +69,15 @@ def decode_item(
     return out
 
 
-def decode_activations(response_json: Mapping[str, Any]) -> dict[str, Any]:
+def decode_activations(response_json: Mapping[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
     """``"activations"`` of a completion / chat response (or of a stream's last event) as tensors in
-    their native dtype; ``{}`` when absent. A response to several prompts holds a list (one object
-    per prompt): decode each with ``decode_activations({"activations": item})``."""
+    their native dtype; ``{}`` when absent. A response to several prompts (which vllm-lens's server
+    never sends) holds a list, one object per prompt: decoded as a list, in prompt order."""
     raw = as_object(response_json, "a response").get("activations")
     if raw is None:
         return {}
     if isinstance(raw, list):
-        raise wire.WireError(
-            f"activations is a list of {len(raw)} (one per prompt): decode each with "
-            'decode_activations({"activations": item}), or use lens_evals.activations_from_response'
-        )
+        return [decode_item(item) for item in raw]
     return decode_item(raw)
 
 

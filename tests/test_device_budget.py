@@ -89,7 +89,7 @@ def test_hook_results_past_the_budget_fail_the_requests_admitted_last(tiny_path)
     three requests' rows, six at once: the first ones finish with their rows, the later ones fail
     with the budget's message, and a request afterwards is served (nothing left held)."""
     n_prompt = prompt_tokens(tiny_path)
-    rows = (n_prompt + MAX_TOKENS - 1) * HIDDEN * ACT * 2  # the rows and their positions' ids, generously
+    rows = (n_prompt + MAX_TOKENS - 1) * HIDDEN * ACT  # one request's recorded rows (their positions' ids beside them)
     env = {"LENS_EVALS_DEVICE_BUDGET_MIB": str(3 * rows / 2**20)}
     payload: dict[str, Any] = {"model": "test", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
     payload["vllm_xargs"] = lens_xargs(hooks=[Hook("record", [1])])

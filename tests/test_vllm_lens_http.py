@@ -157,7 +157,7 @@ BAD_FORMS = {
     ),
     "zip bomb (frame declares 64 MiB)": (
         _steer_with({"data": _frame(bytes(64 * 2**20)), "dtype": "float32", "shape": [1, 2**16], "compression": "zstd"}),
-        "refused before inflating",
+        "refused before",
     ),
     "zip bomb (shape over the bound)": (
         _steer_with({"data": _frame(VECTOR), "dtype": "float32", "shape": [2**20, 2**20], "compression": "zstd"}),

@@ -110,8 +110,9 @@ def test_decode_activations_reads_a_response_in_either_form() -> None:
     assert torch.equal(decoded["probe_scores"]["p"], TENSORS["float32"]) and torch.equal(decoded["saved"]["n"], stream)
     assert lens_evals.decode_activations({"choices": []}) == {}
     several = {"activations": [{"residual_stream": their_tensor(stream)}] * 2}  # several prompts: a list
-    with pytest.raises(wire.WireError, match=r"a list of 2 \(one per prompt\): decode each"):
-        lens_evals.decode_activations(several)
+    decoded_each = lens_evals.decode_activations(several)
+    assert isinstance(decoded_each, list) and len(decoded_each) == 2
+    assert all(torch.equal(item["residual_stream"], stream) for item in decoded_each)
     for item in several["activations"]:
         assert torch.equal(lens_evals.decode_activations({"activations": item})["residual_stream"], stream)
 

@@ -197,6 +197,7 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
             store_of(processor).record(lens.hook_set, CALLER.get())  # only its owner's requests find it
         except UnknownHookSet as exc:
             raise ValueError(str(exc.args[0])) from None
+    frontend_budget.RESPONSES.admit()  # 429 while unread responses hold too much
     registry = pending_of(processor)
     if registry.budget is None:
         registry.budget = frontend_budget.Ledger(facts.step)

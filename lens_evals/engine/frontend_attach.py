@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from lens_evals.engine import compat, timing
+from lens_evals.engine import compat, frontend_budget, timing
 from lens_evals.engine.fetch_batch import batcher_of
 from lens_evals.engine.frontend_admit import PendingRequest, ServedCall, pending_of
 from lens_evals.engine.frontend_hooks import forget_local, union_of
@@ -41,6 +41,8 @@ class HttpResult:
 
 # Set by the HTTP middleware for the duration of one HTTP request; results land here too.
 HTTP_SINK: contextvars.ContextVar[list[HttpResult] | None] = contextvars.ContextVar("lens_evals_http_sink", default=None)
+# Likewise: the bytes its results were charged (frontend_budget.RESPONSES), released once written.
+HTTP_HELD: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("lens_evals_http_held", default=None)
 
 
 class LensRequestError(RuntimeError):
@@ -187,9 +189,13 @@ async def attach_async(engine: Any, output: Any, generated: int, call: ServedCal
         return
     rank_results = await batcher_of(engine, processor).fetch(pending.key)  # claimed even if this request is cancelled
     error = _apply(processor, output.request_id, output, pending, rank_results, generated)
-    sink = HTTP_SINK.get()
+    sink, held = HTTP_SINK.get(), HTTP_HELD.get()
     if sink is not None:
         sink.append(HttpResult(output.request_id, output.activations, output.hook_results, pending.encoding, error))
+        if held is not None:
+            charge = frontend_budget.response_charge([output.activations, output.hook_results], pending.encoding)
+            frontend_budget.RESPONSES.add(charge)
+            held.append(charge)
     if error is not None:
         raise LensRequestError(f"request {output.request_id}: {error}")
 

@@ -14,8 +14,10 @@ the engine sizes it (``compat.reserve_lens_memory``), so what is charged here ex
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from lens_evals import settings
 from lens_evals.spec import LensRequest
@@ -107,3 +109,59 @@ class Ledger:
             self.layer_counts[charge.capture_layers] -= 1
             if not self.layer_counts[charge.capture_layers]:
                 del self.layer_counts[charge.capture_layers]
+
+
+# Copies a served response's rows have while it is written: the fetched rows, and their encoded
+# form (the binary frame sends the rows' own buffers; the JSON forms build base64 text and the JSON
+# bytes around it, ~3x the rows).
+COPIES = {"safetensors-frame": 1.0}
+JSON_COPIES = 3.0
+
+
+def tree_bytes(value: Any, depth: int = 0) -> int:
+    """Bytes of the arrays (torch or numpy) in a results tree."""
+    if hasattr(value, "element_size") and hasattr(value, "numel"):
+        return int(value.numel() * value.element_size())
+    if hasattr(value, "nbytes") and hasattr(value, "dtype"):
+        return int(value.nbytes)
+    if depth > 64:
+        return 0
+    if isinstance(value, dict):
+        return sum(tree_bytes(item, depth + 1) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(tree_bytes(item, depth + 1) for item in value)
+    return 0
+
+
+def response_charge(results: Any, encoding: str) -> int:
+    """What a served response's lens results hold on the frontend until it is written."""
+    return int(tree_bytes(results) * (1.0 + COPIES.get(encoding, JSON_COPIES)))
+
+
+class HeldResponses:
+    """Bytes of lens results the frontend holds for HTTP responses not yet written to their
+    clients (a slow reader pins them), against ``LENS_EVALS_MAX_RESPONSE_HELD_MIB``: past it, new
+    lens requests get 429 until responses have gone out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.held = 0
+
+    def add(self, nbytes: int) -> None:
+        with self._lock:
+            self.held += nbytes
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.held -= nbytes
+
+    def admit(self) -> None:
+        bound = settings.MAX_RESPONSE_HELD_MIB.in_bytes()
+        if self.held > bound:
+            raise LensBudgetExceeded(
+                f"lens responses not yet written to their clients hold {self.held / 2**20:.1f} MiB on the server, over "
+                f"{bound / 2**20:.1f} MiB (LENS_EVALS_MAX_RESPONSE_HELD_MIB): retry when they have been read"
+            )
+
+
+RESPONSES = HeldResponses()

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from lens_evals import wire, wire_frame
-from lens_evals.engine import compat, hook_sets
-from lens_evals.engine.frontend_attach import HTTP_SINK, HttpResult, release_when_idle
+from lens_evals.engine import compat, frontend_budget, hook_sets
+from lens_evals.engine.frontend_attach import HTTP_HELD, HTTP_SINK, HttpResult, release_when_idle
 from lens_evals.engine.hook_routes import (
     HOOK_SETS_PATH,
     UNAUTHORIZED,
@@ -103,6 +103,8 @@ class LensResponseMiddleware:
             return
         sink: list[HttpResult] = []
         token = HTTP_SINK.set(sink)
+        held: list[int] = []  # what its results were charged until they are written (frontend_budget)
+        held_token = HTTP_HELD.set(held)
         held_start: Message | None = None
         body_parts: list[bytes] = []
         passthrough = False
@@ -113,7 +115,7 @@ class LensResponseMiddleware:
             nonlocal held_start, passthrough, streaming, served_lens
             served_lens = served_lens or bool(sink)
             if streaming and message["type"] == "http.response.body":
-                await send({**message, "body": _stream_chunk(message.get("body", b""), sink)})
+                await send_in_pieces(send, (_stream_chunk(message.get("body", b""), sink),), bool(message.get("more_body")))
                 return
             if passthrough:
                 await send(message)
@@ -146,8 +148,7 @@ class LensResponseMiddleware:
             # a frame's arrays go as they are, neither joined nor copied to bytes (a fresh 1.4 MB
             # copy costs ~0.5 ms in page faults): only uvicorn's protocol (uvloop / asyncio
             # transports take any buffer) and ServerErrorMiddleware (passes it on) see them
-            for i, piece in enumerate(pieces):
-                await send({"type": "http.response.body", "body": piece, "more_body": i < len(pieces) - 1})
+            await send_in_pieces(send, pieces, False)
 
         try:
             await self.app(scope, receive, send_wrapper)
@@ -156,8 +157,24 @@ class LensResponseMiddleware:
             # does (a cancelled timer of vLLM's, per prompt, holds one until it would have fired)
             sink.clear()
             HTTP_SINK.reset(token)
+            frontend_budget.RESPONSES.release(sum(held))
+            HTTP_HELD.reset(held_token)
         if served_lens:
             release_when_idle(compat.engine_client_from_scope(scope))
+
+
+SEND_PIECE = 1 << 20
+
+
+async def send_in_pieces(send: Send, pieces: Any, more_body: bool) -> None:
+    """A body as messages of at most ``SEND_PIECE`` bytes (views, not copies). The server waits
+    for a slow client's socket before taking the next message, not after the last: sent whole, a
+    large body would sit in its write buffer after our last send returned, so the charge of the
+    response (``LENS_EVALS_MAX_RESPONSE_HELD_MIB``) would be given back before it was written."""
+    views = [memoryview(piece) for piece in pieces] or [memoryview(b"")]
+    slices = [view[at : at + SEND_PIECE] for view in views for at in range(0, max(len(view), 1), SEND_PIECE)]
+    for i, piece in enumerate(slices):
+        await send({"type": "http.response.body", "body": piece, "more_body": more_body or i < len(slices) - 1})
 
 
 DONE = b"data: [DONE]"
