@@ -144,6 +144,13 @@ GRAPH_LAYERS = text(
     "graph mode: the layers tapped inside CUDA graphs / torch.compile, `all` or `8,16` "
     "(unset: eager hooks; `additional_config` can set it too)",
 )
+SELF_CHECK = flag(
+    "LENS_EVALS_SELF_CHECK",
+    True,
+    "frontend",
+    "check the stream contract on the loaded model at engine start (offline) or at the first lens request "
+    "(AsyncLLM, server); a failure refuses lens requests. 0: start faster, unchecked",
+)
 HOOKS = text("LENS_EVALS_HOOKS", "frontend, worker", "more registered hooks, `name=module:function,...` (after built-ins and entry points)")
 TIMING = flag(
     "LENS_EVALS_TIMING", False, "every process", "log the plugin's host time by phase at each fetch (read when the engine starts)"
@@ -343,6 +350,7 @@ ALL: tuple[Setting[Any], ...] = (
     TRUST_ARCH,
     GRAPH_LAYERS,
     HOOKS,
+    SELF_CHECK,
     TIMING,
     MAX_CAPTURE_GIB,
     MAX_REQUEST_ARRAYS_GIB,

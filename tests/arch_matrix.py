@@ -139,6 +139,8 @@ class MatrixResult:
     # prompt tokens' log-probabilities. Large: vLLM's model differs from HF's, and the
     # architecture cannot be verified against HF at all (whatever the plugin does).
     plain_logprob_gap: float = float("nan")
+    self_check: str = ""  # the engine's stream-contract self-check (lens_evals.engine.self_check): its table
+    self_check_passed: bool | None = None
     dtype: str = "float32"
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -174,7 +176,7 @@ def run_matrix_isolated(path: Path, architecture: str, graph: bool = False) -> M
     completed = subprocess.run(
         [sys.executable, "-m", "tests.arch_matrix", "engine", str(path), architecture, "graph" if graph else "eager"],
         cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
-        env=os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")},
+        env=os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"), "LENS_EVALS_SELF_CHECK": "1"},
     )
     lines = [line for line in completed.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if completed.returncode != 0 or not lines:
@@ -205,11 +207,16 @@ def run_matrix(path: Path, architecture: str, graph: bool = False) -> MatrixResu
         llm = LLM(str(path), **(options | {"dtype": "bfloat16"}))
     try:
         run = _run_engine(llm, graph)
+        from lens_evals.engine import self_check
+
+        checked = self_check.result_of(llm.llm_engine.input_processor)
     finally:
         llm.llm_engine.engine_core.shutdown()
     backend = ("cuda" if torch.cuda.is_available() else "cpu") + ("-graph" if graph else "")
     result = _compare(run, hf_references(path, run.jobs, run.vectors), MatrixResult(architecture, backend, dtype=str(llm.llm_engine.vllm_config.model_config.dtype).removeprefix("torch.")))
     result.notes += notes
+    if checked is not None and checked.skipped is None:
+        result.self_check, result.self_check_passed = checked.table(), checked.passed
     result.seconds = round(time.monotonic() - started, 1)
     _record(result)
     return result

@@ -55,6 +55,8 @@ def check_architecture(arch: str, graph: bool = False) -> None:
         bound = max(bound, GAP_FACTOR * result.plain_logprob_gap)
     print(f"{arch}: {result}")
     assert result.reference_self_check <= bound, f"HF reference disagrees with itself: {result}"
+    if not graph:  # the engine's own stream-contract self-check (lens_evals.engine.self_check) passed
+        assert result.self_check_passed, f"{arch}: the engine's self-check did not pass:\n{result.self_check}"
     gap = LOGPROB_GAP_BF16 if result.dtype == "bfloat16" else LOGPROB_GAP
     assert result.plain_logprob_gap <= gap, f"vLLM's own forward differs from HF's (no plugin feature): {result}"
     assert result.steering_effect > 10 * bound, f"steering did not move the stream enough to test: {result}"

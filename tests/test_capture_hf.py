@@ -19,14 +19,29 @@ MAX_TOKENS = 5
 
 @pytest.fixture(scope="module")
 def smollm2_outputs(smollm2_path):
-    with make_llm(smollm2_path, max_model_len=512) as llm:
-        outputs = llm.generate(PROMPTS, greedy(MAX_TOKENS, output_residual_stream=LAYERS))
-        chat = llm.chat([{"role": "user", "content": "Name a colour."}], greedy(3, output_residual_stream=[3]))
-    return outputs, chat
+    from lens_evals.engine import self_check
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LENS_EVALS_SELF_CHECK", "1")  # checked on this engine (tests/conftest.py turns it off)
+        with make_llm(smollm2_path, max_model_len=512) as llm:
+            outputs = llm.generate(PROMPTS, greedy(MAX_TOKENS, output_residual_stream=LAYERS))
+            chat = llm.chat([{"role": "user", "content": "Name a colour."}], greedy(3, output_residual_stream=[3]))
+            checked = self_check.result_of(llm.llm_engine.input_processor)
+    return outputs, chat, checked
+
+
+def test_self_check_passes_on_smollm2(smollm2_outputs) -> None:
+    """The engine's stream-contract self-check on the embedded model (30 layers, fp32): the
+    captured stream written back moves no log-prob, the capture equals the next layer's input,
+    doubling the last layer's stream leaves the log-probs as the final norm predicts."""
+    checked = smollm2_outputs[2]
+    assert checked is not None and checked.skipped is None and checked.passed, checked and checked.table()
+    assert [c.layer for c in checked.layers] == [0, 15, 29]
+    assert checked.layers[-1].control > 0.1 and checked.layers[-1].steer < 1e-3, checked.table()
 
 
 def test_capture_matches_hf_hidden_states(smollm2_path, smollm2_outputs) -> None:
-    outputs, _ = smollm2_outputs
+    outputs = smollm2_outputs[0]
     hf = HFReference(smollm2_path)
     worst = worst_hf = 0.0
     for n, out in enumerate(outputs):
@@ -48,7 +63,7 @@ def test_capture_matches_hf_hidden_states(smollm2_path, smollm2_outputs) -> None
 
 
 def test_chat_capture_matches_hf(smollm2_path, smollm2_outputs) -> None:
-    _, chat = smollm2_outputs
+    chat = smollm2_outputs[1]
     out = chat[0]
     tokens = list(out.prompt_token_ids) + list(out.outputs[0].token_ids)
     reference = HFReference(smollm2_path).residual_stream(tokens[:-1], [3])

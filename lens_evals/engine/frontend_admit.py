@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lens_evals import settings, wire
-from lens_evals.engine import compat, frontend_budget
+from lens_evals.engine import compat, frontend_budget, self_check
 from lens_evals.engine.frontend_hooks import encode_hooks
 from lens_evals.engine.graph_taps import configured_layers, refusal
 from lens_evals.engine.handoff import HandoffTarget
@@ -183,6 +183,8 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
         return
     if facts.refusal is not None:
         raise ValueError(facts.refusal)
+    if (failed := self_check.refusal_of(processor)) is not None:
+        raise ValueError(failed)
     if getattr(params, "n", 1) != 1:
         raise ValueError(f"{'/'.join(LENS_KEYS)} need n=1 (send n separate requests)")
     lens = lens.for_model(shape.num_layers)

@@ -44,7 +44,16 @@ def register() -> None:
     if (off := disabled_by()) is not None:
         logger.info("lens_evals: disabled by %s", off)
         return
-    from lens_evals.engine import compat, frontend_admit, frontend_attach, frontend_budget, graph_taps, http_middleware, vllm_lens_api
+    from lens_evals.engine import (
+        compat,
+        frontend_admit,
+        frontend_attach,
+        frontend_budget,
+        graph_taps,
+        http_middleware,
+        self_check_run,
+        vllm_lens_api,
+    )
     from lens_evals.engine.worker_rpc import WORKER_METHODS
     from lens_evals.engine.worker_state import STATE_ATTR, LensWorkerState
 
@@ -66,12 +75,14 @@ def register() -> None:
     )
     compat.patch_input_processor(frontend_admit.on_request)
     compat.patch_request_id_assignment(frontend_admit.on_assigned)
-    compat.patch_offline_submit(frontend_attach.release_offline)
+    compat.patch_offline_submit(self_check_run.before_offline_call(frontend_attach.release_offline))
     compat.patch_offline_results(frontend_attach.attach_offline)
     compat.patch_offline_aborts(frontend_attach.discard_offline)
-    compat.shut_down_engines_at_exit()
+    compat.shut_down_engines_at_exit(then=self_check_run.ensure_offline)
     compat.give_engine_cores_their_teardown_time()
-    compat.patch_async_results(frontend_admit.open_call, frontend_attach.attach_async, frontend_attach.discard_async)
+    compat.patch_async_results(
+        frontend_admit.open_call, frontend_attach.attach_async, frontend_attach.discard_async, before=self_check_run.before_async_request
+    )
     compat.patch_model_runner(on_load, on_step_start, around_forward)
     compat.reserve_lens_memory(frontend_budget.budget_bytes)
     compat.patch_http_app(http_middleware.LensResponseMiddleware)

@@ -4,8 +4,9 @@ result delivery, the HTTP app, collective_rpc and worker methods."""
 from __future__ import annotations
 
 import atexit
+import inspect
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,8 +70,8 @@ def patch_offline_results(attach: Callable[[Any, list[Any]], None]) -> None:
 _open_engine_cores: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def shut_down_engines_at_exit() -> None:
-    """At exit, shut down every offline ``LLM``'s engine core still open, as ``shutdown()`` would.
+def shut_down_engines_at_exit(then: Callable[[Any], None] | None = None) -> None:
+    """``then(llm)`` at the end of every offline ``LLM.__init__`` (the engine is built). At exit, shut down every offline ``LLM``'s engine core still open, as ``shutdown()`` would.
     vLLM's own exit path only kills the engine-core process, which then never unlinks its
     executor's shared-memory ring (``MultiprocExecutor.rpc_broadcast_mq``): the resource tracker
     warns of a leaked ``shared_memory`` object and the segment stays in /dev/shm. Our hook is
@@ -84,6 +85,8 @@ def shut_down_engines_at_exit() -> None:
                 atexit.unregister(_shut_down_open_engines)
                 atexit.register(_shut_down_open_engines)  # after vLLM's exit hooks: runs before them
             _open_engine_cores.add(self.llm_engine.engine_core)
+            if then is not None:
+                then(self)
 
         return __init__
 
@@ -125,9 +128,13 @@ def _shut_down_open_engines() -> None:
 
 
 def patch_async_results(
-    open_call: Callable[[str], Any], attach: Callable[[Any, Any, int, Any], Any], discard: Callable[[Any, Any], Any]
+    open_call: Callable[[str], Any],
+    attach: Callable[[Any, Any, int, Any], Any],
+    discard: Callable[[Any, Any], Any],
+    before: Callable[[Any, Any], Awaitable[Any]] | None = None,
 ) -> None:
-    """Wrap ``AsyncLLM.generate``: ``call = open_call(request_id)`` before the request is added,
+    """Wrap ``AsyncLLM.generate``: ``await before(engine, sampling_params)`` first (if given),
+    then ``call = open_call(request_id)`` before the request is added,
     in this call's context (so the request vLLM adds for it can be bound to this call and to no
     other call with the same client id); ``await attach(engine, output, generated, call)`` on
     the final output
@@ -138,6 +145,8 @@ def patch_async_results(
 
     def make(original: Method) -> Method:
         async def generate(self: Any, prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            if before is not None:
+                await before(self, sampling_params)
             delivered = False
             delta = getattr(sampling_params, "output_kind", None) == RequestOutputKind.DELTA
             generated = 0
@@ -184,6 +193,12 @@ def input_processor(engine: Any) -> Any:
     """The engine's input processor (offline ``LLMEngine`` = ``LLM.llm_engine``, or ``AsyncLLM``),
     where the front end keeps its per-engine state (pending requests, hook sets)."""
     return engine.input_processor
+
+
+async def async_tokenizer(engine: Any) -> Any:
+    """An ``AsyncLLM``'s tokenizer (``get_tokenizer`` is a coroutine in vLLM 0.26, plain in 0.32)."""
+    tokenizer = engine.get_tokenizer()
+    return await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
 
 
 def force_eager_unless(reason: str, graph_layers: Callable[[], Any], config_key: str) -> None:

@@ -1,0 +1,98 @@
+"""The stream-contract self-check at engine start (lens_evals.engine.self_check) refuses lens
+requests when a decoder layer's contract is wrong, with the measured numbers, and serves plain
+requests. Each of the three contracts is swapped for another on a tiny zoo model of that
+contract (tests/arch_zoo.py); that it passes on every contract's zoo model is asserted by the
+architecture matrix (tests/test_architectures.py, same engines), on SmolLM2 by
+tests/test_capture_hf.py. Without the check (LENS_EVALS_SELF_CHECK=0, as before it existed) the
+same engines serve the lens requests, silently wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from lens_evals.engine import self_check
+from lens_evals.engine.compat import architectures
+from tests.arch_zoo import build
+from tests.conftest import greedy, make_llm
+
+CONTRACTS = {"fused": architectures.FUSED, "stream": architectures.STREAM, "stream_first": architectures.STREAM_FIRST}
+# (architecture of that contract, the contract swapped in, the check that must catch it)
+SWAPS = [
+    ("Qwen3ForCausalLM", "stream_first", "steer"),  # reads hidden without its residual: only the final norm sees it
+    ("StableLmForCausalLM", "fused", "identity"),  # adds the stream before the MLP to the stream
+    ("GPT2LMHeadModel", "fused", "error"),  # a tensor where a (hidden, residual) tuple is expected
+]
+
+
+@pytest.mark.parametrize("arch,swapped,caught_by", SWAPS)
+def test_a_wrong_contract_refuses_lens_requests_and_serves_plain_ones(arch: str, swapped: str, caught_by: str, monkeypatch) -> None:
+    entry = architectures.VERIFIED[arch]
+    assert entry.contract.kind != swapped
+    monkeypatch.setitem(architectures.VERIFIED, arch, dataclasses.replace(entry, contract=CONTRACTS[swapped]))
+    monkeypatch.setenv("LENS_EVALS_SELF_CHECK", "1")
+    with make_llm(build(arch), max_model_len=512) as llm:
+        plain = llm.generate(["the cat reads a book."], greedy(4))
+        assert len(plain[0].outputs[0].token_ids) == 4  # plain requests are served
+        checked = self_check.result_of(llm.llm_engine.input_processor)
+        assert checked is not None and not checked.passed, checked and checked.table()
+        identity_floor, handoff_floor = self_check.bounds("float32")
+        if caught_by == "error":
+            assert "decoder layer returned Tensor" in str(checked.error)
+        elif caught_by == "steer":  # orders of magnitude over the bound (measured 0.56 against 1e-2)
+            assert checked.layers[-1].steer > 10 * self_check.STEER_BOUND, checked.table()
+        else:
+            assert min(c.identity for c in checked.layers) > 1e3 * identity_floor, checked.table()
+            assert min(c.handoff for c in checked.layers) > 1e3 * handoff_floor, checked.table()
+        with pytest.raises(ValueError, match="self-check at engine start failed") as refused:
+            llm.generate(["the cat reads a book."], greedy(2, output_residual_stream=[0]))
+        assert arch in str(refused.value) and ("layer" in str(refused.value))
+        again = llm.generate(["the cat reads a book."], greedy(4))
+        assert again[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
+
+
+def test_without_the_check_a_wrong_contract_goes_unnoticed(monkeypatch) -> None:
+    """What the check guards against (the code before it): the swapped contract serves a capture."""
+    arch = "Qwen3ForCausalLM"
+    monkeypatch.setitem(
+        architectures.VERIFIED, arch, dataclasses.replace(architectures.VERIFIED[arch], contract=architectures.STREAM_FIRST)
+    )
+    with make_llm(build(arch), max_model_len=512) as llm:
+        out = llm.generate(["the cat reads a book."], greedy(2, output_residual_stream=[1]))
+        assert out[0].activations["residual_stream"].shape[0] == 1
+        assert self_check.result_of(llm.llm_engine.input_processor).skipped == "LENS_EVALS_SELF_CHECK=0"
+
+
+def test_async_engine_checks_at_its_first_lens_request(tiny_path, monkeypatch) -> None:
+    """AsyncLLM: no check at start; the first lens request waits for it (run once, however many
+    lens requests come at once); the numbers are kept on the engine."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from tests.conftest import engine_options
+
+    monkeypatch.setenv("LENS_EVALS_SELF_CHECK", "1")
+
+    async def main() -> tuple[self_check.SelfCheck | None, self_check.SelfCheck | None, list[int]]:
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(tiny_path), **engine_options()))
+        try:
+
+            async def one(request_id: str, **extra: object) -> object:
+                final = None
+                async for out in engine.generate("the cat reads a book.", greedy(3, **extra), request_id):
+                    final = out
+                return final
+
+            await one("plain")
+            before = self_check.result_of(engine.input_processor)
+            outs = await asyncio.gather(*(one(f"lens{i}", output_residual_stream=[1]) for i in range(3)))
+            return before, self_check.result_of(engine.input_processor), [o.activations["residual_stream"].shape[0] for o in outs]
+        finally:
+            engine.shutdown()
+
+    before, after, layers = asyncio.run(main())
+    assert before is None  # a plain request does not start it
+    assert after is not None and after.passed and after.skipped is None, after and after.table()
+    assert [c.layer for c in after.layers] == [0, 2, 3] and layers == [1, 1, 1]
