@@ -94,6 +94,12 @@ def _roleplaying(args: argparse.Namespace) -> int:
     return run_roleplaying(args.model, limit=args.limit, log_dir=args.log_dir, probe=args.probe, dataset=args.dataset)
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from lens_evals.verify import run_verify
+
+    return run_verify(args.model, parse_engine_args(args.engine_arg), as_json=args.json)
+
+
 def _report(args: argparse.Namespace) -> int:
     from lens_evals.report import ReportError, write_report
 
@@ -209,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     role.add_argument("--limit", type=positive_int, default=None)
     role.add_argument("--log-dir", default="logs")
     role.set_defaults(func=_roleplaying)
+    verify = sub.add_parser("verify", help="check the stream contract on a model as vLLM loads it (the start-up self-check)")
+    verify.add_argument("model", type=model_name_or_dir, help="an embedded model's name or a model directory")
+    verify.add_argument("--json", action="store_true", help="the numbers as JSON")
+    add_engine_arg_option(verify)
+    verify.set_defaults(func=_verify)
     report = sub.add_parser("report", help="one self-contained HTML page for an eval log (probe tasks, oracle tasks)")
     report.add_argument("log", help="an Inspect .eval log of roleplaying_probe, coup_probe or an activation-oracle task")
     report.add_argument("--out", default=None, help="HTML file to write (default: the log's path with .html)")

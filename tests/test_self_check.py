@@ -96,3 +96,40 @@ def test_async_engine_checks_at_its_first_lens_request(tiny_path, monkeypatch) -
     assert before is None  # a plain request does not start it
     assert after is not None and after.passed and after.skipped is None, after and after.table()
     assert [c.layer for c in after.layers] == [0, 2, 3] and layers == [1, 1, 1]
+
+
+def test_the_server_serves_the_check_at_lens_info(tiny_path) -> None:
+    """``GET /lens/info`` runs the check if no lens request has, and serves its numbers: three
+    layers of the tiny Llama, identity and handoff within their bounds, the steer ratio measured."""
+    import requests
+
+    from tests.conftest import lens_server
+
+    with lens_server(tiny_path, env={"LENS_EVALS_SELF_CHECK": "1"}) as server:
+        resp = requests.get(f"{server.url}/lens/info", timeout=300)
+        assert resp.status_code == 200, resp.text
+        check = resp.json()["self_check"]
+        assert check["passed"] is True and check["skipped"] is None and check["error"] is None, check
+        assert [layer["layer"] for layer in check["layers"]] == [0, 2, 3]
+        for layer in check["layers"]:
+            assert layer["identity"] <= check["bounds"]["identity"] and layer["handoff"] <= check["bounds"]["handoff"], layer
+        assert check["layers"][-1]["steer"] is not None and check["layers"][-1]["control"] > check["bounds"]["control_min"]
+        assert requests.post(f"{server.url}/lens/info", json={}, timeout=60).status_code == 405
+
+
+def test_verify_prints_the_check_and_exits_by_its_outcome(tiny_path) -> None:
+    """``lens-evals verify`` on the tiny Llama: exit 0 and the same numbers as the JSON it prints."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "lens_evals.cli", "verify", str(tiny_path), "--json", "--engine-arg", "dtype=float32"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = "\n" + done.stdout
+    check = json.loads(out[out.rindex("\n{\n") + 1 :])  # vLLM may log to stdout before it
+    assert check["passed"] is True and len(check["layers"]) == 3

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from lens_evals import wire, wire_frame
-from lens_evals.engine import compat, frontend_budget, hook_sets
+from lens_evals.engine import compat, frontend_budget, hook_sets, self_check_run
 from lens_evals.engine.frontend_attach import HTTP_HELD, HTTP_SINK, HttpResult, release_when_idle
 from lens_evals.engine.hook_routes import (
     HOOK_SETS_PATH,
@@ -95,6 +95,12 @@ class LensResponseMiddleware:
             serve = serve_hook_sets if path.startswith(HOOK_SETS_PATH) else serve_vllm_lens_hooks
             await serve(scope, receive, send, owner)
             return
+        if scope.get("type") == "http" and path == INFO_PATH:
+            if owner is None:
+                await reply(send, 401, UNAUTHORIZED)
+                return
+            await serve_info(scope, send)
+            return
         # the request's own context (each ASGI request runs in a task of its own): admission
         # finds only this caller's hook sets (frontend_admit)
         hook_sets.CALLER.set(hook_sets.NOBODY if owner is None else owner)
@@ -161,6 +167,19 @@ class LensResponseMiddleware:
             HTTP_HELD.reset(held_token)
         if served_lens:
             release_when_idle(compat.engine_client_from_scope(scope))
+
+
+INFO_PATH = "/lens/info"
+
+
+async def serve_info(scope: Scope, send: Send) -> None:
+    """``GET /lens/info``: the stream-contract self-check of the served model (run now if no lens
+    request has run it yet): its numbers per checked layer, or why it was skipped or failed."""
+    if scope.get("method") != "GET":
+        await reply(send, 405, error_body("GET /lens/info", 405))
+        return
+    result = await self_check_run.ensure_checked_async(compat.engine_client_from_scope(scope))
+    await reply(send, 200, {"self_check": None if result is None else result.to_json()})
 
 
 SEND_PIECE = 1 << 20

@@ -1,0 +1,31 @@
+"""``lens-evals verify MODEL``: the stream-contract self-check (``engine/self_check.py``) on the
+user's own model, as vLLM loads it (dtype, quantization and engine arguments as given), printed as
+a table: per checked layer, the prompt log-probs' move when the captured stream is written back
+(identity), the capture against what the next layer reads (handoff), and the last layer's steering
+against its control (steer). Exit status 1 when the check fails, 2 when it could not run."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def run_verify(model: str, engine_args: dict[str, Any], as_json: bool = False) -> int:
+    os.environ["LENS_EVALS_SELF_CHECK"] = "1"  # the point of the command, whatever the environment says
+    from lens_evals.engine import compat
+    from lens_evals.engine.self_check import result_of
+    from lens_evals.engine.self_check_run import ensure_offline
+    from lens_evals.offline_engine import close_offline_engine, open_offline_engine
+
+    llm = open_offline_engine(model, in_process=True, **engine_args)
+    try:
+        ensure_offline(llm)  # already run at the engine's start, unless it was the process's first
+        result = result_of(compat.input_processor(llm.llm_engine))
+    finally:
+        close_offline_engine(llm)
+    if result is None:
+        print(f"lens-evals verify: the self-check did not run on {model}")
+        return 2
+    print(json.dumps(result.to_json(), indent=2) if as_json else result.table())
+    return 0 if result.passed else 1
