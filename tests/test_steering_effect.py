@@ -7,12 +7,17 @@ own offline engine's captures of the same contrast prompts."""
 from __future__ import annotations
 
 import math
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 from inspect_ai import eval as inspect_eval
+from inspect_ai.log import read_eval_log
 from safetensors.numpy import load_file
 
+from lens_evals.cli import main as cli
 from lens_evals.evals.steering_effect import steering_effect_task
 from lens_evals.evals.steering_effect.concepts import Concept, Item, words
 from lens_evals.evals.steering_effect.measures import continuation_logprobs, perplexity, word_balance
@@ -54,6 +59,25 @@ def test_planted_direction_and_mean_difference_end_to_end(tiny_path, llm, tmp_pa
     assert [log.status for log in logs] == ["success"] * 2, [log.error for log in logs]
     check_planted(logs[0])
     check_mean_difference(logs[1], llm, contrast_concept())
+    check_report(Path(logs[0].location), tmp_path / "steering.html")
+
+
+def check_report(log_path: Path, page: Path) -> None:
+    """``lens-evals report`` on the planted log, rendered by chromium: the three dose-response
+    figures, one steered text per sample, and the table's means equal to the log's."""
+    assert cli(["report", str(log_path), "--out", str(page)]) == 0
+    chromium = shutil.which("chromium")
+    assert chromium, "chromium is missing: scripts/setup.sh installs Debian's chromium"
+    dom = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180
+    ).stdout
+    for measure in ("logprob_diff", "word_balance", "perplexity"):
+        assert f'id="dose-{measure}"' in dom and "layer 3" in dom
+    log = read_eval_log(str(log_path))
+    assert dom.count('class="transcript steered"') == len(log.samples) == 15
+    for scale in SCALES:
+        chosen = [s.scores["steering_scorer"].value["logprob_diff"] for s in log.samples if s.metadata["scale"] == scale]
+        assert f"<tr><td>3</td><td>{scale:g}</td><td>{scale:.3f}</td><td>3</td><td>{np.mean(chosen):.3f}</td>" in dom  # unit vector
 
 
 def check_planted(log) -> None:

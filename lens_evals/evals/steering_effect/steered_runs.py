@@ -106,7 +106,7 @@ def finite_mean() -> Metric:
 def steering_scorer(concept_has_words: bool = True) -> Any:
     """Per sample: ``logprob_diff`` (log P(positive reference) - log P(negative reference)),
     ``word_balance`` (net fraction of the concept's positive words; concepts with word lists),
-    ``perplexity`` (of the steered text under the unsteered model; nan for an empty text).
+    ``perplexity`` (of the steered text under the unsteered model; nan for a text of only whitespace).
     ``Score.metadata`` has the layer, the scale and every number."""
 
     async def score(state: TaskState, target: Target) -> Score:
