@@ -92,7 +92,7 @@ def steering_sweep(concept: Concept, layers: list[int], vector: np.ndarray | Non
 
 @metric
 def finite_mean() -> Metric:
-    """The mean of the finite values (an empty steered text has no perplexity: nan)."""
+    """The mean of the finite values (a steered text of only whitespace has no perplexity: nan)."""
 
     def compute(scores: list[SampleScore]) -> Value:
         values = [float(s.score.as_float()) for s in scores]
