@@ -19,6 +19,7 @@ TASKS = {
     "lens_evals/coup_probe",
     "lens_evals/petri_audit",
     "lens_evals/roleplaying_probe",
+    "lens_evals/steering_effect",
 }
 
 RESOLVE = """
@@ -63,11 +64,13 @@ def test_tasks_resolve_by_registry_name_and_build_without_side_effects(tmp_path,
         ("lens_evals/roleplaying_probe", {}),
         ("lens_evals/coup_probe", {}),
         ("lens_evals/roleplaying_probe", {"probe": str(probe), "tokenizer": str(tiny_path)}),
+        ("lens_evals/steering_effect", {"layers": "1,2", "scales": "0,4", "prompts": 3}),
     ]
     out = resolve(empty, calls, env)
     assert set(out["names"]) == TASKS and out["provider"]
     assert out["heavy"] == [], "loading the registry imported torch / vllm (Petri's client-only venv has neither)"
     assert out["built"]["lens_evals/roleplaying_probe"] == ["roleplaying_off_policy", 288]  # 144 scenarios x 2
+    assert out["built"]["lens_evals/steering_effect"] == ["steering_effect", 12]  # 3 items x 2 layers x 2 scales
     assert "lens-evals probes train --dataset coup" in out["errors"]["lens_evals/coup_probe"]
     assert out["errors"]["lens_evals/coup_probe"].startswith("FileNotFoundError") and str(probes) in out["errors"]["lens_evals/coup_probe"]
     assert out["same_env"], "building a task changed the environment"

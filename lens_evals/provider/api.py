@@ -10,7 +10,8 @@ HTTP response before Inspect records the model call, so ``.eval`` logs carry no 
 request and generate config Inspect records hold each steering vector's / probe's arrays as a
 digest (:mod:`lens_evals.provider.logged_call`). With ``"return_token_ids": True`` in ``extra_body`` the
 server's token ids land in ``ModelOutput.metadata["token_ids"]`` (``prompt``, ``completion``),
-also kept out of the logged response."""
+also kept out of the logged response; so do vLLM's ``"prompt_logprobs": 0`` (asked for in
+``extra_body``): each prompt token's log-probability, in ``ModelOutput.metadata["prompt_logprobs"]``."""
 
 from __future__ import annotations
 
@@ -33,10 +34,12 @@ from lens_evals.provider.lora_args import lora_server_args
 from lens_evals.provider.outputs import (
     ACTIVATIONS_KEY,
     HOOK_RESULTS_KEY,
+    PROMPT_LOGPROBS_KEY,
     PROMPT_TOKEN_IDS_KEY,
     TOKEN_IDS_KEY,
     decode_activations,
     decode_hook_results,
+    prompt_token_logprobs,
 )
 from lens_evals.provider.server import LensServer, acquire_server, release_server, stop_shared_servers
 from lens_evals.provider.xargs import to_vllm_xargs
@@ -56,6 +59,8 @@ _WIRE_PAYLOADS: contextvars.ContextVar[dict[str, str] | None] = contextvars.Cont
 _TOKEN_IDS: contextvars.ContextVar[dict[str, list[int]] | None] = contextvars.ContextVar("lens_token_ids", default=None)
 # Per-hook results of the request's own hooks ({hook index: saved}), taken out of the logged response.
 _RAW_HOOK_RESULTS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("lens_raw_hook_results", default=None)
+# vLLM's prompt_logprobs (asked for in extra_body), taken out of the logged response.
+_PROMPT_LOGPROBS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("lens_prompt_logprobs", default=None)
 # model args that configure the provider itself, not the server
 _PROVIDER_ARGS = {"base_url", "api_key", "server_timeout"}
 
@@ -133,6 +138,8 @@ class VLLMLensAPI(OpenAICompatibleAPI):
             extra_body["vllm_xargs"], payloads = split_xargs(xargs)  # arrays as digests in the log
             _WIRE_PAYLOADS.set(payloads)
             extra_body.setdefault("return_token_ids", True)  # which token each activation row belongs to
+        if extra_body.get("prompt_logprobs") is not None:
+            extra_body.setdefault("return_token_ids", True)  # which token each log-prob belongs to
         lora = extra_body.pop("lora_request", None)
         if lora:
             params["model"] = lora["lora_name"]
@@ -163,6 +170,7 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         _WIRE_PAYLOADS.set(None)
         _TOKEN_IDS.set(None)
         _RAW_HOOK_RESULTS.set(None)
+        _PROMPT_LOGPROBS.set(None)
         result = await super().generate(input, tools, tool_choice, config)
         raw, token_ids = _RAW_ACTIVATIONS.get(), _TOKEN_IDS.get()
         output = result[0] if isinstance(result, tuple) else result
@@ -173,6 +181,9 @@ class VLLMLensAPI(OpenAICompatibleAPI):
         hook_results = _RAW_HOOK_RESULTS.get()
         if hook_results is not None and isinstance(output, ModelOutput):
             output.metadata = {**(output.metadata or {}), HOOK_RESULTS_KEY: decode_hook_results(hook_results)}
+        prompt_logprobs = _PROMPT_LOGPROBS.get()
+        if prompt_logprobs is not None and token_ids is not None and isinstance(output, ModelOutput):
+            output.metadata = {**(output.metadata or {}), PROMPT_LOGPROBS_KEY: prompt_token_logprobs(prompt_logprobs, token_ids["prompt"])}
         return result
 
     async def tokenize(
@@ -261,8 +272,10 @@ class VLLMLensAPI(OpenAICompatibleAPI):
 
 
 def _take_lens_fields(completion: Any) -> None:
-    """Activations, hook results and token ids out of the response, into this request's context."""
+    """Activations, hook results, prompt log-probs and token ids out of the response, into this request's context."""
     extra = getattr(completion, "model_extra", None)
+    if extra and extra.get(PROMPT_LOGPROBS_KEY) is not None:
+        _PROMPT_LOGPROBS.set(list(extra.pop(PROMPT_LOGPROBS_KEY)))
     if extra and ACTIVATIONS_KEY in extra:
         _RAW_ACTIVATIONS.set(frames.take(extra.pop(ACTIVATIONS_KEY)))
     if extra and HOOK_RESULTS_KEY in extra:

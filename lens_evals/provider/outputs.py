@@ -3,8 +3,9 @@
 The provider puts the decoded activations under ``"activations"`` (``residual_stream``: a torch
 tensor, a numpy array in a client-only install; ``probe_scores``: {probe name: per-token scores};
 ``saved``: hook results), the server's token ids under ``"token_ids"`` (``prompt``, ``completion``;
-also ``"prompt_token_ids"``, vllm-lens's key) and the request's own hook results under
-``"hook_results"``. Solvers take arrays and ids out of the output once read, so the ``.eval`` log
+also ``"prompt_token_ids"``, vllm-lens's key), the request's own hook results under
+``"hook_results"`` and, asked for with vLLM's ``prompt_logprobs``, each prompt token's log-probability
+under ``"prompt_logprobs"``. Solvers take arrays and ids out of the output once read, so the ``.eval`` log
 stays small."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ ACTIVATIONS_KEY = "activations"
 TOKEN_IDS_KEY = "token_ids"  # {"prompt": [...], "completion": [...]} with return_token_ids
 PROMPT_TOKEN_IDS_KEY = "prompt_token_ids"  # the prompt's ids again, under vllm-lens's key
 HOOK_RESULTS_KEY = "hook_results"  # {hook index: saved}, vllm-lens's key
+PROMPT_LOGPROBS_KEY = "prompt_logprobs"  # with prompt_logprobs in extra_body: one float per prompt token (None first)
 NOT_A_LENS_MODEL = "use a vllm-lens/<model> model"
 
 
@@ -61,3 +63,29 @@ def output_token_ids(output: Any) -> dict[str, list[int]]:
     if not token_ids:
         raise RuntimeError(f"the server returned no token ids (return_token_ids): {NOT_A_LENS_MODEL}")
     return dict(token_ids)
+
+
+def prompt_token_logprobs(entries: list[Any], prompt_ids: list[int]) -> list[float | None]:
+    """vLLM's ``prompt_logprobs`` (per prompt token: None, or {token id: {"logprob", ...}} holding at
+    least that token) as the log-probability of each prompt token (None for the first)."""
+    if len(entries) != len(prompt_ids):
+        raise RuntimeError(f"the server sent {len(entries)} prompt log-probs for {len(prompt_ids)} prompt tokens")
+    values: list[float | None] = []
+    for entry, token in zip(entries, prompt_ids):
+        if entry is None:
+            values.append(None)
+            continue
+        chosen = entry.get(str(token), entry.get(token)) if isinstance(entry, dict) else None
+        if not isinstance(chosen, dict) or "logprob" not in chosen:
+            raise RuntimeError(f"the server's prompt log-probs lack prompt token {token}")
+        values.append(float(chosen["logprob"]))
+    return values
+
+
+def output_prompt_logprobs(output: Any) -> list[float | None]:
+    """Each prompt token's log-probability (None for the first), asked for with
+    ``extra_body={"prompt_logprobs": 0}``; taken out of the output."""
+    values = _metadata(output).pop(PROMPT_LOGPROBS_KEY, None)
+    if values is None:
+        raise RuntimeError(f"the server returned no prompt log-probs (prompt_logprobs): {NOT_A_LENS_MODEL}")
+    return list(values)

@@ -3,7 +3,8 @@
 Probe tasks (Roleplaying, coup): ROC with the 1%-FPR points, score histograms with the threshold
 and the control distribution, the confusion matrix and flagged count, every transcript with its
 response tokens coloured by probe score, a tab per probe. Activation-oracle tasks: accuracy per
-family against the zero-vector baseline and every answer. The page is written to a temporary
+family against the zero-vector baseline and every answer. The steering eval: its dose-response
+curves (each measure against the scale, a line per layer) and every steered text. The page is written to a temporary
 file and renamed, so a failure leaves no partial page.
 """
 

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 from sklearn.metrics import roc_curve  # noqa: E402
 
 # text.parse_math off: class names and families come from the log; "$...$" in one is text, not mathtext to parse
@@ -86,4 +87,19 @@ def accuracy_svg(families: Sequence[str], oracle: Sequence[float], zero_vector: 
     axes.set_xticks(x, families, rotation=20, ha="right")
     axes.set(ylabel="accuracy", ylim=(0, 1.05))
     axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, frameon=False)
+    return _svg(figure)
+
+
+def dose_response_svg(curves: dict[int, tuple[list[float], list[float], list[float]]], measure: str, log_y: bool = False) -> str:
+    """A measure's mean against the steering scale, a line (with standard-error bars) per layer."""
+    figure, axes = plt.subplots(figsize=(4.6, 3.4))
+    colours = plt.get_cmap("viridis")(np.linspace(0.1, 0.85, max(1, len(curves))))
+    for colour, (layer, (scales, means, errors)) in zip(colours, sorted(curves.items())):
+        axes.errorbar(scales, means, yerr=errors, color=colour, marker="o", ms=4, lw=1.5, capsize=2, label=f"layer {layer}")
+    axes.set(xlabel="steering scale (0 = unsteered)", ylabel=measure)
+    if log_y:  # plain tick labels: mathtext is off (text.parse_math), so 10^2 would show as its source
+        axes.set_yscale("log")
+        axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        axes.yaxis.set_minor_formatter(NullFormatter())
+    axes.legend(fontsize=7)
     return _svg(figure)

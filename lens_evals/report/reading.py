@@ -17,6 +17,7 @@ from inspect_ai.event import InfoEvent
 from inspect_ai.log import EvalLog, EvalSample, read_eval_log
 
 from lens_evals.evals.shared.probe_reading import INFO_SOURCE
+from lens_evals.report.steering import SteeringSection, is_steering_log, steering_section
 
 ORACLE_SCORERS = ("oracle_answer_match", "zero_vector_match")
 
@@ -84,6 +85,7 @@ class ReportData:
     metadata: dict[str, Any]
     probes: list[ProbeSection] = field(default_factory=list)
     oracle: list[OracleSample] = field(default_factory=list)
+    steering: SteeringSection | None = None
 
 
 def read_log(path: str | Path) -> EvalLog:
@@ -202,10 +204,11 @@ def report_data(path: str | Path) -> ReportData:
     scorers = [s.name for s in (log.results.scores if log.results else [])]
     is_probe = "probe" in (log.eval.metadata or {}) or any(step.solver.endswith("probe_scores") for step in log.plan.steps)
     is_oracle = any(name in ORACLE_SCORERS for name in scorers)
-    if not (is_probe or is_oracle):
+    is_steering = is_steering_log(log)
+    if not (is_probe or is_oracle or is_steering):
         raise ReportError(
-            f"{path}: a log of task {task!r}, which has no probe scores and no oracle answers; the report "
-            "reads lens-evals probe tasks (roleplaying_probe, coup_probe) and activation-oracle tasks"
+            f"{path}: a log of task {task!r}, which has no probe scores and no oracle answers (nor a steering sweep); the report "
+            "reads lens-evals probe tasks (roleplaying_probe, coup_probe), activation-oracle tasks and steering_effect"
         )
     if not log.samples:
         raise ReportError(f"{path}: the log of {task!r} holds no samples (status {log.status}); run the eval with samples logged")
@@ -220,7 +223,11 @@ def report_data(path: str | Path) -> ReportData:
         metrics=metrics,
         metadata=dict(log.eval.metadata or {}),
     )
-    if is_probe:
+    if is_steering:
+        data.steering = steering_section(log)
+        if data.steering is None:
+            raise ReportError(f"{path}: no steering scores in this log of {task!r}")
+    elif is_probe:
         by_probe, thresholds = _probe_samples(log)
         if not by_probe:
             raise ReportError(
