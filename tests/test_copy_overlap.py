@@ -4,7 +4,7 @@
 References: the rows the step computed, copied to the host synchronously (``.cpu()``) before the
 store; the same engine's captures with the overlap off (``lens_evals_copy``), bit for bit. The
 side stream is shown to be used by the copier's counts and by the next step's kernels finishing
-while a large copy still runs (with the overlap off they queue behind it)."""
+while the copy's stream is held by an event (with the overlap off they queue behind it)."""
 
 from __future__ import annotations
 
@@ -94,33 +94,39 @@ def test_stored_rows_equal_the_computed_rows_bit_for_bit(overlap: bool) -> None:
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_the_next_steps_kernels_do_not_wait_for_the_copy(overlap: bool) -> None:
-    """A 512 MiB copy (~10 ms at pinned bandwidth), then a small kernel of the next step: with the
-    overlap it finishes while the copy still runs; without, it queues behind the copy."""
-    from lens_evals.engine.host_copy import PinnedArena, host_copier
+    """The copy's stream is held by an event (``gate``) that a third stream records after sleeping
+    ~1 s on the device; the next step's kernel is queued on the compute stream after the copy.
+    With the overlap it finishes while the gate is still closed, the copy not begun; without, the
+    compute stream itself waits for the gate, so the kernel finishes only after the copy. The
+    order comes from the events, not from racing a copy's duration against a kernel's (that race
+    failed once on the H200, 2026-12-04)."""
+    from lens_evals.engine.host_copy import PinnedArena, StreamCopy, host_copier
 
     device = torch.device("cuda")
     copier = host_copier(device, overlap)
+    assert isinstance(copier, StreamCopy) and copier.overlap == overlap
     arena = PinnedArena(chunk_bytes=2**20)
-    rows = torch.ones(2**28, device=device, dtype=torch.bfloat16)
+    rows = torch.ones(2**24, device=device, dtype=torch.bfloat16)
     small = torch.ones(1024, device=device)  # allocated now: an allocation later could wait for the device
-    # the kernel loaded now: CUDA loads a kernel at its first launch (lazy loading), and that load
-    # waits for the device, copies included (the likely cause of this test's one failure on the H200,
-    # 2026-12-04: the [True] case ran first, before any add kernel had been loaded)
-    small.add_(0)
-    warm = copier.to_host(rows, arena)  # pins the region once; the measured copy reuses it
-    warm[1].synchronize()
-    arena.give_back(warm[2])
+    small.add_(0)  # the kernel loaded now (CUDA loads a kernel at its first launch, waiting for the device)
     torch.cuda.synchronize()
+    gate, gate_stream = torch.cuda.Event(), torch.cuda.Stream(device)
+    with torch.cuda.stream(gate_stream):
+        torch.cuda._sleep(2_000_000_000)  # ~1 s of device clock cycles
+        gate.record(gate_stream)
+    (copier.side_stream() if overlap else torch.cuda.current_stream(device)).wait_event(gate)
     host, ready, _ = copier.to_host(rows, arena)
-    del rows
     next_step = torch.cuda.Event()
     small.add_(1)  # the next step's first kernel
     next_step.record()
     next_step.synchronize()
-    copy_still_running = not ready.query()
+    gate_open, copy_done = gate.query(), ready.query()
     ready.synchronize()
-    assert bool((host[:: 2**20] == 1).all())
-    assert copy_still_running == overlap
+    assert bool((host[:: 2**16] == 1).all()) and bool((small == 2).all())
+    if overlap:
+        assert not gate_open and not copy_done, "the next step's kernel waited for the copy's stream"
+    else:
+        assert gate_open and copy_done, "without the overlap the kernel ran before the copy queued before it"
 
 
 @pytest.fixture(scope="module", params=["eager", "graph"])

@@ -4,10 +4,13 @@ Instructed-Pairs validation only, the parameter count from a config, and the plo
 from __future__ import annotations
 
 import json
+import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from sklearn.metrics import roc_auc_score
 from transformers import AutoConfig
 
 from lens_evals.probing.dialogues import Dialogue
@@ -38,10 +41,24 @@ def test_layer_rows_find_the_informative_layer_on_validation():
     assert all(0.0 <= r[f"{kind}_roleplaying_auroc"] <= 1.0 for r in rows for kind in ("ip-lr", "ip-dom"))
 
 
+def checkpoint_parameters(path: Path) -> int:
+    """The parameter count of a checkpoint's safetensors files (the reference for the config's)."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="numpy") as tensors:
+            total += sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
+    return total
+
+
+def parameter_count(path: Path) -> int:
+    return sum(int(np.prod(s)) for s in _parameter_shapes(SimpleNamespace(hf_config=AutoConfig.from_pretrained(path))))
+
+
 def test_parameter_count_from_the_config_matches_smollm2(smollm2_path):
-    shapes = _parameter_shapes(SimpleNamespace(hf_config=AutoConfig.from_pretrained(smollm2_path)))
-    total = sum(int(np.prod(s)) for s in shapes)
-    assert total == pytest.approx(134_515_008, abs=1_000)  # SmolLM2-135M (tied embeddings), less its final norm
+    # SmolLM2-135M: tied embeddings, 30 norm pairs and the final norm (576), no biases
+    assert parameter_count(smollm2_path) == checkpoint_parameters(smollm2_path) == 134_515_008
 
 
 def test_plot_results_writes_a_png(tmp_path):
@@ -69,10 +86,14 @@ def test_plot_results_writes_a_png(tmp_path):
 
 
 def test_the_science_run_end_to_end_on_tiny_llama(tiny_path, tmp_path, monkeypatch):
-    """Every step on a real (tiny, random) engine: the JSON has every layer, three probes with
-    recall computed against their own thresholds, and the probe set it saved loads."""
-    from lens_evals.probing.multi import load_probe_set, probe_set_path
+    """Every step on a real (tiny, random) engine: the JSON has every layer, the layer chosen on
+    Instructed-Pairs validation (every layer scores 1.0 there on this model: the first), the exact
+    parameter count, and three probes whose AUROC and recall equal scikit-learn's and a count's
+    on the saved probe set's scores of the Roleplaying dialogues captured afresh."""
+    from lens_evals.probing.datasets import roleplaying_dialogues
+    from lens_evals.probing.multi import load_probe_set, probe_set_path, scenario_key
     from lens_evals.probing.science import run_science
+    from lens_evals.probing.train import capture
     from tests.conftest import make_llm
 
     monkeypatch.setenv("LENS_EVALS_PROBE_DIR", str(tmp_path / "probes"))
@@ -87,13 +108,27 @@ def test_the_science_run_end_to_end_on_tiny_llama(tiny_path, tmp_path, monkeypat
             roleplaying_limit=6,
             llm=llm,
         )
+        # the reference: the same 12 Roleplaying dialogues captured afresh at the chosen layer
+        dialogues = roleplaying_dialogues()[:12]
+        features = capture(llm, dialogues, [result["chosen_layer"]], "all", desc="reference").at(result["chosen_layer"])
     assert [r["layer"] for r in result["layers"]] == [0, 1, 2, 3] and result["n_roleplaying"] == 12
-    assert [p["probe"] for p in result["probes"]] == ["ip-lr", "ip-dom", "rp-lr"]
-    assert all(0.0 <= p["auroc"] <= 1.0 and 0.0 <= p["recall_at_1pct_fpr"] <= 1.0 for p in result["probes"])
-    assert result["n_parameters"] > 0 and result["chosen_layer"] in range(4)
+    validation = [r["ip-lr_validation_auroc"] for r in result["layers"]]
+    assert result["chosen_layer"] == int(np.argmax(validation)), validation  # the first best, on validation only
+    assert result["n_parameters"] == checkpoint_parameters(tiny_path) == 722_048  # untied head counted
+    # every probe's AUROC (scikit-learn) and recall (by hand) from its saved readouts' scores
+    probes = load_probe_set(probe_set_path(str(tiny_path)))
+    labels = np.array([int(d.label) for d in dialogues])
+    assert [p["probe"] for p in result["probes"]] == ["ip-lr", "ip-dom", "rp-lr"] and 0 < labels.sum() < len(labels)
+    for row in result["probes"]:
+        readouts = [probes.readout_for(row["probe"], scenario_key(d)) for d in dialogues]
+        scores = np.array(
+            [float((f.astype(np.float64) @ r.weights.astype(np.float64)).mean()) + r.bias for r, f in zip(readouts, features)]
+        )
+        thresholds = np.array([r.threshold for r in readouts])
+        assert row["auroc"] == pytest.approx(roc_auc_score(labels, scores), abs=1e-12), row
+        assert row["recall_at_1pct_fpr"] == pytest.approx(float((scores > thresholds)[labels == 1].mean()), abs=1e-12), row
     saved = json.loads((tmp_path / "results" / f"{tiny_path.name}-float32.json").read_text())
     assert saved["probes"] == result["probes"] and not list((tmp_path / "results").glob("*.layers.json"))
-    probes = load_probe_set(probe_set_path(str(tiny_path)))
     assert probes.layer == result["chosen_layer"]
     low, high = result["thresholds"]["ip-lr"]["bootstrap_95"]
     assert low <= probes.readouts["ip-lr"].threshold <= high

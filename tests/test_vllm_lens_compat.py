@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import subprocess
 import sys
 import tracemalloc
@@ -78,16 +79,31 @@ def _their_form(raw: bytes, dtype: str, shape: list[int], original: str | None =
     return payload if original is None else {**payload, "original_dtype": original}
 
 
+def _status_bytes(field: str) -> int:
+    """A ``/proc/self/status`` memory field (``VmRSS``, ``VmHWM``) in bytes."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        match = re.search(rf"^{field}:\s+(\d+) kB$", status.read(), re.MULTILINE)
+    assert match, f"no {field} in /proc/self/status"
+    return int(match.group(1)) * 1024
+
+
 def _peak_bytes(call) -> tuple[int, Exception | None]:
+    """What ``call`` allocated at its peak: the process's resident set (``VmHWM``, reset first
+    through ``/proc/self/clear_refs``) over what it held before, which sees the C allocations
+    (zstd, torch, numpy) that tracemalloc cannot, or tracemalloc's peak (Python objects on pages
+    already resident), whichever is larger."""
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as clear:
+        clear.write("5")  # resets the peak resident set to the current one (Linux)
+    before = _status_bytes("VmRSS")
     tracemalloc.start()
     error = None
     try:
         call()
     except ValueError as exc:
         error = exc
-    peak = tracemalloc.get_traced_memory()[1]
+    traced = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    return peak, error
+    return max(traced, _status_bytes("VmHWM") - before), error
 
 
 def _unsized_frame(data: bytes) -> bytes:
@@ -207,20 +223,24 @@ def test_capture_steering_and_hook_forms_on_the_engine(llm) -> None:
     explicit = SteeringVector(activations=vec.numpy(), layer_indices=[1], position_indices=list(range(n)))
     wire_string = json.dumps([implicit.model_dump(mode="json")])
     runs = [
-        llm.generate([prompt], greedy(4, output_residual_stream=[2], apply_steering_vectors=form))[0]
+        llm.generate([prompt], greedy(4, output_residual_stream=[1, 2], apply_steering_vectors=form))[0]
         for form in ([implicit], [explicit], wire_string)
     ]
     for run in runs[1:]:
         assert run.outputs[0].token_ids == runs[0].outputs[0].token_ids and torch.equal(capture(run), capture(runs[0]))
-    plain = llm.generate([prompt], greedy(4, output_residual_stream=[2]))[0]
-    assert not torch.allclose(capture(runs[0])[:, :n], capture(plain)[:, :n])  # the steering did something
+    plain = llm.generate([prompt], greedy(4, output_residual_stream=[1, 2]))[0]
+    # the reference: the steered layer's prompt rows are the plain ones plus scale * v (scale 1)
+    assert_stream_close(capture(runs[0])[0, :n], capture(plain)[0, :n] + vec[0], "steered layer 1 vs plain + v")
+    assert not torch.allclose(capture(runs[0])[1, :n], capture(plain)[1, :n])  # and the layer above moved
     hooks = [Hook(fn=record_seq_len, layer_indices=[1, 3]), Hook("record_norm", [1])]
     hooked = llm.generate([prompt], greedy(4, apply_hooks=hooks, output_residual_stream=[1, 3]))[0]
     assert set(hooked.hook_results) == {"0", "1"}
     mine = hooked.hook_results["0"]
     assert mine["seq_lens"] == [n, n] + [1, 1] * 3  # per step per layer: the prefill's n rows, then 3 decode steps of one
-    for i, layer in enumerate([1, 3]):
-        assert_stream_close(torch.cat(mine[f"rows.{layer}"])[: n + 3], capture(hooked)[i], f"hook rows at layer {layer}")
+    for i, layer in enumerate([1, 3]):  # the rows the hook saw are the capture's rows, bit for bit
+        rows, captured = torch.cat(mine[f"rows.{layer}"]), capture(hooked)[i]
+        assert rows.shape == captured.shape, f"hook rows at layer {layer}: {tuple(rows.shape)} vs {tuple(captured.shape)}"
+        assert torch.equal(rows, captured), f"hook rows at layer {layer}: largest |diff| {float((rows - captured).abs().max()):.3e}"
     assert_stream_close(hooked.hook_results["1"]["norm.1"][: n + 3], capture(hooked)[0].norm(dim=-1), "record_norm")
     assert hooked.activations["saved"].keys() == mine.keys() | hooked.hook_results["1"].keys()
 

@@ -140,13 +140,15 @@ def run_science(
 
 
 def _parameter_shapes(config: Any) -> list[tuple[int, ...]]:
-    """Parameter count from the HF config alone (embeddings, attention, MLP, norms; biases left out)."""
+    """Parameter count from the HF config alone (embeddings, attention, MLP, every norm, an untied
+    output head; biases left out)."""
     hf = config.hf_config
     hidden, inter, vocab, layers = hf.hidden_size, hf.intermediate_size, hf.vocab_size, hf.num_hidden_layers
     heads, kv = hf.num_attention_heads, getattr(hf, "num_key_value_heads", hf.num_attention_heads)
     head_dim = getattr(hf, "head_dim", None) or hidden // heads
     per_layer = [(hidden, heads * head_dim), (hidden, 2 * kv * head_dim), (heads * head_dim, hidden), (hidden, 3 * inter), (hidden, 2)]
-    return [(vocab, hidden), *(per_layer * layers)]  # embeddings once, as the model cards count tied ones
+    head = [] if getattr(hf, "tie_word_embeddings", True) else [(vocab, hidden)]  # tied: counted once, as model cards do
+    return [(vocab, hidden), *(per_layer * layers), (hidden,), *head]  # (hidden,): the final norm
 
 
 def plot_results(paths: list[Path], out: Path) -> None:
