@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -31,6 +33,7 @@ PROMPT = "the cat reads a book."
 MESSAGES = [{"role": "user", "content": "a model finds the truth."}]
 STEER = SteeringVector(activations=torch.randn(1, 128, generator=torch.Generator().manual_seed(5)) * 4, layer_indices=[1])
 BF16_BOUND = 2e-2  # bf16 numerics of the same request in another batch composition
+MIN_SAME_TOKENS = 8  # generated tokens that must agree with the request alone before any near-tie flips
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +127,10 @@ def test_vllm_lens_request_forms_equal_ours(server) -> None:
     assert theirs.json()["choices"][0]["token_ids"] == ours.json()["choices"][0]["token_ids"]
     assert torch.equal(stream_of(theirs), stream_of(ours))
     plain = stream_of(complete(server, {"output_residual_stream": [1]}))
-    assert not torch.equal(plain, stream_of(ours))  # the steering vector did something
+    # the reference: layer 1's prompt rows (the same input tokens in both runs) are plain + scale * v
+    n_prompt = plain.shape[1] - 6 + 1
+    reference = plain[0, :n_prompt].float() + STEER.activations[0]
+    assert_stream_close(stream_of(ours)[0, :n_prompt].float(), reference, "steered vs plain + v", bound=BF16_BOUND)
 
 
 def _frame(data: bytes) -> str:
@@ -155,8 +161,8 @@ BAD_FORMS = {
         ),
         "truncated",
     ),
-    "zip bomb (frame declares 64 MiB)": (
-        _steer_with({"data": _frame(bytes(64 * 2**20)), "dtype": "float32", "shape": [1, 2**16], "compression": "zstd"}),
+    "zip bomb (frame declares 16 MiB)": (  # small enough encoded (~700 characters) to reach the frame's check
+        _steer_with({"data": _frame(bytes(16 * 2**20)), "dtype": "float32", "shape": [1, 128], "compression": "zstd"}),
         "refused before inflating",
     ),
     "zip bomb (shape over the bound)": (
@@ -171,32 +177,51 @@ BAD_FORMS = {
 }
 
 
+def running_requests(server) -> int:
+    """The engine's ``vllm:num_requests_running`` gauge, summed over engines, from ``/metrics``."""
+    text = requests.get(f"{server.url}/metrics", headers=AUTH, timeout=30).text
+    return int(sum(float(n) for n in re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.MULTILINE)))
+
+
 def test_bad_input_in_their_forms_is_400_while_good_requests_finish(server) -> None:
     prompts = ["the cat reads a book.", "a model finds the truth.", "my friend"]
-    alone = [complete(server, {"output_residual_stream": [2]}, prompt=p, max_tokens=40, return_token_ids=True) for p in prompts]
+    n_tokens = 400  # long enough that every bad request is answered while the good ones decode
+    alone = [complete(server, {"output_residual_stream": [2]}, prompt=p, max_tokens=n_tokens, return_token_ids=True) for p in prompts]
     baseline = [stream_of(resp) for resp in alone]
     results: dict[int, requests.Response] = {}
 
     def good(i: int) -> None:
-        results[i] = complete(server, {"output_residual_stream": "[2]"}, prompt=prompts[i], max_tokens=40, return_token_ids=True)
+        results[i] = complete(server, {"output_residual_stream": "[2]"}, prompt=prompts[i], max_tokens=n_tokens, return_token_ids=True)
 
     threads = [threading.Thread(target=good, args=(i,)) for i in range(len(prompts))]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + 60
+    while running_requests(server) < len(prompts):  # every good request admitted and decoding
+        assert time.monotonic() < deadline and not results, f"good requests never all ran: {sorted(results)} done"
+        time.sleep(0.01)
     for name, (xargs, message) in BAD_FORMS.items():
         resp = complete(server, xargs)
         assert resp.status_code == 400, f"{name}: {resp.status_code} {resp.text}"
         assert message in resp.json()["error"]["message"], f"{name}: {resp.text}"
+    # the bad requests were answered while the good ones were still in flight
+    assert not results and running_requests(server) == len(prompts), f"good requests {sorted(results)} ended before the bad ones"
     for thread in threads:
         thread.join(timeout=300)
     for i, expected in enumerate(baseline):
         got = stream_of(results[i])
-        assert got.shape == expected.shape
-        # rows up to the first generated token that differs: in bf16 a near-tie greedy token of the
-        # random model may flip in another batch composition, and every later row reads other input
-        same = common_prefix(generated_ids(alone[i]), generated_ids(results[i]))
-        rows = expected.shape[0] - len(generated_ids(alone[i])) + 1 + same
-        assert_stream_close(got[:rows].float(), expected[:rows].float(), f"good request {i} beside bad ones", bound=BF16_BOUND)
+        assert got.shape == expected.shape and got.shape[0] == 1
+        ids, ids_alone = generated_ids(results[i]), generated_ids(alone[i])
+        assert len(ids) == len(ids_alone) == n_tokens
+        # rows (axis 1) up to the first generated token that differs: in bf16 a near-tie greedy token
+        # of the random model may flip in another batch composition, and every later row reads other
+        # input. Row t reads token (prompt + completion)[t]: prompt rows plus ``same`` completion rows.
+        same = common_prefix(ids_alone, ids)
+        assert same >= MIN_SAME_TOKENS, (
+            f"good request {i}: tokens differ from alone at {same}: {ids[: same + 1]} vs {ids_alone[: same + 1]}"
+        )
+        rows = expected.shape[1] - n_tokens + 1 + same
+        assert_stream_close(got[:, :rows].float(), expected[:, :rows].float(), f"good request {i} beside bad ones", bound=BF16_BOUND)
     assert requests.get(f"{server.url}/health", timeout=5).status_code == 200
 
 
