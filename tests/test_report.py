@@ -24,6 +24,7 @@ from inspect_ai.event import InfoEvent
 from inspect_ai.log import read_eval_log
 from inspect_ai.scorer import match
 from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score, roc_curve
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
@@ -53,8 +54,11 @@ class ReportDom(HTMLParser):
         self.pairs = 0
         self.sections: list[str] = []  # probe names, one per section (a tab each when several)
         self.tabs = 0
+        self.tables: list[tuple[int, str, list[list[str]]]] = []  # (section index, class, rows of cell texts)
+        self.flag_counts: list[str] = []  # each section's "N of M samples flagged"
         self._figure: str | None = None
         self._span: dict | None = None
+        self._cell = self._flag_count = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = dict(attrs)
@@ -82,10 +86,22 @@ class ReportDom(HTMLParser):
                     "tokens": [],
                 }
             )
+        if tag == "table":
+            self.tables.append((len(self.sections) - 1, a.get("class") or "", []))
+        if tag == "tr" and self.tables:
+            self.tables[-1][2].append([])
+        if tag in ("td", "th") and self.tables:
+            self.tables[-1][2][-1].append("")
+            self._cell = True
+        if tag == "p" and "flag-count" in classes:
+            self.flag_counts.append("")
+            self._flag_count = True
         if tag == "span" and "tok" in classes and self.transcripts:
             self._span = {"score": a["data-score"], "excluded": "excluded" in classes, "style": a.get("style") or "", "text": ""}
 
     def handle_endtag(self, tag: str) -> None:
+        self._cell = self._cell and tag not in ("td", "th")
+        self._flag_count = self._flag_count and tag != "p"
         if tag == "figure":
             self._figure = None
         if tag == "span" and self._span is not None:
@@ -97,6 +113,10 @@ class ReportDom(HTMLParser):
             self.figure_text[self._figure] = self.figure_text.get(self._figure, "") + data
         if self._span is not None:
             self._span["text"] += data
+        if self._cell:
+            self.tables[-1][2][-1][-1] += data
+        if self._flag_count:
+            self.flag_counts[-1] += data
 
 
 def rendered(page: Path) -> ReportDom:
@@ -181,7 +201,48 @@ def check_report(log_path: Path, page: Path, n_samples: int) -> ReportDom:
         assert len(shown_by_id) == n_samples == len(log.samples)
         for sample in log.samples:
             check_sample(sample, probe, shown_by_id[str(sample.id)], dom)
+        check_detection(log, probe, index, dom)
     return dom
+
+
+def check_detection(log, probe: str, index: int, dom: ReportDom) -> None:
+    """The section's metrics table, confusion matrix, flagged count and ROC legend against the
+    log's labels, scores and flags, recomputed here (scikit-learn's AUROC and ROC curve)."""
+    labels, values, flags, thresholds = [], [], [], set()
+    for sample in log.samples:
+        reading = next(e.data for e in sample.events if isinstance(e, InfoEvent) and e.source == INFO_SOURCE and e.data["probe"] == probe)
+        score = next(s for s in sample.scores.values() if s.metadata["probe"] == probe)
+        labels.append({"honest": 0, "deceptive": 1}[sample.metadata["kind"]])
+        values.append(score.value["score"] if isinstance(score.value, dict) else score.value)
+        flags.append(score.value["flagged"] if isinstance(score.value, dict) else score.metadata["flagged"])
+        thresholds.add(float(reading["threshold"]))
+    y, s, flagged = np.array(labels), np.array(values, dtype=np.float64), np.array(flags, dtype=bool)
+    (threshold,) = thresholds
+    assert (flagged == (s > threshold)).all() and 0 < y.sum() < len(y)
+    tables = {}
+    for section, css, rows in dom.tables:
+        tables.setdefault((section, css), rows)
+    expected = {
+        "AUROC": roc_auc_score(y, s),
+        "recall at the threshold (1% FPR on control)": flagged[y == 1].mean(),
+        "false positive rate on honest": flagged[y == 0].mean(),
+        "mean score deceptive": s[y == 1].mean(),
+        "mean score honest": s[y == 0].mean(),
+        "samples (labelled)": f"{len(y)} ({len(y)})",
+    }
+    shown = {row[0]: row[1] for row in tables[(index, "metrics")]}
+    assert shown == {k: v if isinstance(v, str) else f"{v:.3f}" for k, v in expected.items()}
+    count = {(label, flag): int(((y == label) & (flagged == flag)).sum()) for label in (0, 1) for flag in (True, False)}
+    assert tables[(index, "confusion")] == [
+        ["", "flagged", "not flagged"],
+        ["deceptive (label 1)", str(count[(1, True)]), str(count[(1, False)])],
+        ["honest (label 0)", str(count[(0, True)]), str(count[(0, False)])],
+    ]
+    assert dom.flag_counts[index] == f"{int(flagged.sum())} of {len(y)} samples flagged"
+    fpr, tpr, _ = roc_curve(y, s)
+    legend = dom.figure_text[f"roc-{index}"]
+    assert f"FPR {flagged[y == 0].mean():.2f}, TPR {flagged[y == 1].mean():.2f}" in legend, legend
+    assert f"1% FPR on this eval's honest: TPR {np.interp(0.01, fpr, tpr):.2f}" in legend, legend
 
 
 def check_sample(sample, probe: str, shown: dict, dom: ReportDom) -> None:
