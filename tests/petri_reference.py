@@ -62,10 +62,13 @@ def capture_ids(llm: Any, ids: list[int], layer: int) -> np.ndarray:
     return output.activations["residual_stream"][0].float().numpy()
 
 
-def offline_oracle(llm: Any, tokenizer: Any, lora: Any, settings: OracleSettings, acts: np.ndarray, question: str, max_tokens: int) -> str:
-    """The oracle's answer offline, its prompt rendered with the server's template (tools-free ChatML)."""
+def offline_oracle(
+    llm: Any, tokenizer: Any, lora: Any, settings: OracleSettings, acts: np.ndarray, question: str, max_tokens: int, inject: bool = True
+) -> str:
+    """The oracle's answer offline, its prompt rendered with the server's template (tools-free ChatML);
+    ``inject=False``: the same prompt and adapter without the activations (the zero-vector baseline)."""
     tokenizer.chat_template = TOOL_TEMPLATE.read_text(encoding="utf-8")
-    [answer] = oracle_answers(llm, tokenizer, lora, settings, [acts], [question], max_tokens=max_tokens)
+    [answer] = oracle_answers(llm, tokenizer, lora, settings, [acts], [question], max_tokens=max_tokens, inject=inject)
     return answer
 
 

@@ -4,7 +4,8 @@ contain tool calls and tool results is read as the target read it.
 
 * the oracle's answer over the last turn, and over a quoted span of it, equals the offline
   oracle's (``lens_evals.oracle.inference``) on activations captured by an offline engine at token
-  positions found independently (character offsets in the HF tokenizer's rendering);
+  positions found independently (character offsets in the HF tokenizer's rendering); the turn's
+  answer differs from the one without the injection (it depends on the injected vector);
 * the probe's score of that turn equals the probe applied to the offline capture;
 * bad requests (layer out of range, empty or absent span, the probe asked for another layer, an
   unknown inspector) are ToolErrors that say what to fix, and the server answers the next request;
@@ -81,8 +82,18 @@ def reference(tiny_path, adapter) -> dict[str, Any]:
             name: offline_oracle(llm, tokenizer, lora, SETTINGS, stream[positions][-MAX_POSITIONS:], QUESTION, MAX_TOKENS)
             for name, positions in (("turn", turn), ("span", span))
         }
+        acts = stream[turn][-MAX_POSITIONS:]
+        uninjected = offline_oracle(llm, tokenizer, lora, SETTINGS, acts, QUESTION, MAX_TOKENS, inject=False)
     probe = tiny_probe(SETTINGS.target_layer)
-    return {"ids": ids, "turn": turn, "span": span, "answers": answers, "probe": probe, "probe_score": probe.score(stream[turn])}
+    return {
+        "ids": ids,
+        "turn": turn,
+        "span": span,
+        "answers": answers,
+        "uninjected": uninjected,
+        "probe": probe,
+        "probe_score": probe.score(stream[turn]),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +137,8 @@ def test_oracle_reads_the_tool_call_turn_like_the_offline_oracle(target, referen
     assert list(range(start, end)) == reference["turn"] and record["n_prompt"] == len(reference["ids"])
     assert record["n_injected"] == min(MAX_POSITIONS, len(reference["turn"]))
     assert record["answer"] == reference["answers"]["turn"] and record["answer"].strip() in answer
+    # the answer comes from the injected activations: the same prompt and adapter without them differ
+    assert record["answer"] != reference["uninjected"], record["answer"]
     assert record["target_message_id"] == MESSAGES[-1].id and record["question"] == QUESTION
 
 
@@ -133,6 +146,8 @@ def test_oracle_reads_a_quoted_span(target, reference) -> None:
     _, record = ask(target, span=f"  {QUOTE} ")
     start, end = record["read_tokens"]
     assert list(range(start, end)) == reference["span"] and record["span"] == QUOTE
+    # (no check against the answer without injection here: on this random oracle the span's 14 rows
+    # leave its 6 greedy tokens as they are at any coefficient, 1 to 100, where random rows do not)
     assert record["answer"] == reference["answers"]["span"]
 
 
