@@ -133,3 +133,15 @@ def test_verify_prints_the_check_and_exits_by_its_outcome(tiny_path) -> None:
     out = "\n" + done.stdout
     check = json.loads(out[out.rindex("\n{\n") + 1 :])  # vLLM may log to stdout before it
     assert check["passed"] is True and len(check["layers"]) == 3
+
+
+def test_an_engine_without_a_tokenizer_is_checked_on_token_ids(tiny_path, monkeypatch) -> None:
+    """``lens-evals capture`` starts its engine with ``skip_tokenizer_init``: the check runs on a
+    prompt of token ids and passes (before: ``ValueError: Tokenizer not available`` ended the call
+    the check ran in, so every such capture failed)."""
+    monkeypatch.setenv("LENS_EVALS_SELF_CHECK", "1")
+    with make_llm(tiny_path, skip_tokenizer_init=True) as llm:
+        out = llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], greedy(2, output_residual_stream=[1]))[0]
+        result = self_check.result_of(llm.llm_engine.input_processor)
+        assert result is not None and result.passed and result.skipped is None, result
+        assert out.activations["residual_stream"].shape[:2] == (1, 5)

@@ -93,18 +93,38 @@ def sampling_params(request: Request) -> Any:
     return SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0 if request.logprobs else None, extra_args=request.extra)
 
 
+def token_prompt(vllm_config: Any) -> list[int]:
+    """The check's prompt as token ids, for an engine without a tokenizer (``skip_tokenizer_init``,
+    as ``lens-evals capture`` starts one): 16 fixed ids spread over the vocabulary, clear of the
+    low ids where special tokens usually live."""
+    vocab = int(vllm_config.model_config.get_vocab_size())
+    low = min(1000, vocab // 4)
+    return [low + (7919 * k) % max(vocab - low, 1) for k in range(16)]
+
+
+def _prompt_and_ids(get_tokenizer: Callable[[], Any], vllm_config: Any) -> tuple[Any, Callable[[str], list[int]]]:
+    """(the prompt to send, how the check learns its token ids): the text through the engine's
+    tokenizer, or token ids where the engine has none."""
+    try:
+        tokenizer = get_tokenizer()
+    except ValueError:  # vLLM: "Tokenizer not available when `skip_tokenizer_init=True`"
+        ids = token_prompt(vllm_config)
+        return {"prompt_token_ids": ids}, lambda text: ids
+    return PROMPT, lambda text: list(tokenizer(text).input_ids)
+
+
 def check_offline(llm: Any) -> SelfCheck:
     """Run the check on an offline ``LLM`` (called at the end of its ``__init__``)."""
-    tokenizer = llm.get_tokenizer()
+    prompt, tokenize = _prompt_and_ids(llm.get_tokenizer, llm.llm_engine.vllm_config)
 
     async def run(requests: list[Request]) -> list[Any]:  # synchronous inside: the offline engine's own loop
-        prompts = [PROMPT] * len(requests)
+        prompts = [prompt] * len(requests)
         return list(llm.generate(prompts, [sampling_params(r) for r in requests], use_tqdm=False))
 
     processor = compat.input_processor(llm.llm_engine)
     token = _RUNNING.set(True)
     try:
-        result = _run_to_end(run_with(llm.llm_engine.vllm_config, lambda text: list(tokenizer(text).input_ids), run))
+        result = _run_to_end(run_with(llm.llm_engine.vllm_config, tokenize, run))
     finally:
         _RUNNING.reset(token)
     setattr(processor, RESULT_ATTR, result)
@@ -126,20 +146,28 @@ async def ensure_checked_async(engine: Any) -> SelfCheck | None:
     return await asyncio.shield(task)
 
 
+def _no_tokenizer() -> Any:
+    raise ValueError("the engine has no tokenizer")
+
+
 async def _check_async(engine: Any, processor: Any) -> SelfCheck:
     _RUNNING.set(True)  # this task's own context: the check's requests do not wait for it
-    tokenizer = await compat.async_tokenizer(engine)
+    try:
+        tokenizer = await compat.async_tokenizer(engine)
+    except ValueError:  # no tokenizer (skip_tokenizer_init): token ids
+        tokenizer = None
+    prompt, tokenize = _prompt_and_ids(lambda: tokenizer if tokenizer is not None else _no_tokenizer(), engine.vllm_config)
 
     async def one(request: Request) -> Any:
         final = None
-        async for output in engine.generate(PROMPT, sampling_params(request), f"lens-self-check-{uuid.uuid4().hex}"):
+        async for output in engine.generate(prompt, sampling_params(request), f"lens-self-check-{uuid.uuid4().hex}"):
             final = output
         return final
 
     async def run(requests: list[Request]) -> list[Any]:
         return list(await asyncio.gather(*(one(r) for r in requests)))
 
-    result = await run_with(engine.vllm_config, lambda text: list(tokenizer(text).input_ids), run)
+    result = await run_with(engine.vllm_config, tokenize, run)
     setattr(processor, RESULT_ATTR, result)
     return result
 
