@@ -231,7 +231,12 @@ _float32_weights: LRU[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = LRU(
 
 
 def float32_weight(weight: torch.Tensor) -> torch.Tensor:
-    """``weight.float()``, cached per weight (the same tensor object while the weight is unchanged)."""
+    """``weight.float()``, cached per weight (the same tensor object while the weight is unchanged).
+    An inference tensor (a tensor-parallel weight gathered for this call) is made afresh each call
+    and has no version counter: its address may be reused by the next gather with other values,
+    so it is converted, never cached."""
+    if weight.is_inference():
+        return weight.float()
     key = (weight.data_ptr(), weight.dtype, tuple(weight.shape), weight.stride(), str(weight.device), weight._version)
     return _float32_weights.get_or_make(key, lambda: (weight, weight.float()))[1]
 

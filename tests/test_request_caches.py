@@ -107,9 +107,18 @@ def test_the_worker_decodes_a_probe_once_per_digest() -> None:
 
 def test_the_engines_facts_are_read_once_and_the_limit_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
     hf_config = SimpleNamespace(architectures=["LlamaForCausalLM"], num_hidden_layers=4, hidden_size=HIDDEN)
-    model_config = SimpleNamespace(hf_config=hf_config, hf_text_config=hf_config, max_model_len=512)
+    model_config = SimpleNamespace(
+        hf_config=hf_config, hf_text_config=hf_config, max_model_len=512, dtype=torch.float32, get_vocab_size=lambda: 1000
+    )
+    scheduler_config = SimpleNamespace(max_num_batched_tokens=2048)
     processor = SimpleNamespace(
-        vllm_config=SimpleNamespace(model_config=model_config, additional_config={}, use_v2_model_runner=False, speculative_config=None)
+        vllm_config=SimpleNamespace(
+            model_config=model_config,
+            scheduler_config=scheduler_config,
+            additional_config={},
+            use_v2_model_runner=False,
+            speculative_config=None,
+        )
     )
     reads = []
     real = compat.model_shape
