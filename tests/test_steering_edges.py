@@ -137,4 +137,9 @@ def test_a_bf16_engine_steers_by_the_scale_asked_not_its_bf16_rounding(tiny_path
             step = capture(out)[0].float() - base
             unit = torch.from_numpy(v[0]).to(torch.bfloat16).float()
             got = float((step @ unit).mean() / (unit @ unit))
-            assert abs(got - scale) < 3e-3, f"scale {scale}: the stream moved by {got:.5f} v"
+            rounded = float(torch.tensor(scale).to(torch.bfloat16))
+            # bf16 noise of the projection: 4e-4 on one machine, 3.6e-3 on another (its CPU's
+            # bf16 kernels); the scale rounded to bf16 first would be 1e-2 off at 4.01 and 4.02
+            assert abs(got - scale) < 5e-3, f"scale {scale}: the stream moved by {got:.5f} v"
+            if rounded != scale:
+                assert abs(got - scale) < abs(got - rounded), f"scale {scale}: moved {got:.5f} v, nearer its bf16 rounding {rounded}"
