@@ -101,11 +101,24 @@ def test_async_engine_checks_at_its_first_lens_request(tiny_path, monkeypatch) -
 def test_the_server_serves_the_check_at_lens_info(tiny_path) -> None:
     """``GET /lens/info`` runs the check if no lens request has, and serves its numbers: three
     layers of the tiny Llama, identity and handoff within their bounds, the steer ratio measured."""
+    import numpy as np
     import requests
 
+    from lens_evals import LinearProbe
+    from lens_evals.client import activations_from_response, lens_xargs
     from tests.conftest import lens_server
 
     with lens_server(tiny_path, env={"LENS_EVALS_SELF_CHECK": "1"}) as server:
+        # the server's first lens request starts the check: its response holds its own results
+        # only (before: the check's outputs landed in that response's results, and the provider
+        # found no probe scores in the main job's first sample)
+        probe = LinearProbe(name="p", layer=1, weights=np.ones(128, dtype=np.float32))
+        body = {"model": "test", "prompt": "the cat reads a book.", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+        first = requests.post(f"{server.url}/v1/completions", json={**body, "vllm_xargs": lens_xargs([2], probes=[probe])}, timeout=300)
+        assert first.status_code == 200, first.text
+        got = activations_from_response(first.json())
+        assert isinstance(got, dict) and set(got) == {"residual_stream", "probe_scores"}, got
+        assert got["residual_stream"].shape[0] == 1 and list(got["probe_scores"]) == ["p"]
         resp = requests.get(f"{server.url}/lens/info", timeout=300)
         assert resp.status_code == 200, resp.text
         check = resp.json()["self_check"]

@@ -141,7 +141,9 @@ async def ensure_checked_async(engine: Any) -> SelfCheck | None:
         return done
     task = getattr(processor, TASK_ATTR, None)
     if task is None:
-        task = asyncio.ensure_future(_check_async(engine, processor))
+        # in an empty context: the request that starts it is inside an HTTP response, whose
+        # results sink would otherwise collect the check's own outputs as that response's
+        task = asyncio.get_running_loop().create_task(_check_async(engine, processor), context=contextvars.Context())
         setattr(processor, TASK_ATTR, task)
     return await asyncio.shield(task)
 
