@@ -169,6 +169,24 @@ def _one(payload: Any, allowed_dtypes: frozenset[str], bound: Bound = UNBOUNDED)
     return next(iter(raws.values()))
 
 
+def array_bytes(value: Any, depth: int = 0) -> int:
+    """Bytes of the arrays (torch tensors, numpy arrays) in a tree of dicts and lists, as hook
+    results and a response's activations hold them; nothing below :data:`MAX_TREE_DEPTH`, which
+    the wire refuses anyway. Torch is not imported: a tensor is what has ``numel`` and
+    ``element_size``."""
+    if hasattr(value, "numel") and hasattr(value, "element_size"):
+        return int(value.numel() * value.element_size())
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if depth > MAX_TREE_DEPTH:
+        return 0
+    if isinstance(value, dict):
+        return sum(array_bytes(item, depth + 1) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(array_bytes(item, depth + 1) for item in value)
+    return 0
+
+
 def decode_array(payload: Any, allowed_dtypes: frozenset[str] = FLOAT_DTYPES, bound: Bound = UNBOUNDED) -> np.ndarray:
     """One array (numpy; bfloat16 widened to float32), refused unread if larger than ``bound``."""
     return _one(payload, allowed_dtypes, bound).to_numpy()

@@ -110,7 +110,8 @@ def without_plugin(tiny_path) -> dict[int, list[int]]:
     return dict(zip(plain, json.loads(line[len("RESULT ") :])))
 
 
-def send(server: LensServer, spec: dict[str, Any]) -> dict[str, Any]:
+def completion_body(spec: dict[str, Any]) -> dict[str, Any]:
+    """The completion request of one spec of the mix (greedy, its token ids returned)."""
     body = {
         "model": "test",
         "prompt": spec["prompt"],
@@ -121,7 +122,11 @@ def send(server: LensServer, spec: dict[str, Any]) -> dict[str, Any]:
     }
     if spec["lens"]:
         body["vllm_xargs"] = lens_xargs(**spec["lens"])
-    resp = requests.post(f"{server.url}/v1/completions", json=body, timeout=900)
+    return body
+
+
+def send(server: LensServer, spec: dict[str, Any]) -> dict[str, Any]:
+    resp = requests.post(f"{server.url}/v1/completions", json=completion_body(spec), timeout=900)
     assert resp.status_code == 200, resp.text
     return resp.json()
 

@@ -32,7 +32,7 @@ from lens_evals.hooks import Hook
 from lens_evals.provider.server import LensServer
 from lens_evals.spec import HOOK_SET_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY
 from tests.conftest import engine_options
-from tests.test_hardening_load import SPECS, solo  # noqa: F401  (solo: the module's fixture, each request run alone)
+from tests.test_hardening_load import SPECS, completion_body, solo  # noqa: F401  (solo: the module's fixture, each request run alone)
 from tests.tolerance import assert_scores_close, assert_stream_close
 
 pytestmark = pytest.mark.slow
@@ -69,20 +69,12 @@ def completion(server: LensServer, key: str, prompt: str, max_tokens: int, xargs
 
 def good(server: LensServer, index: int) -> tuple[float, requests.Response]:
     """The index-th good request, its client id shared with its pair; (latency, response)."""
-    spec = SPECS[index]
-    body: dict[str, Any] = {
-        "model": "test",
-        "prompt": spec["prompt"],
-        "max_tokens": spec["max_tokens"],
-        "temperature": 0,
-        "ignore_eos": True,
-        "return_token_ids": True,
-    }
-    if spec["lens"]:
-        body["vllm_xargs"] = lens_xargs(**spec["lens"])
     start = time.monotonic()
     resp = requests.post(
-        f"{server.url}/v1/completions", json=body, headers={**auth(GOOD_KEY), "X-Request-Id": f"pair-{index // 2}"}, timeout=600
+        f"{server.url}/v1/completions",
+        json=completion_body(SPECS[index]),
+        headers={**auth(GOOD_KEY), "X-Request-Id": f"pair-{index // 2}"},
+        timeout=600,
     )
     return time.monotonic() - start, resp
 

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from lens_evals import settings
+from lens_evals import settings, wire
 from lens_evals.spec import LensRequest
 
 PROBE_BYTES = 4  # probes run in float32
@@ -118,24 +118,9 @@ COPIES = {"safetensors-frame": 1.0}
 JSON_COPIES = 3.0
 
 
-def tree_bytes(value: Any, depth: int = 0) -> int:
-    """Bytes of the arrays (torch or numpy) in a results tree."""
-    if hasattr(value, "element_size") and hasattr(value, "numel"):
-        return int(value.numel() * value.element_size())
-    if hasattr(value, "nbytes") and hasattr(value, "dtype"):
-        return int(value.nbytes)
-    if depth > 64:
-        return 0
-    if isinstance(value, dict):
-        return sum(tree_bytes(item, depth + 1) for item in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(tree_bytes(item, depth + 1) for item in value)
-    return 0
-
-
 def response_charge(results: Any, encoding: str) -> int:
     """What a served response's lens results hold on the frontend until it is written."""
-    return int(tree_bytes(results) * (1.0 + COPIES.get(encoding, JSON_COPIES)))
+    return int(wire.array_bytes(results) * (1.0 + COPIES.get(encoding, JSON_COPIES)))
 
 
 class HeldResponses:

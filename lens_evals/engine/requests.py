@@ -76,34 +76,19 @@ class WorkerRequest:
 
     def saved_bytes(self) -> int:
         """Bytes of the arrays its hooks hold (``saved`` and a hook set's)."""
-        return _array_bytes(self.saved) + _array_bytes(self.set_saved)
+        return wire.array_bytes(self.saved) + wire.array_bytes(self.set_saved)
 
     def saved_over(self, limit: int) -> str | None:
         """The error text when the arrays the hooks hold already pass ``limit`` (bytes): their
         encoded form (base64, 4/3 of the bytes or more) would pass LENS_EVALS_MAX_SAVED_MIB at
         the fetch, so the request fails now instead of filling the device until it ends."""
         for what, saved in (("saved", self.saved), ("hook set saved", self.set_saved)):
-            if (held := _array_bytes(saved)) > limit:
+            if (held := wire.array_bytes(saved)) > limit:
                 return (
                     f"{what} holds {held / 2**20:.1f} MiB of arrays, over the per-request limit of "
                     f"{limit / 2**20:.1f} MiB (LENS_EVALS_MAX_SAVED_MIB)"
                 )
         return None
-
-
-def _array_bytes(value: Any, depth: int = 0) -> int:
-    """Bytes of the tensors and arrays in a ``saved`` tree (deeper than the wire allows: 0)."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, np.ndarray):
-        return int(value.nbytes)
-    if depth > wire.MAX_TREE_DEPTH:
-        return 0
-    if isinstance(value, dict):
-        return sum(_array_bytes(item, depth + 1) for item in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_array_bytes(item, depth + 1) for item in value)
-    return 0
 
 
 def decode_worker_request(
