@@ -26,7 +26,7 @@ from lens_evals.engine.probe_cache import encode_probe
 from lens_evals.engine.protocol import LensSpecWire
 from lens_evals.hooks import check_hook_args
 from lens_evals.request_args import LensLimits, parse_lens_args, refuse_misspelled_keys, remember_probes
-from lens_evals.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS, LensRequest
+from lens_evals.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS, PROBE_KEY, LensRequest
 
 REGISTRY_ATTR = "_lens_evals_pending"
 FACTS_ATTR = "_lens_evals_engine_facts"
@@ -178,6 +178,8 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
     shape = facts.shape
     prompt_len = len(request.prompt_token_ids or [])
     max_positions = prompt_len + int(params.max_tokens or 1) - 1
+    if isinstance(probes := extra.get(PROBE_KEY), list):  # counted before any is parsed (each costs ~80 us)
+        frontend_budget.refuse_alone(frontend_budget.probes_charge(len(probes), max(max_positions, 1), facts.step))
     lens = parse_lens_args(extra, LensLimits.for_model(shape.num_layers, shape.hidden_size, max_positions))
     if not lens.active:
         return

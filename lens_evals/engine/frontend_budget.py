@@ -58,9 +58,25 @@ def charge_of(lens: LensRequest, positions: int, facts: StepFacts) -> Charge:
     """The charge of one request of ``positions`` positions (prompt + generated - 1)."""
     act = facts.activation_bytes
     steering = sum(int(vector.array.size) for vector in lens.steering) * act
-    probes = len(lens.probes) * (facts.hidden_size + min(positions, facts.max_step_rows)) * PROBE_BYTES
+    probes = probes_charge(len(lens.probes), positions, facts)
     layers = len(lens.capture_layers)
     return Charge(steering + probes, positions if layers else 0, layers)
+
+
+def refuse_alone(nbytes: int) -> None:
+    """ValueError (400) if a request that may hold ``nbytes`` on the device can never fit the budget."""
+    budget = budget_bytes()
+    if nbytes > budget:
+        raise ValueError(
+            f"this request may hold {nbytes / 2**20:.1f} MiB on the device, over the lens budget of "
+            f"{budget / 2**20:.1f} MiB (LENS_EVALS_DEVICE_BUDGET_MIB): capture fewer layers, or send fewer "
+            "or smaller probes or vectors"
+        )
+
+
+def probes_charge(count: int, positions: int, facts: StepFacts) -> int:
+    """What ``count`` probes hold on the device for a request of ``positions`` positions."""
+    return count * (facts.hidden_size + min(positions, facts.max_step_rows)) * PROBE_BYTES
 
 
 @dataclass
@@ -85,13 +101,7 @@ class Ledger:
         """Count ``charge`` in, or raise: ValueError (400) if the request alone never fits the
         budget, LensBudgetExceeded (429) if it does not fit beside the requests in flight."""
         budget = budget_bytes()
-        alone = Ledger(self.facts).in_use(charge)
-        if alone > budget:
-            raise ValueError(
-                f"this request may hold {alone / 2**20:.1f} MiB on the device, over the lens budget of "
-                f"{budget / 2**20:.1f} MiB (LENS_EVALS_DEVICE_BUDGET_MIB): capture fewer layers, or send fewer "
-                "or smaller probes or vectors"
-            )
+        refuse_alone(Ledger(self.facts).in_use(charge))
         if (total := self.in_use(charge)) > budget:
             raise LensBudgetExceeded(
                 f"lens requests in flight hold {self.in_use() / 2**20:.1f} of the {budget / 2**20:.1f} MiB device "
