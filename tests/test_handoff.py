@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 
-from lens_evals.engine import handoff, handoff_files, handoff_pool
-from lens_evals.engine.frontend_rows import result_tensors
-from lens_evals.engine.handoff import HandoffTarget, claim, claim_all, sink_for
-from lens_evals.engine.host_store import Piece, PieceStore, assemble, row_blocks
+from lens_evals.engine.frontend.rows import result_tensors
+from lens_evals.engine.transport import handoff, handoff_files, handoff_pool
+from lens_evals.engine.transport.handoff import HandoffTarget, claim, claim_all, sink_for
+from lens_evals.engine.worker.host_store import Piece, PieceStore, assemble, row_blocks
 
 
 @pytest.fixture
@@ -145,7 +145,7 @@ def test_regions_freed_before_a_call_are_released_ahead_of_its_fetch(tmp_path, t
     takes the freed region again; nothing freed, nothing released."""
     import gc
 
-    from lens_evals.engine.handoff import release_regions
+    from lens_evals.engine.transport.handoff import release_regions
 
     first, _, packed_first = _fetch(sink_for(target))
     pool = handoff._files.pools[target["token"]]
@@ -260,9 +260,9 @@ def _core_with_rows(address: dict, requests: int = 3, steps: int = 3, hidden: in
     request captures layer 1 over a 2-token prefill and decode steps (``probe``: and scores a
     probe there). (core, rows by key)."""
     from lens_evals.engine.compat import BatchLayout
-    from lens_evals.engine.requests import WorkerProbe, WorkerRequest
-    from lens_evals.engine.taps import run_layer
-    from lens_evals.engine.worker_core import WorkerCore
+    from lens_evals.engine.worker.core import WorkerCore
+    from lens_evals.engine.worker.requests import WorkerProbe, WorkerRequest
+    from lens_evals.engine.worker.taps import run_layer
 
     core = WorkerCore(torch.device("cpu"), torch.float32, {0, 1, 2})
     names = [f"r{i}" for i in range(requests)]
@@ -378,8 +378,8 @@ def test_a_request_cancelled_during_its_fetch_still_frees_its_pool_regions(tmp_p
     import gc
     from types import SimpleNamespace
 
-    from lens_evals.engine import frontend_attach
-    from lens_evals.engine.frontend_admit import PendingRequest, ServedCall, pending_of
+    from lens_evals.engine.frontend import attach as frontend_attach
+    from lens_evals.engine.frontend.admit import PendingRequest, ServedCall, pending_of
 
     worker = handoff_pool.SharedPool(str(tmp_path), HandoffTarget._current.marker)
     processor = type("Processor", (), {})()

@@ -26,7 +26,7 @@ import torch
 from lens_evals import LinearProbe, SteeringVector
 from lens_evals.client import activations_from_response, lens_xargs
 from lens_evals.engine import compat
-from lens_evals.engine.frontend_rows import result_tensors
+from lens_evals.engine.frontend.rows import result_tensors
 from lens_evals.hooks import Hook
 from lens_evals.models import model_path
 from lens_evals.provider.server import LensServer

@@ -44,18 +44,14 @@ def register() -> None:
     if (off := disabled_by()) is not None:
         logger.info("lens_evals: disabled by %s", off)
         return
-    from lens_evals.engine import (
-        compat,
-        frontend_admit,
-        frontend_attach,
-        frontend_budget,
-        graph_taps,
-        http_middleware,
-        self_check_run,
-        vllm_lens_api,
-    )
-    from lens_evals.engine.worker_rpc import WORKER_METHODS
-    from lens_evals.engine.worker_state import STATE_ATTR, LensWorkerState
+    from lens_evals.engine import compat
+    from lens_evals.engine.frontend import admit as frontend_admit
+    from lens_evals.engine.frontend import attach as frontend_attach
+    from lens_evals.engine.frontend import budget as frontend_budget
+    from lens_evals.engine.frontend import http_middleware, self_check_run, vllm_lens_api
+    from lens_evals.engine.worker import graph_taps
+    from lens_evals.engine.worker.rpc import WORKER_METHODS
+    from lens_evals.engine.worker.state import STATE_ATTR, LensWorkerState
 
     def on_load(runner: Any) -> None:
         setattr(runner, STATE_ATTR, LensWorkerState(runner))

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from lens_evals.engine import compat, handoff, timing
-from lens_evals.engine.protocol import (
+from lens_evals.engine import compat
+from lens_evals.engine.transport import handoff, timing
+from lens_evals.engine.transport.protocol import (
     CLEAR_SET_METHOD,
     COPY_METHOD,
     FETCH_METHOD,
@@ -21,8 +22,8 @@ from lens_evals.engine.protocol import (
     HookWire,
     MemoryReport,
 )
-from lens_evals.engine.worker_hooks import decode_hooks
-from lens_evals.engine.worker_state import STATE_ATTR, get_state
+from lens_evals.engine.worker.hooks import decode_hooks
+from lens_evals.engine.worker.state import STATE_ATTR, get_state
 
 
 def fetch_results(worker: Any, keys: list[str], target: HandoffTargetWire | None = None) -> FetchReply:

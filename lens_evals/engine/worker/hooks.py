@@ -15,9 +15,9 @@ from torch import nn
 
 from lens_evals import wire
 from lens_evals.engine import compat
-from lens_evals.engine.hook_refs import resolve
-from lens_evals.engine.protocol import HookWire
-from lens_evals.engine.transfer import to_device
+from lens_evals.engine.transport.hook_refs import resolve
+from lens_evals.engine.transport.protocol import HookWire
+from lens_evals.engine.worker.transfer import to_device
 
 logger = logging.getLogger("lens_evals")
 

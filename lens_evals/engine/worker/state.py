@@ -2,7 +2,7 @@
 and installs the taps (eager) or the static buffers (graph mode), admits each new request
 (decoded once), and around every forward pass plans the step, hands the taps its context and
 stores what they captured (the model-free part is ``WorkerCore``). The worker's methods for
-``collective_rpc`` are in ``worker_rpc``."""
+``collective_rpc`` are in ``worker.rpc``."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from typing import Any
 
 import torch
 
-from lens_evals.engine import compat, timing
-from lens_evals.engine.graph_taps import GraphTaps, configured_layers, graph_refusal
-from lens_evals.engine.requests import decode_worker_request
-from lens_evals.engine.taps import ActiveStep, HookSites, StepContext, install_taps, read_step
-from lens_evals.engine.worker_core import WorkerCore
-from lens_evals.engine.worker_hooks import HookCall, HookContext, ParameterCache, WorkerHook
+from lens_evals.engine import compat
+from lens_evals.engine.transport import timing
+from lens_evals.engine.worker.core import WorkerCore
+from lens_evals.engine.worker.graph_taps import GraphTaps, configured_layers, graph_refusal
+from lens_evals.engine.worker.hooks import HookCall, HookContext, ParameterCache, WorkerHook
+from lens_evals.engine.worker.requests import decode_worker_request
+from lens_evals.engine.worker.taps import ActiveStep, HookSites, StepContext, install_taps, read_step
 from lens_evals.spec import INTERNAL_KEY
 
 logger = logging.getLogger("lens_evals")

@@ -15,14 +15,16 @@ from typing import Any
 
 import torch
 
-from lens_evals.engine import compat, frontend_budget, timing
-from lens_evals.engine.fetch_batch import batcher_of
-from lens_evals.engine.frontend_admit import PendingRequest, ServedCall, pending_of
-from lens_evals.engine.frontend_hooks import forget_local, union_of
-from lens_evals.engine.frontend_rows import decode_saved, merge_rank_results
-from lens_evals.engine.handoff import HandoffTarget, claim_all
-from lens_evals.engine.hook_sets import store_of
-from lens_evals.engine.protocol import FETCH_METHOD, RELEASE_METHOD, FetchReply
+from lens_evals.engine import compat
+from lens_evals.engine.frontend import budget as frontend_budget
+from lens_evals.engine.frontend.admit import PendingRequest, ServedCall, pending_of
+from lens_evals.engine.frontend.fetch_batch import batcher_of
+from lens_evals.engine.frontend.hook_sets import store_of
+from lens_evals.engine.frontend.hooks import forget_local, union_of
+from lens_evals.engine.frontend.rows import decode_saved, merge_rank_results
+from lens_evals.engine.transport import timing
+from lens_evals.engine.transport.handoff import HandoffTarget, claim_all
+from lens_evals.engine.transport.protocol import FETCH_METHOD, RELEASE_METHOD, FetchReply
 
 logger = logging.getLogger("lens_evals")
 

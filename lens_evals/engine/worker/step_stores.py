@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import torch
 
-from lens_evals.engine.host_copy import PlainCopy
-from lens_evals.engine.host_store import Piece, PieceStore
-from lens_evals.engine.plan import StepPlan
+from lens_evals.engine.worker.host_copy import PlainCopy
+from lens_evals.engine.worker.host_store import Piece, PieceStore
+from lens_evals.engine.worker.plan import StepPlan
 
 
 class StepStores:

@@ -11,10 +11,10 @@ import numpy as np
 import torch
 
 from lens_evals import wire
-from lens_evals.engine.probe_cache import LRU, probe_digest
-from lens_evals.engine.protocol import LensSpecWire
-from lens_evals.engine.transfer import to_device
-from lens_evals.engine.worker_hooks import WorkerHook, decode_hooks
+from lens_evals.engine.transport.probe_cache import LRU, probe_digest
+from lens_evals.engine.transport.protocol import LensSpecWire
+from lens_evals.engine.worker.hooks import WorkerHook, decode_hooks
+from lens_evals.engine.worker.transfer import to_device
 from lens_evals.spec import INTERNAL_KEY, LinearProbe, SteeringVector
 
 

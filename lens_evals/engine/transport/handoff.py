@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lens_evals import settings
-from lens_evals.engine.handoff_files import (
+from lens_evals.engine.transport.handoff_files import (
     MARKER_NAME,
     OWNED_NAME,
     ROWS_NAME,
@@ -45,9 +45,9 @@ from lens_evals.engine.handoff_files import (
     read_pid,
     remove_if_own,
 )
-from lens_evals.engine.handoff_files import remove as _remove
-from lens_evals.engine.handoff_pool import ROOM_MARGIN, PoolViews, SharedPool, free_bytes, trimmer
-from lens_evals.engine.protocol import HandoffAddressWire, HandoffTargetWire
+from lens_evals.engine.transport.handoff_files import remove as _remove
+from lens_evals.engine.transport.handoff_pool import ROOM_MARGIN, PoolViews, SharedPool, free_bytes, trimmer
+from lens_evals.engine.transport.protocol import HandoffAddressWire, HandoffTargetWire
 
 logger = logging.getLogger("lens_evals")
 HANDOFF_ENV = settings.HANDOFF.name

@@ -1,5 +1,5 @@
 """Host memory on the worker for captured rows and probe scores, step by step, until a request
-is fetched (the frontend reads what arrives with ``frontend_rows``).
+is fetched (the frontend reads what arrives with ``frontend.rows``).
 
 A step copies everything it captured to the host in ONE asynchronous copy (a ``StepBuffer``;
 the copy and its pinned memory: ``host_copy``);
@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from lens_evals.engine.handoff import Sink, inline
-from lens_evals.engine.host_copy import PinnedArena
-from lens_evals.engine.protocol import PackedRows, PackedRowsWire
+from lens_evals.engine.transport.handoff import Sink, inline
+from lens_evals.engine.transport.protocol import PackedRows, PackedRowsWire
+from lens_evals.engine.worker.host_copy import PinnedArena
 
 COMPACT_BELOW = 0.25
 

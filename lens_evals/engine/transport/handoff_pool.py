@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from lens_evals import settings
-from lens_evals.engine.handoff_files import SEGMENT_NAME, SEGMENT_PREFIX, alive, map_and_unlink, new_name
+from lens_evals.engine.transport.handoff_files import SEGMENT_NAME, SEGMENT_PREFIX, alive, map_and_unlink, new_name
 
 logger = logging.getLogger("lens_evals")
 POOL_ENV = settings.HANDOFF_POOL_MIB.name

@@ -14,9 +14,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from lens_evals.engine import compat, timing
-from lens_evals.engine.plan import LayerProbes, LayerSteer, StepPlan
-from lens_evals.engine.worker_hooks import HookCall, HookContext, run_calls
+from lens_evals.engine import compat
+from lens_evals.engine.transport import timing
+from lens_evals.engine.worker.hooks import HookCall, HookContext, run_calls
+from lens_evals.engine.worker.plan import LayerProbes, LayerSteer, StepPlan
 
 logger = logging.getLogger("lens_evals")
 

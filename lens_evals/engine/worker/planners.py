@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from lens_evals.engine.compat import BatchLayout
-from lens_evals.engine.plan import CaptureSlot, LayerProbes, LayerSteer, ScoreSlot, StepPlan, rows_of, span_of
-from lens_evals.engine.requests import WorkerProbe, WorkerRequest
-from lens_evals.engine.transfer import to_device
-from lens_evals.engine.worker_hooks import HookCall
+from lens_evals.engine.worker.hooks import HookCall
+from lens_evals.engine.worker.plan import CaptureSlot, LayerProbes, LayerSteer, ScoreSlot, StepPlan, rows_of, span_of
+from lens_evals.engine.worker.requests import WorkerProbe, WorkerRequest
+from lens_evals.engine.worker.transfer import to_device
 
 
 class RequestRows:

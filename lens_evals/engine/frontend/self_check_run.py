@@ -1,4 +1,4 @@
-"""Running the stream-contract self-check (:mod:`lens_evals.engine.self_check`) on an engine:
+"""Running the stream-contract self-check (:mod:`lens_evals.engine.frontend.self_check`) on an engine:
 offline at the end of ``LLM.__init__`` (or, for the engine during whose construction vLLM loaded
 the plugin, as its first call starts), on ``AsyncLLM`` (and so the server) at the first lens
 request, awaited once by every caller. The result is kept on the engine's input processor,
@@ -15,8 +15,8 @@ from typing import Any
 
 from lens_evals import settings
 from lens_evals.engine import compat
-from lens_evals.engine.graph_taps import configured_layers
-from lens_evals.engine.self_check import PROMPT, RESULT_ATTR, LayerCheck, Plan, Request, SelfCheck, logger, result_of
+from lens_evals.engine.frontend.self_check import PROMPT, RESULT_ATTR, LayerCheck, Plan, Request, SelfCheck, logger, result_of
+from lens_evals.engine.worker.graph_taps import configured_layers
 from lens_evals.spec import LENS_KEYS
 
 _RUNNING: contextvars.ContextVar[bool] = contextvars.ContextVar("lens_evals_self_check_running", default=False)

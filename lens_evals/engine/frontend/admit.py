@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lens_evals import settings, wire
-from lens_evals.engine import compat, frontend_budget, self_check
-from lens_evals.engine.frontend_hooks import encode_hooks
-from lens_evals.engine.graph_taps import configured_layers, refusal
-from lens_evals.engine.handoff import HandoffTarget
-from lens_evals.engine.hook_sets import CALLER, UnknownHookSet, store_of
-from lens_evals.engine.probe_cache import encode_probe
-from lens_evals.engine.protocol import LensSpecWire
+from lens_evals.engine import compat
+from lens_evals.engine.frontend import budget as frontend_budget
+from lens_evals.engine.frontend import self_check
+from lens_evals.engine.frontend.hook_sets import CALLER, UnknownHookSet, store_of
+from lens_evals.engine.frontend.hooks import encode_hooks
+from lens_evals.engine.transport.handoff import HandoffTarget
+from lens_evals.engine.transport.probe_cache import encode_probe
+from lens_evals.engine.transport.protocol import LensSpecWire
+from lens_evals.engine.worker.graph_taps import configured_layers, refusal
 from lens_evals.hooks import check_hook_args
 from lens_evals.request_args import LensLimits, parse_lens_args, refuse_misspelled_keys, remember_probes
 from lens_evals.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS, PROBE_KEY, LensRequest

@@ -1,5 +1,5 @@
 """A fetch's results on the worker: each released request's result and where its rows are
-(``TakenResult``, made by ``worker_core.Fetch``), then the rows written out (optionally on several
+(``TakenResult``, made by ``worker.core.Fetch``), then the rows written out (optionally on several
 threads; a finished request's rows perhaps before the fetch, ``early_write``)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from lens_evals import settings
-from lens_evals.engine import handoff
-from lens_evals.engine.host_store import Piece, row_blocks
-from lens_evals.engine.protocol import FetchResult
+from lens_evals.engine.transport import handoff
+from lens_evals.engine.transport.protocol import FetchResult
+from lens_evals.engine.worker.host_store import Piece, row_blocks
 
 # (name, ids name, ids, pieces): one part of a result's rows, not yet written
 RowPart = tuple[str, str, list[int], list[Piece]]

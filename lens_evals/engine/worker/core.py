@@ -13,18 +13,19 @@ from typing import Any
 import torch
 
 from lens_evals import settings, wire
-from lens_evals.engine import compat, handoff, timing
-from lens_evals.engine.early_write import EarlyWrites
-from lens_evals.engine.host_copy import host_copier
-from lens_evals.engine.ledger import RequestLedger
-from lens_evals.engine.plan import StepPlan
-from lens_evals.engine.planners import StepPlanner
-from lens_evals.engine.protocol import FetchResult
-from lens_evals.engine.requests import WorkerRequest
-from lens_evals.engine.results import RowPart, TakenResult, write_results
-from lens_evals.engine.step_stores import StepStores
-from lens_evals.engine.taps import StepContext
-from lens_evals.engine.worker_hooks import HookCall, HookContext
+from lens_evals.engine import compat
+from lens_evals.engine.transport import handoff, timing
+from lens_evals.engine.transport.protocol import FetchResult
+from lens_evals.engine.worker.early_write import EarlyWrites
+from lens_evals.engine.worker.hooks import HookCall, HookContext
+from lens_evals.engine.worker.host_copy import host_copier
+from lens_evals.engine.worker.ledger import RequestLedger
+from lens_evals.engine.worker.plan import StepPlan
+from lens_evals.engine.worker.planners import StepPlanner
+from lens_evals.engine.worker.requests import WorkerRequest
+from lens_evals.engine.worker.results import RowPart, TakenResult, write_results
+from lens_evals.engine.worker.step_stores import StepStores
+from lens_evals.engine.worker.taps import StepContext
 
 logger = logging.getLogger("lens_evals")
 

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lens_evals import wire
-from lens_evals.engine import compat, hook_sets
-from lens_evals.engine.hook_routes import Receive, Send, error_body, read_body, reply
+from lens_evals.engine import compat
+from lens_evals.engine.frontend import hook_sets
+from lens_evals.engine.frontend.hook_routes import Receive, Send, error_body, read_body, reply
 from lens_evals.hooks import Hook
 
 HOOKS_PATH = "/v1/hooks"

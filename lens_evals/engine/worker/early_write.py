@@ -27,10 +27,10 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, cast
 
-from lens_evals.engine import handoff, timing
-from lens_evals.engine.protocol import PackedRowsWire
-from lens_evals.engine.results import TakenResult
-from lens_evals.engine.step_stores import StepStores
+from lens_evals.engine.transport import handoff, timing
+from lens_evals.engine.transport.protocol import PackedRowsWire
+from lens_evals.engine.worker.results import TakenResult
+from lens_evals.engine.worker.step_stores import StepStores
 
 logger = logging.getLogger("lens_evals")
 _thread: ThreadPoolExecutor | None = None  # the process's one writer thread (in order: ``reap`` relies on it)

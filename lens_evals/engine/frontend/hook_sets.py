@@ -17,7 +17,7 @@ another key's requests, collects and deletes find no such set (404 / 400), each 
 (:func:`free_idle_async`). Offline sets have no owner and never expire.
 
 Offline: :func:`register_hook_set` (returns a :class:`HookSet` with ``extra_args``, ``collect()``
-and ``clear()``). Server: the HTTP endpoints in ``lens_evals.engine.http_middleware``.
+and ``clear()``). Server: the HTTP endpoints in ``lens_evals.engine.frontend.http_middleware``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 
 from lens_evals import settings, wire
 from lens_evals.engine import compat
-from lens_evals.engine.frontend_hooks import encode_hooks, forget_local, union_of
-from lens_evals.engine.protocol import CLEAR_SET_METHOD, REGISTER_SET_METHOD, HookWire
+from lens_evals.engine.frontend.hooks import encode_hooks, forget_local, union_of
+from lens_evals.engine.transport.protocol import CLEAR_SET_METHOD, REGISTER_SET_METHOD, HookWire
 from lens_evals.hooks import Hook, check_hook_args
 from lens_evals.spec import HOOK_SET_KEY, LensRequest
 

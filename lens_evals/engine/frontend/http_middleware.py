@@ -16,9 +16,11 @@ from typing import Any
 import torch
 
 from lens_evals import wire, wire_frame
-from lens_evals.engine import compat, frontend_budget, hook_sets, self_check_run
-from lens_evals.engine.frontend_attach import HTTP_HELD, HTTP_SINK, HttpResult, release_when_idle
-from lens_evals.engine.hook_routes import (
+from lens_evals.engine import compat
+from lens_evals.engine.frontend import budget as frontend_budget
+from lens_evals.engine.frontend import hook_sets, self_check_run
+from lens_evals.engine.frontend.attach import HTTP_HELD, HTTP_SINK, HttpResult, release_when_idle
+from lens_evals.engine.frontend.hook_routes import (
     HOOK_SETS_PATH,
     UNAUTHORIZED,
     Message,
@@ -31,7 +33,7 @@ from lens_evals.engine.hook_routes import (
     reply,
     serve_hook_sets,
 )
-from lens_evals.engine.vllm_lens_api import HOOKS_PATH, serve_vllm_lens_hooks
+from lens_evals.engine.frontend.vllm_lens_api import HOOKS_PATH, serve_vllm_lens_hooks
 from lens_evals.wire_codec import Buffers
 
 logger = logging.getLogger("lens_evals")
@@ -102,7 +104,7 @@ class LensResponseMiddleware:
             await serve_info(scope, send)
             return
         # the request's own context (each ASGI request runs in a task of its own): admission
-        # finds only this caller's hook sets (frontend_admit)
+        # finds only this caller's hook sets (frontend.admit)
         hook_sets.CALLER.set(hook_sets.NOBODY if owner is None else owner)
         if scope.get("type") != "http" or scope.get("method") != "POST" or not scope.get("path", "").endswith("completions"):
             await self.app(scope, receive, send)

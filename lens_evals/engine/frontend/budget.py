@@ -8,7 +8,7 @@ pass it is refused with HTTP 429 (retry later) and never reaches a step, where r
 memory would fail every lens request of the batch, or kill the engine inside vLLM's kernels. A
 request that alone passes the budget can never run: a 400 saying what to lower. What hooks save
 on the device grows as a request runs: the worker bounds its total over the requests in flight
-by the same budget (``worker_core``). On a GPU the budget is taken out of vLLM's KV cache when
+by the same budget (``worker.core``). On a GPU the budget is taken out of vLLM's KV cache when
 the engine sizes it (``compat.reserve_lens_memory``), so what is charged here exists.
 """
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from lens_evals import wire
-from lens_evals.engine.protocol import ROW_PARTS, FetchReply, FetchResult, PackedRows
+from lens_evals.engine.transport.protocol import ROW_PARTS, FetchReply, FetchResult, PackedRows
 
 
 def result_tensors(result: FetchResult | dict[str, Any]) -> dict[str, Any]:

@@ -17,8 +17,8 @@ import logging
 from typing import Any
 
 from lens_evals.engine import compat
-from lens_evals.engine.handoff import HandoffTarget, claim_all
-from lens_evals.engine.protocol import FETCH_METHOD, FetchReply
+from lens_evals.engine.transport.handoff import HandoffTarget, claim_all
+from lens_evals.engine.transport.protocol import FETCH_METHOD, FetchReply
 
 logger = logging.getLogger("lens_evals")
 _BATCHER_ATTR = "_lens_evals_fetch_batcher"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from lens_evals.engine.requests import WorkerRequest
+from lens_evals.engine.worker.requests import WorkerRequest
 
 MAX_DROPPED = 65536  # dropped keys whose error a later fetch still gets (one message string per drop)
 

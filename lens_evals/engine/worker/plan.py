@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from lens_evals.engine.worker_hooks import HookCall
+from lens_evals.engine.worker.hooks import HookCall
 
 
 @dataclass

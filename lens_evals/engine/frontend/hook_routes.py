@@ -26,7 +26,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from lens_evals import wire
-from lens_evals.engine import compat, hook_sets
+from lens_evals.engine import compat
+from lens_evals.engine.frontend import hook_sets
 
 logger = logging.getLogger("lens_evals")
 # ASGI's callables, as Starlette hands them to a middleware
