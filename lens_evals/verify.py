@@ -21,7 +21,7 @@ def run_verify(model: str, engine_args: dict[str, Any], as_json: bool = False) -
     llm = open_offline_engine(model, in_process=True, **engine_args)
     try:
         ensure_offline(llm)  # already run at the engine's start, unless it was the process's first
-        result = result_of(compat.input_processor(llm.llm_engine))
+        result = result_of(compat.frontend.input_processor(llm.llm_engine))
     finally:
         close_offline_engine(llm)
     if result is None:

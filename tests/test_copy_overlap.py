@@ -32,7 +32,7 @@ def _store_steps(overlap: bool) -> tuple[dict[str, torch.Tensor], dict[str, torc
     layers, a probe); after each store the step's tensors are dropped and the memory refilled and
     overwritten by the next kernels. Returns the fetched rows, the rows computed (synchronously
     copied), and the copier."""
-    from lens_evals.engine.compat import BatchLayout
+    from lens_evals.engine.compat.worker import BatchLayout
     from lens_evals.engine.frontend.rows import result_tensors
     from lens_evals.engine.worker.core import WorkerCore
     from lens_evals.engine.worker.host_copy import host_copier

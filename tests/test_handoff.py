@@ -259,7 +259,7 @@ def _core_with_rows(address: dict, requests: int = 3, steps: int = 3, hidden: in
     """A worker core (no engine) whose requests' specs name ``address`` for their rows; each
     request captures layer 1 over a 2-token prefill and decode steps (``probe``: and scores a
     probe there). (core, rows by key)."""
-    from lens_evals.engine.compat import BatchLayout
+    from lens_evals.engine.compat.worker import BatchLayout
     from lens_evals.engine.worker.core import WorkerCore
     from lens_evals.engine.worker.requests import WorkerProbe, WorkerRequest
     from lens_evals.engine.worker.taps import run_layer
@@ -311,7 +311,7 @@ def test_rows_written_early_for_an_aborted_or_dropped_request_free_their_region(
     """An abort's fetch sends no target: rows already in the pool come back inline and their
     region is free again. A request whose rows wait for the fetch (here: below the hand-off's
     minimum size) is dropped for the memory bound like any unfetched one."""
-    from lens_evals.engine.compat import BatchLayout
+    from lens_evals.engine.compat.worker import BatchLayout
 
     core, want = _core_with_rows(target)
     core.finish("r0")
@@ -335,7 +335,7 @@ def test_rows_written_early_for_an_aborted_or_dropped_request_free_their_region(
 def test_a_request_dropped_for_the_memory_bound_frees_its_pool_region(target, monkeypatch) -> None:
     """Its capture in the pool, its probe scores (below the hand-off's minimum) held for the
     fetch: dropped for the memory bound, the region is free again and its fetch gets an error."""
-    from lens_evals.engine.compat import BatchLayout
+    from lens_evals.engine.compat.worker import BatchLayout
 
     monkeypatch.setenv(handoff.MIN_BYTES_ENV, "1000")  # captures (4,800 bytes) go to the pool, scores (16) wait
     core, _ = _core_with_rows(target, probe=True)
@@ -353,7 +353,7 @@ def test_a_request_dropped_for_the_memory_bound_frees_its_pool_region(target, mo
 def test_a_frontend_in_this_process_gets_inline_bytes_early_counted_until_fetched(target) -> None:
     """Same process: the early write is the inline copy the fetch would make; those bytes count
     against the worker's memory bound until fetched, and an unfetched one is dropped for it."""
-    from lens_evals.engine.compat import BatchLayout
+    from lens_evals.engine.compat.worker import BatchLayout
 
     core, want = _core_with_rows({**target, "pid": os.getpid()})
     core.finish("r0")

@@ -63,7 +63,7 @@ def test_rows_being_written_into_the_pool_are_waited_for_not_dropped(target) -> 
     next step passes a 7,000-byte bound: the worker waits for the writes (the writer is let go
     after 0.3 s), the rows leave for the pool, and nothing is dropped; every request's rows come
     back equal to those computed. Before the fix the three were dropped unfetched."""
-    from lens_evals.engine.compat import BatchLayout
+    from lens_evals.engine.compat.worker import BatchLayout
     from lens_evals.engine.worker.requests import WorkerRequest
     from lens_evals.engine.worker.taps import run_layer
 

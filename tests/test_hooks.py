@@ -223,7 +223,7 @@ def test_a_call_refused_part_way_leaves_nothing_behind(llm) -> None:
     from lens_evals.engine.frontend.admit import pending_of
     from lens_evals.engine.transport import hook_refs
 
-    processor = compat.input_processor(llm.llm_engine)
+    processor = compat.frontend.input_processor(llm.llm_engine)
     before = (len(pending_of(processor)), len(hook_refs._LOCAL_CALLABLES))
     for _ in range(2):
         with pytest.raises(ValueError, match="unknown hook 'nope'"):
@@ -238,7 +238,7 @@ def test_saved_over_the_limit_fails_its_request_while_it_runs(monkeypatch) -> No
     """The hooks' arrays stay on the device until the fetch: past LENS_EVALS_MAX_SAVED_MIB (their
     encoded form is larger still) the request fails at the next step and they are let go, so a
     request cannot fill the device before the limit is looked at; another request goes on."""
-    from lens_evals.engine.compat import BatchLayout
+    from lens_evals.engine.compat.worker import BatchLayout
     from lens_evals.engine.worker.core import WorkerCore
     from lens_evals.engine.worker.hooks import WorkerHook
     from lens_evals.engine.worker.requests import WorkerRequest

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from lens_evals.engine.compat import BatchLayout
+from lens_evals.engine.compat.worker import BatchLayout
 from lens_evals.engine.worker.planners import build_plan
 from lens_evals.engine.worker.requests import CACHED_STEERING_BYTES, WorkerRequest, WorkerSteering, _decode_steering, steering_digest
 from lens_evals.engine.worker.step_stores import StepStores

@@ -122,8 +122,8 @@ def test_the_engines_facts_are_read_once_and_the_limit_per_request(monkeypatch: 
         )
     )
     reads = []
-    real = compat.model_shape
-    monkeypatch.setattr(compat, "model_shape", lambda config: reads.append(config) or real(config))
+    real = compat.config.model_shape
+    monkeypatch.setattr(compat.config, "model_shape", lambda config: reads.append(config) or real(config))
     from vllm import SamplingParams
 
     def admit(extra: dict[str, Any]) -> Any:

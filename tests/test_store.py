@@ -133,7 +133,7 @@ def test_worker_data_path_with_plan_reuse_and_a_request_leaving() -> None:
     """The worker's step path without an engine (plan, layer ops, store, fetch): three requests
     decode; one leaves after 3 steps (the plan is rebuilt, its buffers compacted later). Every
     request gets exactly its own rows of each step's stream, probe scores equal w.h+b."""
-    from lens_evals.engine.compat import BatchLayout
+    from lens_evals.engine.compat.worker import BatchLayout
     from lens_evals.engine.worker.core import WorkerCore
     from lens_evals.engine.worker.requests import WorkerProbe, WorkerRequest
     from lens_evals.engine.worker.taps import run_layer

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from lens_evals import settings
-from lens_evals.engine.compat import BatchLayout
+from lens_evals.engine.compat.worker import BatchLayout
 from lens_evals.engine.transport import handoff
 from lens_evals.engine.worker.core import WorkerCore
 from lens_evals.engine.worker.requests import WorkerProbe, WorkerRequest, WorkerSteering

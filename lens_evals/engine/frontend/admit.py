@@ -93,7 +93,7 @@ _CALL: ContextVar[ServedCall | None] = ContextVar("lens_evals_served_call", defa
 
 
 def open_call(request_id: str) -> ServedCall:
-    """Called by ``AsyncLLM.generate`` before it adds its request (compat.patch_async_results).
+    """Called by ``AsyncLLM.generate`` before it adds its request (compat.frontend.patch_async_results).
     Each step of a served stream may run in a task of its own, so the call object itself, not
     the context variable, is what the attach and discard steps are given."""
     call = ServedCall(request_id)
@@ -110,7 +110,7 @@ def pending_of(processor: Any) -> PendingRequests:
 
 
 def lens_key_of(request: Any) -> str | None:
-    extra = getattr(compat.request_sampling_params(request), "extra_args", None) or {}
+    extra = getattr(compat.admission.request_sampling_params(request), "extra_args", None) or {}
     spec = extra.get(INTERNAL_KEY)
     return spec.get("key") if isinstance(spec, dict) else None
 
@@ -144,7 +144,7 @@ class EngineFacts:
     requests (its configuration, or an unverified architecture; None: it takes them). The
     limits (``LENS_EVALS_MAX_CAPTURE_GIB``) are read per request: they may change while it runs."""
 
-    shape: compat.ModelShape
+    shape: compat.config.ModelShape
     tapped: list[int] | None
     refusal: str | None
     step: frontend_budget.StepFacts
@@ -154,9 +154,9 @@ def engine_facts(processor: Any) -> EngineFacts:
     facts = getattr(processor, FACTS_ATTR, None)
     if facts is None:
         config = processor.vllm_config
-        shape = compat.model_shape(config)
-        refused = compat.engine_refusal(config) or compat.frontend_refusal(config.model_config)
-        act_bytes, step_rows = compat.step_limits(config)
+        shape = compat.config.model_shape(config)
+        refused = compat.frontend.engine_refusal(config) or compat.architectures.frontend_refusal(config.model_config)
+        act_bytes, step_rows = compat.frontend.step_limits(config)
         step = frontend_budget.StepFacts(shape.hidden_size, act_bytes, step_rows)
         facts = EngineFacts(shape, configured_layers(config, shape.num_layers), refused, step)
         setattr(processor, FACTS_ATTR, facts)
@@ -165,7 +165,7 @@ def engine_facts(processor: Any) -> EngineFacts:
 
 def on_request(processor: Any, request_id: str, request: Any) -> None:
     """Validate and normalise one request's lens keys (raises ValueError -> HTTP 400)."""
-    params = compat.request_sampling_params(request)
+    params = compat.admission.request_sampling_params(request)
     if params is not None and (auto_set := store_of(processor).auto_set) is not None:
         params.extra_args = {HOOK_SET_KEY: auto_set, **(params.extra_args or {})}  # offline LLM.register_hooks
     extra = getattr(params, "extra_args", None)
@@ -240,9 +240,9 @@ def _normalise(request: Any, params: Any, extra: dict[str, Any], lens: LensReque
             spec["handoff"] = address
     normalised[INTERNAL_KEY] = spec
     params.extra_args = normalised  # a fresh dict: the caller's params stay untouched
-    compat.set_request_cache_salt(request, key)
+    compat.admission.set_request_cache_salt(request, key)
     if lens.hooks or lens.hook_set is not None:
-        compat.recompute_from_scratch(params)
+        compat.admission.recompute_from_scratch(params)
     return PendingRequest(
         key,
         tuple(lens.capture_layers),

@@ -105,7 +105,7 @@ def release_offline(llm: Any) -> None:
     earlier calls the user dropped, e.g. ``out = llm.generate(...)`` in a loop) go to the workers
     now, not with this call's fetch at its end, so its early writes reuse them: a loop then needs
     a pool of two calls' rows, not three. Nothing to send (a plain call, nothing freed): no call."""
-    source = id(compat.input_processor(llm.llm_engine))
+    source = id(compat.frontend.input_processor(llm.llm_engine))
     if not HandoffTarget.has_freed(source):
         return
     target = HandoffTarget.for_this_process(source)
@@ -113,7 +113,7 @@ def release_offline(llm: Any) -> None:
         return
     try:
         with timing.phase("release: worker round trip"):
-            compat.offline_collective_rpc(llm, RELEASE_METHOD, (target,))
+            compat.rpc.offline_collective_rpc(llm, RELEASE_METHOD, (target,))
     except Exception as exc:  # the call itself may still run: its fetch frees nothing of these
         logger.warning(
             "lens_evals: giving %d freed hand-off regions back before the call failed (%s: %s); they stay taken in the worker's pool",
@@ -134,7 +134,7 @@ def release_when_idle(engine: Any) -> None:
     followed for ``IDLE_RELEASE_S``, the regions freed since the last fetch go to the workers,
     whose pools can then give idle segments' memory back (``handoff_pool``); a busy server sends
     them with its next fetch instead. Called on the event loop."""
-    source = id(compat.input_processor(engine))
+    source = id(compat.frontend.input_processor(engine))
     pending = _idle_release.pop(source, None)
     if pending is not None:
         pending.cancel()
@@ -155,7 +155,7 @@ async def _release_async(engine: Any, source: int) -> None:
     if target is None:
         return
     try:
-        await compat.async_collective_rpc(engine, RELEASE_METHOD, (target,))
+        await compat.rpc.async_collective_rpc(engine, RELEASE_METHOD, (target,))
     except Exception as exc:  # the engine may be shutting down: the regions stay taken there
         logger.warning(
             "lens_evals: giving %d freed hand-off regions back failed (%s: %s)", len(target.get("free", [])), type(exc).__name__, exc
@@ -163,14 +163,14 @@ async def _release_async(engine: Any, source: int) -> None:
 
 
 def attach_offline(llm: Any, outputs: list[Any]) -> None:
-    processor = compat.input_processor(llm.llm_engine)
+    processor = compat.frontend.input_processor(llm.llm_engine)
     registry = pending_of(processor)
     pending = {o.request_id: found for o in outputs if (found := registry.take_offline(o.request_id)) is not None}
     if not pending:
         return
     with timing.phase("fetch: worker round trip"):
         target = HandoffTarget.for_this_process(id(processor))
-        rank_results = compat.offline_collective_rpc(llm, FETCH_METHOD, ([p.key for p in pending.values()], target))
+        rank_results = compat.rpc.offline_collective_rpc(llm, FETCH_METHOD, ([p.key for p in pending.values()], target))
         claim_all(rank_results, id(processor))
     errors = []
     with timing.phase("fetch: attach to outputs"):
@@ -185,7 +185,7 @@ def attach_offline(llm: Any, outputs: list[Any]) -> None:
 
 
 async def attach_async(engine: Any, output: Any, generated: int, call: ServedCall) -> None:
-    processor = compat.input_processor(engine)
+    processor = compat.frontend.input_processor(engine)
     pending = call.take(pending_of(processor))
     if pending is None:
         return
@@ -205,17 +205,17 @@ async def attach_async(engine: Any, output: Any, generated: int, call: ServedCal
 def discard_offline(engine: Any, request_ids: list[str]) -> None:
     """Requests aborted offline (e.g. an ``LLM.generate`` refused part-way: vLLM aborts those it
     had added): forget them here (their hooks' callables too) and release their worker rows."""
-    registry = pending_of(compat.input_processor(engine))
+    registry = pending_of(compat.frontend.input_processor(engine))
     dropped = [found for request_id in request_ids if (found := registry.take_offline(request_id)) is not None]
     for pending in dropped:
         forget_local(list(pending.local_ids))
     if dropped:
-        compat.offline_collective_rpc(engine, FETCH_METHOD, ([pending.key for pending in dropped], None))  # rows inline, dropped
+        compat.rpc.offline_collective_rpc(engine, FETCH_METHOD, ([pending.key for pending in dropped], None))  # rows inline, dropped
 
 
 async def discard_async(engine: Any, call: ServedCall) -> None:
     """A request ended without a final output (abort, disconnect): release its worker rows."""
-    pending = call.take(pending_of(compat.input_processor(engine)))
+    pending = call.take(pending_of(compat.frontend.input_processor(engine)))
     if pending is not None:
         forget_local(list(pending.local_ids))
-        await compat.async_collective_rpc(engine, FETCH_METHOD, ([pending.key], None))  # rows inline, dropped
+        await compat.rpc.async_collective_rpc(engine, FETCH_METHOD, ([pending.key], None))  # rows inline, dropped

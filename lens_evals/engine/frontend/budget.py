@@ -9,7 +9,7 @@ memory would fail every lens request of the batch, or kill the engine inside vLL
 request that alone passes the budget can never run: a 400 saying what to lower. What hooks save
 on the device grows as a request runs: the worker bounds its total over the requests in flight
 by the same budget (``worker.core``). On a GPU the budget is taken out of vLLM's KV cache when
-the engine sizes it (``compat.reserve_lens_memory``), so what is charged here exists.
+the engine sizes it (``compat.worker.reserve_lens_memory``), so what is charged here exists.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class FetchBatcher:
                 target = HandoffTarget.for_this_process(id(self.processor))
                 self.calls += 1
                 try:
-                    replies: list[FetchReply] = await compat.async_collective_rpc(self.engine, FETCH_METHOD, (list(batch), target))
+                    replies: list[FetchReply] = await compat.rpc.async_collective_rpc(self.engine, FETCH_METHOD, (list(batch), target))
                     claim_all(replies, id(self.processor))
                 except Exception as error:
                     logger.warning(

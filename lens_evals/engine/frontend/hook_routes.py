@@ -13,7 +13,7 @@ saying which bound and how to free one. On a server started with ``--api-key`` (
 only its ``/v1``-like prefixes); a set belongs to the key that made it (``hook_sets``). Bodies
 are JSON only (:func:`json_only`: 415 otherwise), so a cross-origin "simple" request (text/plain,
 a form) that a browser sends without a CORS preflight never reaches a route. The middleware runs
-inside the operator's ``--middleware`` and vLLM's CORS (``compat.patch_http_app``).
+inside the operator's ``--middleware`` and vLLM's CORS (``compat.frontend.patch_http_app``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def caller(scope: dict[str, Any]) -> str | None:
     without configured API keys, else the SHA-256 digest (hex) of the key that
     ``Authorization: Bearer`` carries; None when it carries none of them (read and compared as
     vLLM does: SHA-256 digests compared in constant time, every key checked)."""
-    keys = compat.server_api_keys(scope)
+    keys = compat.frontend.server_api_keys(scope)
     if not keys:
         return hook_sets.SHARED_OWNER
     scheme, _, token = _header(scope, b"authorization").decode("latin-1").partition(" ")
@@ -106,7 +106,7 @@ async def serve_hook_sets(scope: dict[str, Any], receive: Receive, send: Send, o
     method = scope.get("method")
     parts = [p for p in scope["path"][len(HOOK_SETS_PATH) :].split("/") if p]
     try:
-        engine = compat.engine_client_from_scope(scope)
+        engine = compat.frontend.engine_client_from_scope(scope)
         await hook_sets.free_idle_async(engine)
         if method == "POST" and not parts:
             body = wire.json_loads(await read_body(receive) or b"{}")

@@ -213,7 +213,7 @@ def prepare(processor: Any, hooks: Sequence[Any]) -> tuple[str, _Record]:
     if len(hooks) > MAX_HOOKS_PER_SET:
         raise ValueError(f"a hook set holds at most {MAX_HOOKS_PER_SET} hooks")
     parsed = [Hook.from_wire(hook) for hook in hooks]
-    shape = compat.model_shape(processor.vllm_config)
+    shape = compat.config.model_shape(processor.vllm_config)
     for hook in parsed:  # a set serves requests not known yet: positions bounded by the context length
         check_hook_args(hook, shape.hidden_size, shape.max_model_len, shape.vocab_size)
     LensRequest(hooks=parsed).check_model(shape.num_layers, shape.hidden_size, 1, 2**62)
@@ -256,18 +256,18 @@ class HookSet:
     def collect(self) -> dict[str, Any]:
         """{"id", "results": [{"request_id", "saved": {...}, "hook_results": {index: {...}}}],
         "refused": n} (tensors); empties the set."""
-        return _decode_results(store_of(compat.input_processor(self.llm.llm_engine)).collect(self.id))
+        return _decode_results(store_of(compat.frontend.input_processor(self.llm.llm_engine)).collect(self.id))
 
     def clear(self) -> int:
         """Unregister the set; returns how many uncollected results were dropped."""
-        record = store_of(compat.input_processor(self.llm.llm_engine)).remove(self.id)
-        compat.offline_collective_rpc(self.llm, CLEAR_SET_METHOD, (self.id,))
+        record = store_of(compat.frontend.input_processor(self.llm.llm_engine)).remove(self.id)
+        compat.rpc.offline_collective_rpc(self.llm, CLEAR_SET_METHOD, (self.id,))
         return len(record.results)
 
 
 def register_hook_set(llm: Any, hooks: Sequence[Any]) -> HookSet:
     """Register hooks once on an offline engine (callables or registered hooks)."""
-    processor = compat.input_processor(llm.llm_engine)
+    processor = compat.frontend.input_processor(llm.llm_engine)
     set_id, record = prepare(processor, hooks)
     store = store_of(processor)
     try:
@@ -276,10 +276,10 @@ def register_hook_set(llm: Any, hooks: Sequence[Any]) -> HookSet:
         forget_local(record.local_ids)
         raise
     try:
-        _check_workers(compat.offline_collective_rpc(llm, REGISTER_SET_METHOD, (set_id, record.hooks)))
+        _check_workers(compat.rpc.offline_collective_rpc(llm, REGISTER_SET_METHOD, (set_id, record.hooks)))
     except ValueError:
         forget_local(record.local_ids)
-        compat.offline_collective_rpc(llm, CLEAR_SET_METHOD, (set_id,))
+        compat.rpc.offline_collective_rpc(llm, CLEAR_SET_METHOD, (set_id,))
         raise
     finally:
         store.release(record)
@@ -289,7 +289,7 @@ def register_hook_set(llm: Any, hooks: Sequence[Any]) -> HookSet:
 
 # --------------------------------------------------------------------------- server (AsyncLLM)
 async def register_async(engine: Any, hooks: Sequence[Any], owner: str = SHARED_OWNER) -> dict[str, Any]:
-    processor = compat.input_processor(engine)
+    processor = compat.frontend.input_processor(engine)
     set_id, record = prepare(processor, hooks)
     record.owner = owner
     store = store_of(processor)
@@ -299,9 +299,9 @@ async def register_async(engine: Any, hooks: Sequence[Any], owner: str = SHARED_
         forget_local(record.local_ids)
         raise
     try:
-        _check_workers(await compat.async_collective_rpc(engine, REGISTER_SET_METHOD, (set_id, record.hooks)))
+        _check_workers(await compat.rpc.async_collective_rpc(engine, REGISTER_SET_METHOD, (set_id, record.hooks)))
     except ValueError:
-        await compat.async_collective_rpc(engine, CLEAR_SET_METHOD, (set_id,))
+        await compat.rpc.async_collective_rpc(engine, CLEAR_SET_METHOD, (set_id,))
         raise
     finally:
         store.release(record)
@@ -311,19 +311,19 @@ async def register_async(engine: Any, hooks: Sequence[Any], owner: str = SHARED_
 
 def collect_async(engine: Any, set_id: str, owner: str) -> dict[str, Any]:
     """Raw (per-hook) results; ``union_view`` gives our HTTP form."""
-    return store_of(compat.input_processor(engine)).collect(set_id, owner)
+    return store_of(compat.frontend.input_processor(engine)).collect(set_id, owner)
 
 
 async def clear_async(engine: Any, set_id: str, owner: str) -> dict[str, Any]:
-    record = store_of(compat.input_processor(engine)).remove(set_id, owner)
-    await compat.async_collective_rpc(engine, CLEAR_SET_METHOD, (set_id,))
+    record = store_of(compat.frontend.input_processor(engine)).remove(set_id, owner)
+    await compat.rpc.async_collective_rpc(engine, CLEAR_SET_METHOD, (set_id,))
     return {"id": set_id, "dropped_results": len(record.results)}
 
 
 async def free_idle_async(engine: Any) -> list[str]:
     """Free the sets idle past LENS_EVALS_HOOK_SET_IDLE_S, the workers' halves too (every lens
     route calls this first, so an expired set never holds a slot a create needs); their ids."""
-    expired = store_of(compat.input_processor(engine)).expire()
+    expired = store_of(compat.frontend.input_processor(engine)).expire()
     for set_id in expired:
-        await compat.async_collective_rpc(engine, CLEAR_SET_METHOD, (set_id,))
+        await compat.rpc.async_collective_rpc(engine, CLEAR_SET_METHOD, (set_id,))
     return expired

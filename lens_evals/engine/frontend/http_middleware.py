@@ -168,7 +168,7 @@ class LensResponseMiddleware:
             frontend_budget.RESPONSES.release(sum(held))
             HTTP_HELD.reset(held_token)
         if served_lens:
-            release_when_idle(compat.engine_client_from_scope(scope))
+            release_when_idle(compat.frontend.engine_client_from_scope(scope))
 
 
 INFO_PATH = "/lens/info"
@@ -180,7 +180,7 @@ async def serve_info(scope: Scope, send: Send) -> None:
     if scope.get("method") != "GET":
         await reply(send, 405, error_body("GET /lens/info", 405))
         return
-    result = await self_check_run.ensure_checked_async(compat.engine_client_from_scope(scope))
+    result = await self_check_run.ensure_checked_async(compat.frontend.engine_client_from_scope(scope))
     await reply(send, 200, {"self_check": None if result is None else result.to_json()})
 
 

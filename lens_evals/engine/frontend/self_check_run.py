@@ -39,12 +39,12 @@ def skip_reason(vllm_config: Any) -> str | None:
     """Why the check does not run on this engine (None: it runs)."""
     if not settings.SELF_CHECK.get():
         return f"{settings.SELF_CHECK.name}=0"
-    return compat.engine_refusal(vllm_config) or compat.frontend_refusal(vllm_config.model_config)
+    return compat.frontend.engine_refusal(vllm_config) or compat.architectures.frontend_refusal(vllm_config.model_config)
 
 
 def _start(vllm_config: Any) -> SelfCheck:
     dtype = str(vllm_config.model_config.dtype).removeprefix("torch.")
-    return SelfCheck(compat.architecture_of(vllm_config.model_config), dtype)
+    return SelfCheck(compat.architectures.architecture_of(vllm_config.model_config), dtype)
 
 
 Rounds = Generator[list[Request], list[Any], list[LayerCheck]]
@@ -53,7 +53,7 @@ Rounds = Generator[list[Request], list[Any], list[LayerCheck]]
 def _rounds(vllm_config: Any, prompt_ids: list[int], dtype: str) -> Rounds:
     """The check as a generator: yields each round's requests, is sent their outputs, returns
     the numbers (the offline and the async drivers run the same code)."""
-    shape = compat.model_shape(vllm_config)
+    shape = compat.config.model_shape(vllm_config)
     plan = Plan(shape.num_layers, configured_layers(vllm_config, shape.num_layers))
     first = (yield plan.first_round())[0]
     second = yield plan.second_round(first.activations["residual_stream"], len(prompt_ids), shape.hidden_size)
@@ -121,7 +121,7 @@ def check_offline(llm: Any) -> SelfCheck:
         prompts = [prompt] * len(requests)
         return list(llm.generate(prompts, [sampling_params(r) for r in requests], use_tqdm=False))
 
-    processor = compat.input_processor(llm.llm_engine)
+    processor = compat.frontend.input_processor(llm.llm_engine)
     token = _RUNNING.set(True)
     try:
         result = _run_to_end(run_with(llm.llm_engine.vllm_config, tokenize, run))
@@ -136,7 +136,7 @@ async def ensure_checked_async(engine: Any) -> SelfCheck | None:
     the same task); None inside the check's own requests."""
     if _RUNNING.get():
         return None
-    processor = compat.input_processor(engine)
+    processor = compat.frontend.input_processor(engine)
     if (done := result_of(processor)) is not None:
         return done
     task = getattr(processor, TASK_ATTR, None)
@@ -155,7 +155,7 @@ def _no_tokenizer() -> Any:
 async def _check_async(engine: Any, processor: Any) -> SelfCheck:
     _RUNNING.set(True)  # this task's own context: the check's requests do not wait for it
     try:
-        tokenizer = await compat.async_tokenizer(engine)
+        tokenizer = await compat.frontend.async_tokenizer(engine)
     except ValueError:  # no tokenizer (skip_tokenizer_init): token ids
         tokenizer = None
     prompt, tokenize = _prompt_and_ids(lambda: tokenizer if tokenizer is not None else _no_tokenizer(), engine.vllm_config)
@@ -178,7 +178,7 @@ def ensure_offline(llm: Any) -> None:
     """The check on an offline ``LLM``, once: at the end of its ``__init__`` (where the plugin was
     loaded before it; vLLM loads it inside the first engine's construction) or else as its first
     call starts."""
-    if not _RUNNING.get() and result_of(compat.input_processor(llm.llm_engine)) is None:
+    if not _RUNNING.get() and result_of(compat.frontend.input_processor(llm.llm_engine)) is None:
         check_offline(llm)
 
 

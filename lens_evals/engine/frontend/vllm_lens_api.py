@@ -56,7 +56,7 @@ def _state(llm: Any) -> _Persistent:
 
 
 def _set_auto(llm: Any, set_id: str | None) -> None:
-    hook_sets.store_of(compat.input_processor(llm.llm_engine)).auto_set = set_id
+    hook_sets.store_of(compat.frontend.input_processor(llm.llm_engine)).auto_set = set_id
 
 
 def register_hooks(llm: Any, hooks: Sequence[Any], prefetch_params: Sequence[str] | None = None) -> None:
@@ -138,12 +138,12 @@ async def serve_vllm_lens_hooks(scope: dict[str, Any], receive: Receive, send: S
     try:
         if scope.get("method") != "POST":
             raise LookupError(f"no such endpoint: {scope.get('method')} {scope['path']}")
-        engine = compat.engine_client_from_scope(scope)
+        engine = compat.frontend.engine_client_from_scope(scope)
         await hook_sets.free_idle_async(engine)
         body = wire.json_loads(await read_body(receive) or b"{}")
         if not isinstance(body, dict):
             raise ValueError("the request body must be a JSON object")
-        store = hook_sets.store_of(compat.input_processor(engine))
+        store = hook_sets.store_of(compat.frontend.input_processor(engine))
         if action == "register":
             hooks = body.get("hooks")
             if not isinstance(hooks, list) or any(not isinstance(hook, dict) for hook in hooks):

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 # ----------------------------------------------------------------- collective_rpc methods
-# (added to vLLM's worker class by ``compat.add_worker_methods``; the frontend calls them by name)
+# (added to vLLM's worker class by ``compat.rpc.add_worker_methods``; the frontend calls them by name)
 FETCH_METHOD = "lens_evals_fetch"  # (keys, HandoffTargetWire | None) -> FetchReply
 MEMORY_METHOD = "lens_evals_memory"  # () -> MemoryReport
 REGISTER_SET_METHOD = "lens_evals_register_hook_set"  # (set id, list[HookWire]) -> error text or None

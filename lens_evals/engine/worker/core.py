@@ -113,7 +113,7 @@ class WorkerCore:
         return self.held_bytes > self.stores.max_held_bytes
 
     # ----------------------------------------------------------------- one step
-    def plan_step(self, layout: compat.BatchLayout, input_ids: torch.Tensor | None) -> StepPlan | None:
+    def plan_step(self, layout: compat.worker.BatchLayout, input_ids: torch.Tensor | None) -> StepPlan | None:
         """The step's plan (None: no lens request in it), reused from the last step when it can be."""
         requests = self.ledger.requests
         hooked = False

@@ -94,7 +94,7 @@ def resolve_layers(spec: LayerSpec, num_layers: int) -> list[int] | None:
 
 def configured_layers(vllm_config: Any, num_layers: int) -> list[int] | None:
     """The tapped layers of an engine (None: graph mode off, eager hooks)."""
-    section = compat.plugin_config(vllm_config, CONFIG_KEY)
+    section = compat.config.plugin_config(vllm_config, CONFIG_KEY)
     return resolve_layers(parse_layer_spec(section.get("graph_layers")), num_layers)
 
 
@@ -119,12 +119,12 @@ def refusal(lens: Any, tapped: Iterable[int]) -> str | None:
 def graph_refusal(support: Any) -> str | None:
     """Graph mode relies on the architecture's contract inside a compiled graph: only
     architectures verified in graph mode may use it (or any, with LENS_EVALS_TRUST_ARCH=1)."""
-    entry = compat.VERIFIED.get(support.architecture)
-    if (entry is not None and entry.graph_mode) or compat.trust_unverified():
+    entry = compat.architectures.VERIFIED.get(support.architecture)
+    if (entry is not None and entry.graph_mode) or compat.architectures.trust_unverified():
         return None
     return (
         f"graph mode ({GRAPH_LAYERS_ENV}) is not verified on architecture {support.architecture}: start the "
-        f"engine without it (eager hooks), or set {compat.TRUST_ENV}=1 at your own risk"
+        f"engine without it (eager hooks), or set {compat.architectures.TRUST_ENV}=1 at your own risk"
     )
 
 
@@ -139,7 +139,7 @@ class GraphTaps:
         hidden_size: int,
         dtype: torch.dtype,
         device: torch.device,
-        contract: compat.StreamContract,
+        contract: compat.architectures.StreamContract,
     ) -> None:
         self.steer: dict[int, torch.Tensor] = {}
         self.capture: dict[int, torch.Tensor] = {}
@@ -184,7 +184,7 @@ class GraphTaps:
         return self.capture[layer][:num_rows]
 
 
-def _graph_tap(contract: compat.StreamContract) -> Any:
+def _graph_tap(contract: compat.architectures.StreamContract) -> Any:
     def tap(module: nn.Module, args: Any, output: Any) -> Any:
         hidden, residual = contract.read_output(output)
         steered = torch.ops.lens_evals.tap_stream(hidden, residual, getattr(module, STEER_BUFFER), getattr(module, CAPTURE_BUFFER))

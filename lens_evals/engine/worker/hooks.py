@@ -86,7 +86,7 @@ class HookContext:
 
     @property
     def tp_rank(self) -> int:
-        return compat.parallel_ranks()[0]
+        return compat.worker.parallel_ranks()[0]
 
     def get_parameter(self, name: str) -> torch.Tensor:
         """A model parameter by vLLM's name (e.g. "model.layers.3.mlp.down_proj.weight"), whole:
@@ -104,7 +104,7 @@ class ParameterCache:
 
     def get(self, name: str) -> torch.Tensor:
         if name not in self.cache:
-            self.cache[name] = compat.gathered_parameter(self.model, name, self.checkpoint)
+            self.cache[name] = compat.worker.gathered_parameter(self.model, name, self.checkpoint)
         return self.cache[name]
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lens_evals.engine.compat import BatchLayout
+from lens_evals.engine.compat.worker import BatchLayout
 from lens_evals.engine.worker.hooks import HookCall
 from lens_evals.engine.worker.plan import CaptureSlot, LayerProbes, LayerSteer, ScoreSlot, StepPlan, rows_of, span_of
 from lens_evals.engine.worker.requests import WorkerProbe, WorkerRequest

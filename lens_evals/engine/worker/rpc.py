@@ -29,7 +29,7 @@ from lens_evals.engine.worker.state import STATE_ATTR, get_state
 def fetch_results(worker: Any, keys: list[str], target: HandoffTargetWire | None = None) -> FetchReply:
     """Runs on each worker; returns only plain bytes and strings (tensors do not cross processes).
     ``target``: the frontend's hand-off directory (large row blocks go there, see ``handoff``)."""
-    state = getattr(compat.runner_from_worker(worker), STATE_ATTR, None)
+    state = getattr(compat.worker.runner_from_worker(worker), STATE_ATTR, None)
     if state is None:  # e.g. a model runner the plugin does not hook: fail the requests, not the engine
         return {key: {"error": "lens_evals is not active in this worker's model runner"} for key in keys}
     written = state.core.fetch_results(keys, dict(target) if target else None)
@@ -39,7 +39,7 @@ def fetch_results(worker: Any, keys: list[str], target: HandoffTargetWire | None
 
 
 def worker_memory(worker: Any) -> MemoryReport:
-    state = get_state(compat.runner_from_worker(worker))
+    state = get_state(compat.worker.runner_from_worker(worker))
     core = state.core
     return {
         "held_bytes": core.held_bytes,
@@ -59,7 +59,7 @@ def release_regions(worker: Any, target: HandoffTargetWire) -> int:
 
 def copy_mode(worker: Any, overlap: bool | None = None) -> CopyReport:
     """Overlap the step copies with the next step, or not (None: leave as it is); what they did."""
-    stores = get_state(compat.runner_from_worker(worker)).core.stores
+    stores = get_state(compat.worker.runner_from_worker(worker)).core.stores
     copier = stores.copier
     if overlap is not None:
         copier.set_overlap(bool(overlap))
@@ -75,7 +75,7 @@ def copy_mode(worker: Any, overlap: bool | None = None) -> CopyReport:
 
 def register_hook_set(worker: Any, set_id: str, hooks: list[HookWire]) -> str | None:
     """Resolve a persistent hook set on this worker; the error text if it cannot be."""
-    state = get_state(compat.runner_from_worker(worker))
+    state = get_state(compat.worker.runner_from_worker(worker))
     try:
         state.hook_sets[set_id] = decode_hooks(hooks, state.core.device)
     except (ValueError, KeyError, TypeError, ImportError, AttributeError) as exc:
@@ -84,7 +84,7 @@ def register_hook_set(worker: Any, set_id: str, hooks: list[HookWire]) -> str | 
 
 
 def clear_hook_set(worker: Any, set_id: str) -> bool:
-    return get_state(compat.runner_from_worker(worker)).hook_sets.pop(set_id, None) is not None
+    return get_state(compat.worker.runner_from_worker(worker)).hook_sets.pop(set_id, None) is not None
 
 
 WORKER_METHODS: dict[str, Any] = {

@@ -32,16 +32,16 @@ class LensWorkerState:
 
     def __init__(self, runner: Any) -> None:
         self.runner = runner
-        self.model = compat.runner_model(runner)
-        self.num_layers = compat.num_layers_of(runner)
-        tp_rank, _ = compat.parallel_ranks()
+        self.model = compat.worker.runner_model(runner)
+        self.num_layers = compat.worker.num_layers_of(runner)
+        tp_rank, _ = compat.worker.parallel_ranks()
         self.graph: GraphTaps | None = None
         self.active = ActiveStep()
         try:
-            self.layer_modules = dict(compat.find_decoder_layers(self.model, self.num_layers))
+            self.layer_modules = dict(compat.architectures.find_decoder_layers(self.model, self.num_layers))
         except RuntimeError:
             self.layer_modules = {}
-        self.support = compat.layer_support(runner.model_config, self.layer_modules)
+        self.support = compat.architectures.layer_support(runner.model_config, self.layer_modules)
         graph_layers = configured_layers(runner.vllm_config, self.num_layers)
         self.refusal = self.support.refusal or (graph_refusal(self.support) if graph_layers is not None else None)
         contract = self.support.contract
@@ -53,29 +53,29 @@ class LensWorkerState:
             self.graph = GraphTaps(
                 self.layer_modules,
                 graph_layers,
-                compat.max_step_rows(runner),
-                compat.model_shape(runner.vllm_config).hidden_size,
+                compat.worker.max_step_rows(runner),
+                compat.config.model_shape(runner.vllm_config).hidden_size,
                 runner.model_config.dtype,
-                compat.runner_device(runner),
+                compat.worker.runner_device(runner),
                 contract,
             )
-        self.core = WorkerCore(compat.runner_device(runner), runner.model_config.dtype, set(self.layer_modules), tp_rank == 0)
+        self.core = WorkerCore(compat.worker.runner_device(runner), runner.model_config.dtype, set(self.layer_modules), tp_rank == 0)
         self.hook_sites = HookSites(self.active, self.layer_modules, contract)
         self.hook_sets: dict[str, list[WorkerHook]] = {}
-        self.parameters = ParameterCache(self.model, compat.checkpoint_dir(runner))
+        self.parameters = ParameterCache(self.model, compat.worker.checkpoint_dir(runner))
         self._step_scheduled: dict[str, int] | None = None
 
     # ----------------------------------------------------------------- step lifecycle
     def on_step_start(self, scheduler_output: Any) -> None:
-        for req_id in compat.finished_request_ids(scheduler_output):
+        for req_id in compat.worker.finished_request_ids(scheduler_output):
             self.core.finish(req_id)
-        self._step_scheduled = compat.step_num_scheduled(scheduler_output)
+        self._step_scheduled = compat.worker.step_num_scheduled(scheduler_output)
 
     def around_forward(self, run: Callable[[], Any], input_ids: torch.Tensor | None = None) -> Any:
         scheduled, self._step_scheduled = self._step_scheduled, None
         if scheduled is None:  # profiling / dummy run
             return run()
-        layout = compat.batch_layout(self.runner, scheduled)
+        layout = compat.worker.batch_layout(self.runner, scheduled)
         ledger = self.core.ledger
         for req_id in layout.req_ids:
             if not ledger.known(req_id):
@@ -115,7 +115,7 @@ class LensWorkerState:
         return output
 
     def _admit(self, req_id: str) -> None:
-        extra = compat.request_extra_args(self.runner, req_id)
+        extra = compat.worker.request_extra_args(self.runner, req_id)
         ledger = self.core.ledger
         if self.refusal is not None and extra and INTERNAL_KEY in extra:
             ledger.refuse(req_id, str(extra[INTERNAL_KEY].get("key", req_id)), self.refusal)
@@ -141,7 +141,7 @@ class LensWorkerState:
             pre=hook.pre,
             module_path=hook.module,
             model=self.model,
-            hf_config=compat.hf_config(self.runner),
+            hf_config=compat.worker.hf_config(self.runner),
             parameters=self.parameters,
         )
 

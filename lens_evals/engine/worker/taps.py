@@ -53,13 +53,15 @@ class ActiveStep:
         self.step: StepContext | None = None
 
 
-def install_taps(active: ActiveStep, layers: dict[int, nn.Module], contract: compat.StreamContract) -> None:
+def install_taps(active: ActiveStep, layers: dict[int, nn.Module], contract: compat.architectures.StreamContract) -> None:
     """Register a forward hook on every decoder layer of this stage."""
     for index, layer in layers.items():
         layer.register_forward_hook(_make_tap(active, index, contract))
 
 
-def install_hook_tap(active: ActiveStep, layer: nn.Module, site: tuple[int, str | None, bool], contract: compat.StreamContract) -> None:
+def install_hook_tap(
+    active: ActiveStep, layer: nn.Module, site: tuple[int, str | None, bool], contract: compat.architectures.StreamContract
+) -> None:
     """A tap for generic hooks at (layer index, module path inside the layer or None, pre),
     installed the first time a request asks for that site. Raises AttributeError for a bad path."""
     layer_index, module_path, pre = site
@@ -75,7 +77,7 @@ def install_hook_tap(active: ActiveStep, layer: nn.Module, site: tuple[int, str 
         def pre_tap(mod: nn.Module, args: Any, kwargs: Any) -> None:
             if (here := calls_here()) is not None:
                 hidden, residual = (
-                    contract.read_input(layer, args, kwargs) if module_path is None else (compat.first_input(args, kwargs), None)
+                    contract.read_input(layer, args, kwargs) if module_path is None else (compat.worker.first_input(args, kwargs), None)
                 )
                 _run_hooks(here[0], here[1], hidden, residual, layer_index)
             return None
@@ -85,7 +87,7 @@ def install_hook_tap(active: ActiveStep, layer: nn.Module, site: tuple[int, str 
 
         def post_tap(mod: nn.Module, args: Any, output: Any) -> None:
             if (here := calls_here()) is not None:
-                _run_hooks(here[0], here[1], compat.first_output(output), None, layer_index)
+                _run_hooks(here[0], here[1], compat.worker.first_output(output), None, layer_index)
             return None
 
         module.register_forward_hook(post_tap)
@@ -96,7 +98,7 @@ class HookSites:
     layer or None, pre): a site is tapped the first time a step's plan asks for it; a module path
     the layer does not have fails the requests that asked for it."""
 
-    def __init__(self, active: ActiveStep, layers: dict[int, nn.Module], contract: compat.StreamContract | None) -> None:
+    def __init__(self, active: ActiveStep, layers: dict[int, nn.Module], contract: compat.architectures.StreamContract | None) -> None:
         self.active, self.layers, self.contract = active, layers, contract
         self.installed: set[tuple[int, str | None, bool]] = set()
 
@@ -130,7 +132,7 @@ def _run_hooks(step: StepContext, calls: list[HookCall], hidden: torch.Tensor, r
     run_calls(calls, stream_of, put, layer_index, step.hook_context, step.fail_key, step.has_failed)
 
 
-def _make_tap(active: ActiveStep, layer_index: int, contract: compat.StreamContract) -> Callable[..., None]:
+def _make_tap(active: ActiveStep, layer_index: int, contract: compat.architectures.StreamContract) -> Callable[..., None]:
     def tap(module: nn.Module, args: Any, output: Any) -> None:
         step = active.step
         if step is None or layer_index not in step.plan.hooked_layers:
