@@ -49,7 +49,7 @@ def register() -> None:
     from lens_evals.engine.frontend import attach as frontend_attach
     from lens_evals.engine.frontend import budget as frontend_budget
     from lens_evals.engine.frontend import http_middleware, self_check_run, vllm_lens_api
-    from lens_evals.engine.worker import graph_taps
+    from lens_evals.engine.transport import graph_layers
     from lens_evals.engine.worker.rpc import WORKER_METHODS
     from lens_evals.engine.worker.state import STATE_ATTR, LensWorkerState
 
@@ -67,7 +67,7 @@ def register() -> None:
 
     compat.frontend.prefer_v1_model_runner()
     compat.frontend.force_eager_unless(
-        "layer hooks run only outside CUDA graphs and torch.compile", graph_taps.env_layer_spec, graph_taps.CONFIG_KEY
+        "layer hooks run only outside CUDA graphs and torch.compile", graph_layers.env_layer_spec, graph_layers.CONFIG_KEY
     )
     compat.admission.patch_input_processor(frontend_admit.on_request)
     compat.admission.patch_request_id_assignment(frontend_admit.on_assigned)

@@ -22,10 +22,10 @@ from lens_evals.engine.frontend import budget as frontend_budget
 from lens_evals.engine.frontend import self_check
 from lens_evals.engine.frontend.hook_sets import CALLER, UnknownHookSet, store_of
 from lens_evals.engine.frontend.hooks import encode_hooks
+from lens_evals.engine.transport.graph_layers import configured_layers, refusal
 from lens_evals.engine.transport.handoff import HandoffTarget
 from lens_evals.engine.transport.probe_cache import encode_probe
 from lens_evals.engine.transport.protocol import LensSpecWire
-from lens_evals.engine.worker.graph_taps import configured_layers, refusal
 from lens_evals.hooks import check_hook_args
 from lens_evals.request_args import LensLimits, parse_lens_args, refuse_misspelled_keys, remember_probes
 from lens_evals.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS, PROBE_KEY, LensRequest

@@ -14,8 +14,9 @@ import torch
 
 from lens_evals.engine import compat
 from lens_evals.engine.transport import timing
+from lens_evals.engine.transport.graph_layers import configured_layers
 from lens_evals.engine.worker.core import WorkerCore
-from lens_evals.engine.worker.graph_taps import GraphTaps, configured_layers, graph_refusal
+from lens_evals.engine.worker.graph_taps import GraphTaps, graph_refusal
 from lens_evals.engine.worker.hooks import HookCall, HookContext, ParameterCache, WorkerHook
 from lens_evals.engine.worker.requests import decode_worker_request
 from lens_evals.engine.worker.taps import ActiveStep, HookSites, StepContext, install_taps, read_step
