@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lens_evals.client import LensClient, activations_from_response, lens_xargs
-    from lens_evals.engine.frontend_attach import LensRequestError
-    from lens_evals.engine.hook_sets import HookSet, register_hook_set
-    from lens_evals.engine.worker_hooks import HookContext
+    from lens_evals.engine.frontend.attach import LensRequestError
+    from lens_evals.engine.frontend.hook_sets import HookSet, register_hook_set
+    from lens_evals.engine.worker.hooks import HookContext
     from lens_evals.hooks import Hook
     from lens_evals.request_args import parse_lens_args
     from lens_evals.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY, LensRequest, LinearProbe, SteeringVector
@@ -43,10 +43,10 @@ _EXPORTS = {
     "LensClient": "lens_evals.client",
     "activations_from_response": "lens_evals.client",
     "lens_xargs": "lens_evals.client",
-    "HookContext": "lens_evals.engine.worker_hooks",
-    "LensRequestError": "lens_evals.engine.frontend_attach",
-    "HookSet": "lens_evals.engine.hook_sets",
-    "register_hook_set": "lens_evals.engine.hook_sets",
+    "HookContext": "lens_evals.engine.worker.hooks",
+    "LensRequestError": "lens_evals.engine.frontend.attach",
+    "HookSet": "lens_evals.engine.frontend.hook_sets",
+    "register_hook_set": "lens_evals.engine.frontend.hook_sets",
     # vllm-lens's helpers, under its names and signatures (docs/vllm_lens.md)
     "decode_activations": "lens_evals.vllm_lens_helpers",
     "deserialize_hook_results": "lens_evals.vllm_lens_helpers",

@@ -21,7 +21,7 @@ from lens_evals.cli_checks import (
     positive_int,
     probe_name,
 )
-from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
+from lens_evals.engine.frontend.offline import add_engine_arg_option, parse_engine_args
 
 
 def _models(args: argparse.Namespace) -> int:

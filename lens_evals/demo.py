@@ -17,8 +17,8 @@ def run_demo(model: str, layer: int, scale: float, engine_args: dict[str, Any] |
     from vllm import SamplingParams
 
     from lens_evals import SteeringVector
+    from lens_evals.engine.frontend.offline import engine_for
     from lens_evals.models import resolve_model
-    from lens_evals.offline_engine import engine_for
     from lens_evals.spec import float32_array
 
     path = resolve_model(model)

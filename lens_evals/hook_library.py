@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from lens_evals.engine.probe_cache import LRU
+from lens_evals.engine.transport.probe_cache import LRU
 from lens_evals.hooks import BOUNDS_CONTEXT, HookBounds
 from lens_evals.spec import Float32, check_scaled, float32_array
 

@@ -1,7 +1,7 @@
 """Generic hooks, request side (no vllm, no torch needed).
 
 A :class:`Hook` runs ``fn(ctx, hidden) -> Tensor | None`` on one request's rows at each layer
-in ``layer_indices`` (see ``lens_evals.engine.worker_hooks.HookContext`` for ``ctx``). ``fn`` is
+in ``layer_indices`` (see ``lens_evals.engine.worker.hooks.HookContext`` for ``ctx``). ``fn`` is
 
 * a Python callable: offline only (``SamplingParams.extra_args``), the user's own code in the
   user's own process. A module-level function travels to the worker as its import name, so it

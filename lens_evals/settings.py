@@ -3,7 +3,7 @@
 Each setting is read from ``os.environ`` when it is asked for (``settings.MAX_CAPTURE_GIB.get()``),
 never cached at import: vLLM's engine core and worker processes inherit the environment they were
 started with, and a value set before an engine starts reaches every process of that engine. One
-exception, kept for speed: ``LENS_EVALS_TIMING`` is read once when :mod:`lens_evals.engine.timing`
+exception, kept for speed: ``LENS_EVALS_TIMING`` is read once when :mod:`lens_evals.engine.transport.timing`
 is imported (the worker imports it when it starts).
 
 Parsing: an unset or empty variable takes the default. Flags accept ``1/true/yes/on`` and

@@ -1,4 +1,4 @@
-"""``lens-evals verify MODEL``: the stream-contract self-check (``engine/self_check.py``) on the
+"""``lens-evals verify MODEL``: the stream-contract self-check (``engine/frontend/self_check.py``) on the
 user's own model, as vLLM loads it (dtype, quantization and engine arguments as given), printed as
 a table: per checked layer, the prompt log-probs' move when the captured stream is written back
 (identity), the capture against what the next layer reads (handoff), and the last layer's steering
@@ -14,14 +14,14 @@ from typing import Any
 def run_verify(model: str, engine_args: dict[str, Any], as_json: bool = False) -> int:
     os.environ["LENS_EVALS_SELF_CHECK"] = "1"  # the point of the command, whatever the environment says
     from lens_evals.engine import compat
-    from lens_evals.engine.self_check import result_of
-    from lens_evals.engine.self_check_run import ensure_offline
-    from lens_evals.offline_engine import close_offline_engine, open_offline_engine
+    from lens_evals.engine.frontend.offline import close_offline_engine, open_offline_engine
+    from lens_evals.engine.frontend.self_check import result_of
+    from lens_evals.engine.frontend.self_check_run import ensure_offline
 
     llm = open_offline_engine(model, in_process=True, **engine_args)
     try:
         ensure_offline(llm)  # already run at the engine's start, unless it was the process's first
-        result = result_of(compat.input_processor(llm.llm_engine))
+        result = result_of(compat.frontend.input_processor(llm.llm_engine))
     finally:
         close_offline_engine(llm)
     if result is None:

@@ -26,11 +26,11 @@ for package in ("lens_evals", "lens_evals.engine"):  # namespace stubs: no packa
 
 import torch  # noqa: E402
 
-from lens_evals.engine import handoff, handoff_pool  # noqa: E402
-from lens_evals.engine.host_copy import host_copier  # noqa: E402
-from lens_evals.engine.host_store import Piece, PieceStore  # noqa: E402
-from lens_evals.engine.protocol import PackedRows  # noqa: E402
-from lens_evals.engine.results import THREADS_ENV, TakenResult, write_results  # noqa: E402
+from lens_evals.engine.transport import handoff, handoff_pool  # noqa: E402
+from lens_evals.engine.transport.protocol import PackedRows  # noqa: E402
+from lens_evals.engine.worker.host_copy import host_copier  # noqa: E402
+from lens_evals.engine.worker.host_store import Piece, PieceStore  # noqa: E402
+from lens_evals.engine.worker.results import THREADS_ENV, TakenResult, write_results  # noqa: E402
 
 
 def fill(requests: int, steps: int, hidden: int, device: str) -> PieceStore:

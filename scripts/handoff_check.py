@@ -30,7 +30,7 @@ def main() -> None:
 
     from lens_evals.bench.prefill import prefill_lengths
     from lens_evals.bench.prompts import make_prompts
-    from lens_evals.offline_engine import open_offline_engine
+    from lens_evals.engine.frontend.offline import open_offline_engine
 
     llm = open_offline_engine(args.model, max_model_len=512, enable_prefix_caching=False, max_num_batched_tokens=16384)
     config = llm.llm_engine.model_config

@@ -1,7 +1,7 @@
 """Over-HTTP capture against the offline capture of the same prompts, in one run (issue #21: "over
 HTTP within 1.3x of offline").
 
-(a) offline: ``vllm.LLM`` (``lens_evals.offline_engine``) generates N token-id prompts (the prefill
+(a) offline: ``vllm.LLM`` (``lens_evals.engine.frontend.offline``) generates N token-id prompts (the prefill
 bench's lengths and ids) with ``max_tokens=1`` capturing one layer, all in one ``generate`` call;
 wall time from submit until every capture is on the host (torch, native dtype); each round also
 times the same call without a capture (``plain_wall_seconds``); the engine is then shut down.
@@ -54,8 +54,8 @@ from lens_evals.bench.prompts import make_prompts
 from lens_evals.bench.wide_model import WIDE_LLAMA, build_wide_llama
 from lens_evals.cli_checks import model_config
 from lens_evals.client import decode_activations, http_pool, lens_xargs
+from lens_evals.engine.frontend.offline import add_engine_arg_option, close_offline_engine, open_offline_engine, parse_engine_args
 from lens_evals.models import resolve_model
-from lens_evals.offline_engine import add_engine_arg_option, close_offline_engine, open_offline_engine, parse_engine_args
 from lens_evals.provider.server import LensServer
 
 # tests/tolerance.py's per-token bounds (max over tokens of ||got_t - ref_t|| / ||ref_t||) for two

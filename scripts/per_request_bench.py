@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lens_evals.engine.frontend_admit import on_request
-from lens_evals.engine.requests import decode_worker_request
+from lens_evals.engine.frontend.admit import on_request
+from lens_evals.engine.worker.requests import decode_worker_request
 from lens_evals.spec import CAPTURE_KEY, INTERNAL_KEY, PROBE_KEY, LinearProbe
 
 

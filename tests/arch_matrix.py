@@ -139,7 +139,7 @@ class MatrixResult:
     # prompt tokens' log-probabilities. Large: vLLM's model differs from HF's, and the
     # architecture cannot be verified against HF at all (whatever the plugin does).
     plain_logprob_gap: float = float("nan")
-    self_check: str = ""  # the engine's stream-contract self-check (lens_evals.engine.self_check): its table
+    self_check: str = ""  # the engine's stream-contract self-check (lens_evals.engine.frontend.self_check): its table
     self_check_passed: bool | None = None
     dtype: str = "float32"
     seconds: float = 0.0
@@ -203,7 +203,7 @@ def run_matrix(path: Path, architecture: str, graph: bool = False) -> MatrixResu
     llm = LLM(str(path), **options)
     try:
         run = _run_engine(llm, graph)
-        from lens_evals.engine import self_check
+        from lens_evals.engine.frontend import self_check
 
         checked = self_check.result_of(llm.llm_engine.input_processor)
     finally:

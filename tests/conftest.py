@@ -49,10 +49,10 @@ TINY_PROMPTS = [
 
 def share_the_device_in_package_engines() -> None:
     """On a GPU, the engines the package opens in the test process (probe training, science,
-    capture, oracle building: ``lens_evals.offline_engine``) take :func:`gpu_share` too, as the
+    capture, oracle building: ``lens_evals.engine.frontend.offline``) take :func:`gpu_share` too, as the
     tests' own engines do: a test that opens one while another engine holds the device would
     otherwise ask for vLLM's default 0.92 of it and fail to start."""
-    from lens_evals import offline_engine
+    from lens_evals.engine.frontend import offline as offline_engine
 
     offline_engine.DEFAULTS.update(gpu_share())
 
@@ -61,9 +61,9 @@ share_the_device_in_package_engines()
 
 
 def engine_options(**kwargs: Any) -> dict[str, Any]:
-    """The tests' LLM options: the package's engine defaults (``lens_evals.offline_engine``: short
+    """The tests' LLM options: the package's engine defaults (``lens_evals.engine.frontend.offline``: short
     context, fixed seed, and on a GPU :func:`gpu_share`, set above) and fp32."""
-    from lens_evals.offline_engine import engine_defaults
+    from lens_evals.engine.frontend.offline import engine_defaults
 
     return engine_defaults(**{"dtype": "float32", **kwargs})
 

@@ -60,7 +60,7 @@ def check_architecture(arch: str, graph: bool = False) -> None:
         bound = min(max(bound, GAP_FACTOR * result.plain_logprob_gap), BOUND_CAP)
     print(f"{arch}: {result}")
     assert result.reference_self_check <= bound, f"HF reference disagrees with itself: {result}"
-    if not graph:  # the engine's own stream-contract self-check (lens_evals.engine.self_check) passed
+    if not graph:  # the engine's own stream-contract self-check (lens_evals.engine.frontend.self_check) passed
         assert result.self_check_passed, f"{arch}: the engine's self-check did not pass:\n{result.self_check}"
     gap = LOGPROB_GAP_BF16 if result.dtype == "bfloat16" else LOGPROB_GAP
     assert result.plain_logprob_gap <= gap, f"vLLM's own forward differs from HF's (no plugin feature): {result}"
@@ -108,7 +108,7 @@ def test_graph_mode_is_refused_where_unverified(tiny_path) -> None:
     llm = LLM(str(build(arch)), **engine_options(graph=True))
     try:
         assert llm.generate(["the cat reads"], greedy(3))[0].outputs[0].token_ids
-        from lens_evals.engine.frontend_attach import LensRequestError
+        from lens_evals.engine.frontend.attach import LensRequestError
 
         with pytest.raises(LensRequestError, match="graph mode"):
             llm.generate(["the cat reads"], greedy(3, output_residual_stream=[0]))

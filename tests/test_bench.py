@@ -199,7 +199,7 @@ def test_gpu_prefill_pairs_each_capture_with_its_round_without_copy_overlap() ->
     """The ``-sync`` rounds (GPU, prefill) ask for the same capture with the copy overlap off for
     that round alone, and fail loudly when the worker did not turn it off."""
     from lens_evals.bench.interleaved import copy_overlap, features_of
-    from lens_evals.engine.protocol import COPY_METHOD
+    from lens_evals.engine.transport.protocol import COPY_METHOD
 
     cfg = BenchConfig(model_dir="m", prompts=[[1, 2]], max_tokens=1, layer=1, num_layers=4, hidden_size=8, workload="prefill")
     eager, graphs = ALL_SYSTEMS["lens-mixed"], ALL_SYSTEMS["lens-graphs-mixed"]

@@ -354,12 +354,12 @@ def test_sigkill_then_resume_from_the_command_line(tiny_path: Path, tmp_path: Pa
 def test_layers_outside_the_model_are_refused_before_any_engine_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Read from the model's config.json (tiny-llama: 4 layers), so a large model's start is not
     waited for; nothing is written to --out. The engine's own check stays for a caller's engine."""
-    import lens_evals.offline_engine
+    import lens_evals.engine.frontend.offline
 
     def no_engine(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("an engine was started for a capture refused by its arguments")
 
-    monkeypatch.setattr(lens_evals.offline_engine, "engine_for", no_engine)
+    monkeypatch.setattr(lens_evals.engine.frontend.offline, "engine_for", no_engine)
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "the truth"}])
     with pytest.raises(CaptureError, match=r"layers \[4, 9\] are outside the model's 4 layers \(0\.\.3\)"):
         run_capture(prompts, "tiny-llama", [1, 9, 4], tmp_path / "out")

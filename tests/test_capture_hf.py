@@ -19,7 +19,7 @@ MAX_TOKENS = 5
 
 @pytest.fixture(scope="module")
 def smollm2_outputs(smollm2_path):
-    from lens_evals.engine import self_check
+    from lens_evals.engine.frontend import self_check
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("LENS_EVALS_SELF_CHECK", "1")  # checked on this engine (tests/conftest.py turns it off)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lens_evals import LinearProbe
-from lens_evals.engine.protocol import COPY_METHOD
+from lens_evals.engine.transport.protocol import COPY_METHOD
 from tests.conftest import TINY_PROMPTS, capture, greedy, make_llm, on_gpu
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not on_gpu(), reason="needs a CUDA device")]
@@ -32,12 +32,12 @@ def _store_steps(overlap: bool) -> tuple[dict[str, torch.Tensor], dict[str, torc
     layers, a probe); after each store the step's tensors are dropped and the memory refilled and
     overwritten by the next kernels. Returns the fetched rows, the rows computed (synchronously
     copied), and the copier."""
-    from lens_evals.engine.compat import BatchLayout
-    from lens_evals.engine.frontend_rows import result_tensors
-    from lens_evals.engine.host_copy import host_copier
-    from lens_evals.engine.requests import WorkerProbe, WorkerRequest
-    from lens_evals.engine.taps import run_layer
-    from lens_evals.engine.worker_core import WorkerCore
+    from lens_evals.engine.compat.worker import BatchLayout
+    from lens_evals.engine.frontend.rows import result_tensors
+    from lens_evals.engine.worker.core import WorkerCore
+    from lens_evals.engine.worker.host_copy import host_copier
+    from lens_evals.engine.worker.requests import WorkerProbe, WorkerRequest
+    from lens_evals.engine.worker.taps import run_layer
 
     device = torch.device("cuda")
     core = WorkerCore(device, torch.bfloat16, {0, 1, 2, 3})
@@ -100,7 +100,7 @@ def test_the_next_steps_kernels_do_not_wait_for_the_copy(overlap: bool) -> None:
     compute stream itself waits for the gate, so the kernel finishes only after the copy. The
     order comes from the events, not from racing a copy's duration against a kernel's (that race
     failed once on the H200, 2026-12-04)."""
-    from lens_evals.engine.host_copy import PinnedArena, StreamCopy, host_copier
+    from lens_evals.engine.worker.host_copy import PinnedArena, StreamCopy, host_copier
 
     device = torch.device("cuda")
     copier = host_copier(device, overlap)

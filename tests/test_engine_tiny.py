@@ -37,7 +37,7 @@ def test_mixed_batch_equals_each_request_alone(llm) -> None:
     """In the batch, the capture requests that finish before the last step (3, 5 and 7) have
     their rows written while the others still run (``early_write``: inline bytes, the frontend
     being in this process); alone, each finishes at the last step and is written at the fetch."""
-    from lens_evals.engine.protocol import MEMORY_METHOD
+    from lens_evals.engine.transport.protocol import MEMORY_METHOD
 
     (before,) = llm.collective_rpc(MEMORY_METHOD)
     together = llm.generate(PROMPTS, [mixed_params(i) for i in range(8)])
@@ -149,7 +149,7 @@ def test_step_copies_are_counted_and_overlapped_only_on_a_gpu(llm) -> None:
     """``lens_evals_copy`` (the bench's paired rounds use it): one copy per forward pass. On CPU the
     step's rows are kept as they are, nothing is pinned, and asking for the overlap changes nothing;
     on a GPU each copy goes into pinned memory on the side stream once the overlap is asked for."""
-    from lens_evals.engine.protocol import COPY_METHOD
+    from lens_evals.engine.transport.protocol import COPY_METHOD
 
     (mode,) = llm.collective_rpc(COPY_METHOD, args=(None,))
     (before,) = llm.collective_rpc(COPY_METHOD, args=(True,))

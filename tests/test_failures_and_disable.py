@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from lens_evals import SteeringVector
-from lens_evals.engine import taps
-from lens_evals.engine.frontend_attach import LensRequestError
+from lens_evals.engine.frontend.attach import LensRequestError
+from lens_evals.engine.worker import taps
 from tests.conftest import capture, engine_options, greedy
 
 PROMPTS = ["the cat reads a book.", "a model finds the truth.", "my friend"]
@@ -135,8 +135,8 @@ def test_an_engine_vllm_would_start_without_the_plugin_is_refused_first(tiny_pat
     same script as above, in a fresh process); the package's engine and server starters refuse
     such an environment before starting anything, saying what to do. A source tree on PYTHONPATH
     without the installed package (the GPU run of 2026-12-05 that met this) has no entry point."""
+    from lens_evals.engine.frontend.offline import open_offline_engine
     from lens_evals.engine.plugin import PluginNotLoadable, installed_plugins, plugin_load_problem, require_plugin
-    from lens_evals.offline_engine import open_offline_engine
     from lens_evals.provider.server import LensServer
 
     others = "lora_filesystem_resolver"

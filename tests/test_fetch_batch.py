@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from lens_evals.engine import fetch_batch
+from lens_evals.engine.frontend import fetch_batch
 
 
 class Worker:

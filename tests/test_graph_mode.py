@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lens_evals import LinearProbe, SteeringVector
-from lens_evals.engine.graph_taps import parse_layer_spec, resolve_layers
+from lens_evals.engine.transport.graph_layers import parse_layer_spec, resolve_layers
 from tests.conftest import TINY_PROMPTS, capture, greedy, make_llm
 from tests.tolerance import assert_scores_close, assert_stream_close
 

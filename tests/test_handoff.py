@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 
-from lens_evals.engine import handoff, handoff_files, handoff_pool
-from lens_evals.engine.frontend_rows import result_tensors
-from lens_evals.engine.handoff import HandoffTarget, claim, claim_all, sink_for
-from lens_evals.engine.host_store import Piece, PieceStore, assemble, row_blocks
+from lens_evals.engine.frontend.rows import result_tensors
+from lens_evals.engine.transport import handoff, handoff_files, handoff_pool
+from lens_evals.engine.transport.handoff import HandoffTarget, claim, claim_all, sink_for
+from lens_evals.engine.worker.host_store import Piece, PieceStore, assemble, row_blocks
 
 
 @pytest.fixture
@@ -145,7 +145,7 @@ def test_regions_freed_before_a_call_are_released_ahead_of_its_fetch(tmp_path, t
     takes the freed region again; nothing freed, nothing released."""
     import gc
 
-    from lens_evals.engine.handoff import release_regions
+    from lens_evals.engine.transport.handoff import release_regions
 
     first, _, packed_first = _fetch(sink_for(target))
     pool = handoff._files.pools[target["token"]]
@@ -259,10 +259,10 @@ def _core_with_rows(address: dict, requests: int = 3, steps: int = 3, hidden: in
     """A worker core (no engine) whose requests' specs name ``address`` for their rows; each
     request captures layer 1 over a 2-token prefill and decode steps (``probe``: and scores a
     probe there). (core, rows by key)."""
-    from lens_evals.engine.compat import BatchLayout
-    from lens_evals.engine.requests import WorkerProbe, WorkerRequest
-    from lens_evals.engine.taps import run_layer
-    from lens_evals.engine.worker_core import WorkerCore
+    from lens_evals.engine.compat.worker import BatchLayout
+    from lens_evals.engine.worker.core import WorkerCore
+    from lens_evals.engine.worker.requests import WorkerProbe, WorkerRequest
+    from lens_evals.engine.worker.taps import run_layer
 
     core = WorkerCore(torch.device("cpu"), torch.float32, {0, 1, 2})
     names = [f"r{i}" for i in range(requests)]
@@ -311,7 +311,7 @@ def test_rows_written_early_for_an_aborted_or_dropped_request_free_their_region(
     """An abort's fetch sends no target: rows already in the pool come back inline and their
     region is free again. A request whose rows wait for the fetch (here: below the hand-off's
     minimum size) is dropped for the memory bound like any unfetched one."""
-    from lens_evals.engine.compat import BatchLayout
+    from lens_evals.engine.compat.worker import BatchLayout
 
     core, want = _core_with_rows(target)
     core.finish("r0")
@@ -335,7 +335,7 @@ def test_rows_written_early_for_an_aborted_or_dropped_request_free_their_region(
 def test_a_request_dropped_for_the_memory_bound_frees_its_pool_region(target, monkeypatch) -> None:
     """Its capture in the pool, its probe scores (below the hand-off's minimum) held for the
     fetch: dropped for the memory bound, the region is free again and its fetch gets an error."""
-    from lens_evals.engine.compat import BatchLayout
+    from lens_evals.engine.compat.worker import BatchLayout
 
     monkeypatch.setenv(handoff.MIN_BYTES_ENV, "1000")  # captures (4,800 bytes) go to the pool, scores (16) wait
     core, _ = _core_with_rows(target, probe=True)
@@ -353,7 +353,7 @@ def test_a_request_dropped_for_the_memory_bound_frees_its_pool_region(target, mo
 def test_a_frontend_in_this_process_gets_inline_bytes_early_counted_until_fetched(target) -> None:
     """Same process: the early write is the inline copy the fetch would make; those bytes count
     against the worker's memory bound until fetched, and an unfetched one is dropped for it."""
-    from lens_evals.engine.compat import BatchLayout
+    from lens_evals.engine.compat.worker import BatchLayout
 
     core, want = _core_with_rows({**target, "pid": os.getpid()})
     core.finish("r0")
@@ -378,8 +378,8 @@ def test_a_request_cancelled_during_its_fetch_still_frees_its_pool_regions(tmp_p
     import gc
     from types import SimpleNamespace
 
-    from lens_evals.engine import frontend_attach
-    from lens_evals.engine.frontend_admit import PendingRequest, ServedCall, pending_of
+    from lens_evals.engine.frontend import attach as frontend_attach
+    from lens_evals.engine.frontend.admit import PendingRequest, ServedCall, pending_of
 
     worker = handoff_pool.SharedPool(str(tmp_path), HandoffTarget._current.marker)
     processor = type("Processor", (), {})()

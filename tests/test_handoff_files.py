@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from lens_evals.engine import handoff
-from lens_evals.engine.handoff import HandoffTarget, claim
-from lens_evals.engine.handoff_files import MARKER_PREFIX, NAMESPACE, ROWS_PREFIX, SEGMENT_PREFIX, marker_name
+from lens_evals.engine.transport import handoff
+from lens_evals.engine.transport.handoff import HandoffTarget, claim
+from lens_evals.engine.transport.handoff_files import MARKER_PREFIX, NAMESPACE, ROWS_PREFIX, SEGMENT_PREFIX, marker_name
 
 NOBODY = 65534
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lens_evals.engine import handoff_pool
-from lens_evals.engine.handoff_pool import PoolViews, SharedPool
+from lens_evals.engine.transport import handoff_pool
+from lens_evals.engine.transport.handoff_pool import PoolViews, SharedPool
 
 MIB = 2**20
 BLOCK = 40 * MIB  # one block per 64 MiB segment: three blocks, three segments

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from lens_evals.engine import handoff_files, handoff_pool
+from lens_evals.engine.transport import handoff_files, handoff_pool
 
 
 def _mapped(name: str) -> bool:
@@ -59,7 +59,7 @@ def test_a_worker_exiting_after_its_frontend_was_killed_removes_the_frontends_ma
     """A frontend killed hard (SIGKILL) runs no exit handler; its engine's worker exits after it
     and now removes the dead frontend's marker too (it stayed in /dev/shm until another
     frontend started there)."""
-    from lens_evals.engine import handoff
+    from lens_evals.engine.transport import handoff
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
     marker = tmp_path / handoff_files.marker_name("a" * 32)

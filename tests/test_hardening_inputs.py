@@ -352,7 +352,7 @@ def test_total_held_capture_bound_is_a_clear_error(tiny_path, monkeypatch) -> No
     """LENS_EVALS_MAX_HELD_CAPTURE_GIB bounds what the worker holds in total: a capture that would
     pass it fails loudly (LensRequestError with the variable's name), its neighbours complete and
     nothing stays held."""
-    from lens_evals.engine.frontend_attach import LensRequestError
+    from lens_evals.engine.frontend.attach import LensRequestError
 
     monkeypatch.setenv("LENS_EVALS_MAX_HELD_CAPTURE_GIB", "0.0001")  # ~105 KB; read when the worker starts
     with make_llm(tiny_path) as engine:

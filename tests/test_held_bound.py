@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from lens_evals import host_memory, settings
-from lens_evals.engine.frontend_rows import result_tensors
-from lens_evals.engine.handoff import claim_all
+from lens_evals.engine.frontend.rows import result_tensors
+from lens_evals.engine.transport.handoff import claim_all
 from tests.conftest import TINY_PROMPTS, capture, greedy, make_llm
 from tests.test_handoff import _core_with_rows, sent, target  # noqa: F401  (``target`` is a fixture)
 
@@ -27,7 +27,7 @@ def test_a_call_past_the_bound_keeps_what_fits_and_names_the_bound_for_the_rest(
     (~170 KB) pass a ~54 KB bound, so the oldest finished ones are dropped. Their error names the
     variable and the bytes (before the fix: "no capture came back for layers [0, 1, 2, 3]"); the
     others, the last one among them, equal each prompt captured alone."""
-    from lens_evals.engine.frontend_attach import LensRequestError
+    from lens_evals.engine.frontend.attach import LensRequestError
 
     monkeypatch.setenv("LENS_EVALS_MAX_HELD_CAPTURE_GIB", BOUND_GIB)  # read when the worker starts
     with make_llm(tiny_path, max_num_seqs=1, enable_prefix_caching=False) as engine:
@@ -51,7 +51,7 @@ def test_a_call_past_the_bound_keeps_what_fits_and_names_the_bound_for_the_rest(
 def _block_the_writer(gate: threading.Event) -> None:
     """The worker's early writes queue up behind a task that waits for ``gate`` (as behind a
     writer slower than the steps: issue #47's 11 GB capture on an H100)."""
-    from lens_evals.engine import early_write
+    from lens_evals.engine.worker import early_write
 
     if early_write._thread is None:
         early_write._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lens_evals-early")
@@ -63,9 +63,9 @@ def test_rows_being_written_into_the_pool_are_waited_for_not_dropped(target) -> 
     next step passes a 7,000-byte bound: the worker waits for the writes (the writer is let go
     after 0.3 s), the rows leave for the pool, and nothing is dropped; every request's rows come
     back equal to those computed. Before the fix the three were dropped unfetched."""
-    from lens_evals.engine.compat import BatchLayout
-    from lens_evals.engine.requests import WorkerRequest
-    from lens_evals.engine.taps import run_layer
+    from lens_evals.engine.compat.worker import BatchLayout
+    from lens_evals.engine.worker.requests import WorkerRequest
+    from lens_evals.engine.worker.taps import run_layer
 
     core, want = _core_with_rows(target)
     gate = threading.Event()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lens_evals.engine.frontend_attach import LensRequestError
-from lens_evals.engine.hook_sets import register_hook_set
+from lens_evals.engine.frontend.attach import LensRequestError
+from lens_evals.engine.frontend.hook_sets import register_hook_set
 from lens_evals.hook_library import append_rows
 from lens_evals.hooks import Hook
 from tests.conftest import greedy

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lens_evals.engine.frontend_attach import LensRequestError
+from lens_evals.engine.frontend.attach import LensRequestError
 from lens_evals.hook_library import append_rows
 from lens_evals.hooks import Hook
 from tests.conftest import TINY_PROMPTS, capture, greedy
@@ -219,10 +219,11 @@ def test_hooks_per_request_are_bounded() -> None:
 def test_a_call_refused_part_way_leaves_nothing_behind(llm) -> None:
     """vLLM aborts the requests an LLM.generate had added when a later one is refused: their
     pending fetches and hook callables (a closure may hold anything) are forgotten."""
-    from lens_evals.engine import compat, hook_refs
-    from lens_evals.engine.frontend_admit import pending_of
+    from lens_evals.engine import compat
+    from lens_evals.engine.frontend.admit import pending_of
+    from lens_evals.engine.transport import hook_refs
 
-    processor = compat.input_processor(llm.llm_engine)
+    processor = compat.frontend.input_processor(llm.llm_engine)
     before = (len(pending_of(processor)), len(hook_refs._LOCAL_CALLABLES))
     for _ in range(2):
         with pytest.raises(ValueError, match="unknown hook 'nope'"):
@@ -237,10 +238,10 @@ def test_saved_over_the_limit_fails_its_request_while_it_runs(monkeypatch) -> No
     """The hooks' arrays stay on the device until the fetch: past LENS_EVALS_MAX_SAVED_MIB (their
     encoded form is larger still) the request fails at the next step and they are let go, so a
     request cannot fill the device before the limit is looked at; another request goes on."""
-    from lens_evals.engine.compat import BatchLayout
-    from lens_evals.engine.requests import WorkerRequest
-    from lens_evals.engine.worker_core import WorkerCore
-    from lens_evals.engine.worker_hooks import WorkerHook
+    from lens_evals.engine.compat.worker import BatchLayout
+    from lens_evals.engine.worker.core import WorkerCore
+    from lens_evals.engine.worker.hooks import WorkerHook
+    from lens_evals.engine.worker.requests import WorkerRequest
 
     monkeypatch.setenv("LENS_EVALS_MAX_SAVED_MIB", "1")
     core = WorkerCore(torch.device("cpu"), torch.float32, {0, 1})

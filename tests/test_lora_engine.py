@@ -2,7 +2,7 @@
 
 vLLM's CPU LoRA ops read a base row's adapter index -1 as the last slot; with every slot in
 use (max_loras=1 and one adapter), base rows next to LoRA rows got the adapter. The engine
-replaces those ops (compat.use_grouped_lora_ops); these batches would fail without it."""
+replaces those ops (compat.lora.use_grouped_lora_ops); these batches would fail without it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""lens_evals.offline_engine: one set of defaults for every offline engine the package opens,
+"""lens_evals.engine.frontend.offline: one set of defaults for every offline engine the package opens,
 and no other place in the package that constructs ``vllm.LLM``. No engine is started."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from lens_evals.engine.frontend.offline import offline_engine_args
 from lens_evals.models import model_path
-from lens_evals.offline_engine import offline_engine_args
 from tests.conftest import gpu_share, on_gpu
 
 PACKAGE = Path(__file__).resolve().parent.parent / "lens_evals"
@@ -43,11 +43,11 @@ TIMED_START = "bench/vllm_systems.py"
 
 
 def test_the_package_opens_offline_engines_in_one_place() -> None:
-    """Every ``LLM(...)`` call in the package is in offline_engine.py, but the benchmark's timed one."""
+    """Every ``LLM(...)`` call in the package is in engine/frontend/offline.py, but the benchmark's timed one."""
     calls = []
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and ast.unparse(node.func) in ("LLM", "vllm.LLM"):
                 calls.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
-    assert sorted(call.split(":")[0] for call in calls) == [TIMED_START, "offline_engine.py"], calls
+    assert sorted(call.split(":")[0] for call in calls) == [TIMED_START, "engine/frontend/offline.py"], calls
     assert "offline_engine_args(" in (PACKAGE / TIMED_START).read_text(encoding="utf-8")

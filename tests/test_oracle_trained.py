@@ -23,7 +23,7 @@ def test_trained_oracle_beats_zero_vector_on_heldout(smollm2_path) -> None:
     from transformers import AutoTokenizer
     from vllm.lora.request import LoRARequest
 
-    from lens_evals.offline_engine import close_offline_engine
+    from lens_evals.engine.frontend.offline import close_offline_engine
     from lens_evals.oracle.adapters import adapter_rank, read_card
     from lens_evals.oracle.build import build_oracle, start_engine
     from lens_evals.oracle.evaluate import evaluate_offline

@@ -26,7 +26,7 @@ import torch
 from lens_evals import LinearProbe, SteeringVector
 from lens_evals.client import activations_from_response, lens_xargs
 from lens_evals.engine import compat
-from lens_evals.engine.frontend_rows import result_tensors
+from lens_evals.engine.frontend.rows import result_tensors
 from lens_evals.hooks import Hook
 from lens_evals.models import model_path
 from lens_evals.provider.server import LensServer
@@ -156,14 +156,14 @@ def rank_replies(monkeypatch) -> list[list[dict[str, dict[str, Any]]]]:
     """Records what every worker returned to the frontend's fetch (one list per fetch, one
     entry per worker in rank order), while the frontend goes on with the real replies."""
     calls: list[list[dict[str, dict[str, Any]]]] = []
-    original = compat.offline_collective_rpc
+    original = compat.rpc.offline_collective_rpc
 
     def spy(llm: Any, method: str, args: tuple) -> list[Any]:
         replies = original(llm, method, args)
         calls.append(replies)
         return replies
 
-    monkeypatch.setattr(compat, "offline_collective_rpc", spy)
+    monkeypatch.setattr(compat.rpc, "offline_collective_rpc", spy)
     return calls
 
 

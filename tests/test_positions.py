@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lens_evals import SteeringVector
-from lens_evals.engine.requests import WorkerRequest
+from lens_evals.engine.worker.requests import WorkerRequest
 from lens_evals.hook_library import append_rows
 from lens_evals.hooks import Hook
 from tests.conftest import capture, greedy, make_llm, on_gpu

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from lens_evals.engine.compat import BatchLayout
-from lens_evals.engine.planners import build_plan
-from lens_evals.engine.requests import CACHED_STEERING_BYTES, WorkerRequest, WorkerSteering, _decode_steering, steering_digest
-from lens_evals.engine.step_stores import StepStores
-from lens_evals.engine.taps import StepContext, _apply_steering, read_step
+from lens_evals.engine.compat.worker import BatchLayout
+from lens_evals.engine.worker.planners import build_plan
+from lens_evals.engine.worker.requests import CACHED_STEERING_BYTES, WorkerRequest, WorkerSteering, _decode_steering, steering_digest
+from lens_evals.engine.worker.step_stores import StepStores
+from lens_evals.engine.worker.taps import StepContext, _apply_steering, read_step
 from lens_evals.spec import SteeringVector
 from tests.tolerance import assert_stream_close
 

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from lens_evals.engine import compat, frontend_admit
-from lens_evals.engine.probe_cache import LRU, encode_probe, probe_digest
-from lens_evals.engine.requests import decode_worker_request
+from lens_evals.engine import compat
+from lens_evals.engine.frontend import admit as frontend_admit
+from lens_evals.engine.transport.probe_cache import LRU, encode_probe, probe_digest
+from lens_evals.engine.worker.requests import decode_worker_request
 from lens_evals.request_args import parse_lens_args, remember_probes
 from lens_evals.spec import CAPTURE_KEY, INTERNAL_KEY, PROBE_KEY, LinearProbe
 
@@ -121,8 +122,8 @@ def test_the_engines_facts_are_read_once_and_the_limit_per_request(monkeypatch: 
         )
     )
     reads = []
-    real = compat.model_shape
-    monkeypatch.setattr(compat, "model_shape", lambda config: reads.append(config) or real(config))
+    real = compat.config.model_shape
+    monkeypatch.setattr(compat.config, "model_shape", lambda config: reads.append(config) or real(config))
     from vllm import SamplingParams
 
     def admit(extra: dict[str, Any]) -> Any:

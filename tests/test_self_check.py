@@ -1,4 +1,4 @@
-"""The stream-contract self-check at engine start (lens_evals.engine.self_check) refuses lens
+"""The stream-contract self-check at engine start (lens_evals.engine.frontend.self_check) refuses lens
 requests when a decoder layer's contract is wrong, with the measured numbers, and serves plain
 requests. Each of the three contracts is swapped for another on a tiny zoo model of that
 contract (tests/arch_zoo.py); that it passes on every contract's zoo model is asserted by the
@@ -13,8 +13,8 @@ import dataclasses
 
 import pytest
 
-from lens_evals.engine import self_check
 from lens_evals.engine.compat import architectures
+from lens_evals.engine.frontend import self_check
 from tests.arch_zoo import build
 from tests.conftest import greedy, make_llm
 

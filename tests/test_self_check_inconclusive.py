@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from lens_evals.engine import self_check
+from lens_evals.engine.frontend import self_check
 from tests.conftest import greedy, make_llm
 
 

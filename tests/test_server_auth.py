@@ -26,8 +26,8 @@ import pytest
 import requests
 
 from lens_evals.client import hook_results_from_response, hook_set_body, lens_xargs
-from lens_evals.engine.hook_routes import authorized
-from lens_evals.engine.http_middleware import LensResponseMiddleware
+from lens_evals.engine.frontend.hook_routes import authorized
+from lens_evals.engine.frontend.http_middleware import LensResponseMiddleware
 from lens_evals.hooks import Hook
 from tests.conftest import engine_options
 from tests.operator_middleware import BLOCK_HEADER, SAW_HEADER

@@ -103,8 +103,8 @@ def test_a_vector_failing_on_the_worker_fails_its_request_only(llm, monkeypatch)
     RuntimeError) fails that request with the reason; its neighbour completes and the engine
     serves the next call. Before: only ValueError and four other types were caught, the
     RuntimeError came out of ``llm.generate`` for the whole batch and the next call hung."""
-    from lens_evals.engine import requests as worker_requests
-    from lens_evals.engine.frontend_attach import LensRequestError
+    from lens_evals.engine.frontend.attach import LensRequestError
+    from lens_evals.engine.worker import requests as worker_requests
 
     real = worker_requests._decode_steering
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from lens_evals.engine.frontend_rows import result_tensors
-from lens_evals.engine.handoff import inline
-from lens_evals.engine.host_store import Piece, PieceStore, assemble, row_blocks
-from lens_evals.engine.protocol import PackedRows
+from lens_evals.engine.frontend.rows import result_tensors
+from lens_evals.engine.transport.handoff import inline
+from lens_evals.engine.transport.protocol import PackedRows
+from lens_evals.engine.worker.host_store import Piece, PieceStore, assemble, row_blocks
 
 
 def _steps(num_steps: int, num_requests: int, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -65,7 +65,7 @@ def test_held_pieces_keep_their_arena_region_until_unheld() -> None:
     """A request written on another thread (``early_write``) is released with ``hold``: while
     the rest of its step buffer is released and compacted and later steps take arena memory, its
     rows stay as they were (without the hold the chunk would be reused at offset 0)."""
-    from lens_evals.engine.host_copy import PinnedArena
+    from lens_evals.engine.worker.host_copy import PinnedArena
 
     store = PieceStore()
     store.arena = PinnedArena(chunk_bytes=4096, pin=False, max_spare_bytes=2**20)  # bookkeeping only: no pinning on a CPU machine
@@ -133,10 +133,10 @@ def test_worker_data_path_with_plan_reuse_and_a_request_leaving() -> None:
     """The worker's step path without an engine (plan, layer ops, store, fetch): three requests
     decode; one leaves after 3 steps (the plan is rebuilt, its buffers compacted later). Every
     request gets exactly its own rows of each step's stream, probe scores equal w.h+b."""
-    from lens_evals.engine.compat import BatchLayout
-    from lens_evals.engine.requests import WorkerProbe, WorkerRequest
-    from lens_evals.engine.taps import run_layer
-    from lens_evals.engine.worker_core import WorkerCore
+    from lens_evals.engine.compat.worker import BatchLayout
+    from lens_evals.engine.worker.core import WorkerCore
+    from lens_evals.engine.worker.requests import WorkerProbe, WorkerRequest
+    from lens_evals.engine.worker.taps import run_layer
 
     hidden_size, layer = 8, 2
     weights = torch.randn(hidden_size, generator=torch.Generator().manual_seed(1))
@@ -187,7 +187,7 @@ def test_packed_rows_refuse_unknown_dtypes_and_wrong_lengths() -> None:
 
 
 def test_arena_regions_never_overlap_while_live_and_chunks_are_reused() -> None:
-    from lens_evals.engine.host_copy import PinnedArena
+    from lens_evals.engine.worker.host_copy import PinnedArena
 
     arena = PinnedArena(chunk_bytes=4096, pin=False, max_spare_bytes=2**20)  # bookkeeping only: no pinning on a CPU machine
     live: list[tuple[torch.Tensor, object]] = []
@@ -210,7 +210,7 @@ def test_arena_regions_never_overlap_while_live_and_chunks_are_reused() -> None:
 def test_arena_keeps_spare_chunks_by_bytes_the_last_runs_peak_at_most_the_cap() -> None:
     """A run like the last pins nothing afresh; a smaller run after a large one gives the large
     one's memory back; the cap bounds what is kept whatever the peak."""
-    from lens_evals.engine.host_copy import PinnedArena
+    from lens_evals.engine.worker.host_copy import PinnedArena
 
     def run(arena: PinnedArena, steps: int) -> int:
         """``steps`` step buffers of a chunk each, held at once, then all fetched: how many chunks
@@ -241,7 +241,7 @@ def test_arena_keeps_spare_chunks_by_bytes_the_last_runs_peak_at_most_the_cap() 
 
 
 def test_arena_spare_bound_is_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lens_evals.engine.host_copy import PinnedArena
+    from lens_evals.engine.worker.host_copy import PinnedArena
 
     monkeypatch.setenv("LENS_EVALS_PINNED_SPARE_GIB", "0.5")
     assert PinnedArena(pin=False).max_spare_bytes == 2**29
@@ -250,7 +250,7 @@ def test_arena_spare_bound_is_the_setting(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_the_copy_is_chosen_by_device_and_none_is_made_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lens_evals.engine.host_copy import PinnedArena, PlainCopy, StreamCopy, host_copier
+    from lens_evals.engine.worker.host_copy import PinnedArena, PlainCopy, StreamCopy, host_copier
 
     copier = host_copier(torch.device("cpu"))
     assert type(copier) is PlainCopy and not copier.overlap and copier.set_overlap(True) is False

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from lens_evals import wire
 from lens_evals import wire_codec as codec
-from lens_evals.engine.http_middleware import encode_activations
+from lens_evals.engine.frontend.http_middleware import encode_activations
 
 
 def test_base64_equals_the_standard_library() -> None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from lens_evals import wire, wire_frame
 from lens_evals.client import decode_activations
-from lens_evals.engine.http_middleware import encode_activations
+from lens_evals.engine.frontend.http_middleware import encode_activations
 
 TEXT = 'a "quoted" \\ text, é, \u2028, \x01'
 

@@ -17,12 +17,12 @@ import numpy as np
 import torch
 
 from lens_evals import settings
-from lens_evals.engine import handoff
-from lens_evals.engine.compat import BatchLayout
-from lens_evals.engine.requests import WorkerProbe, WorkerRequest, WorkerSteering
-from lens_evals.engine.results import write_results
-from lens_evals.engine.taps import run_layer
-from lens_evals.engine.worker_core import WorkerCore
+from lens_evals.engine.compat.worker import BatchLayout
+from lens_evals.engine.transport import handoff
+from lens_evals.engine.worker.core import WorkerCore
+from lens_evals.engine.worker.requests import WorkerProbe, WorkerRequest, WorkerSteering
+from lens_evals.engine.worker.results import write_results
+from lens_evals.engine.worker.taps import run_layer
 
 GPU_EAGER_STEP_MS = 12.0
 

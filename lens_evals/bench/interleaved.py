@@ -52,7 +52,7 @@ def copy_overlap(llm: Any, feature: str) -> Iterator[None]:
     if not feature.endswith(SYNC):
         yield
         return
-    from lens_evals.engine.protocol import COPY_METHOD
+    from lens_evals.engine.transport.protocol import COPY_METHOD
 
     reports = llm.collective_rpc(COPY_METHOD, args=(False,))
     if any(report["overlap"] for report in reports):

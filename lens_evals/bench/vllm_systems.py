@@ -17,7 +17,7 @@ from lens_evals.bench.config import BenchConfig
 from lens_evals.bench.measure import Measured, Stopwatch, SystemUnavailable, best_of, torch_dtype
 from lens_evals.bench.prefill import capture_layers, copy_note
 from lens_evals.bench.systems import System
-from lens_evals.offline_engine import offline_engine_args
+from lens_evals.engine.frontend.offline import offline_engine_args
 from lens_evals.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector
 
 if TYPE_CHECKING:

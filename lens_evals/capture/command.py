@@ -7,7 +7,7 @@ import os
 import sys
 
 from lens_evals.cli_checks import model_name_or_dir
-from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
+from lens_evals.engine.frontend.offline import add_engine_arg_option, parse_engine_args
 
 MIB = 1 << 20
 

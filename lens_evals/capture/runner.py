@@ -275,7 +275,7 @@ def _capture(
 ) -> None:
     from vllm import SamplingParams
 
-    from lens_evals.offline_engine import engine_for
+    from lens_evals.engine.frontend.offline import engine_for
     from lens_evals.spec import CAPTURE_KEY
 
     # an engine opened here is shut down when the capture ends (the caller's ``llm`` stays open)

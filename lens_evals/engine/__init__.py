@@ -1,16 +1,19 @@
 """The part of lens-evals that runs inside vLLM's processes (installed by ``plugin.register``).
 
-Modules by side (docs/architecture.md has the picture of the data path):
+Packages by process side (``README.md`` here follows one request through them;
+docs/architecture.md has the picture of the data path):
 
 - ``compat/``: the one door to vLLM's internals (patch points, accessors, layer contracts).
-- ``protocol``: everything that crosses between frontend and worker (method names, payloads,
-  fetch results, packed rows).
-- frontend side: ``frontend_admit`` (validate, normalise), ``frontend_attach`` (fetch, attach),
-  ``frontend_rows``, ``frontend_hooks``, ``hook_sets``, ``hook_routes``, ``vllm_lens_api``,
-  ``http_middleware``.
-- both sides: ``hook_refs``, ``handoff``, ``handoff_pool``, ``probe_cache`` (probes encoded /
-  decoded once), ``timing``.
-- worker side: ``worker_state`` (per model runner) around ``worker_core`` (``ledger``,
-  ``planners`` -> ``plan``, ``step_stores`` -> ``host_copy`` / ``host_store``, the fetch), ``taps`` /
-  ``graph_taps``, ``requests``, ``worker_hooks``, ``transfer``, ``results``, ``worker_rpc``.
+- ``frontend/``: the process that holds ``LLM`` / ``AsyncLLM`` / the API server: ``admit``
+  (validate, normalise), ``attach`` (fetch, attach), ``rows``, ``hooks``, ``hook_sets``,
+  ``hook_routes``, ``vllm_lens_api``, ``http_middleware``, ``budget``, ``fetch_batch``,
+  ``self_check`` / ``self_check_run``, ``offline`` (the package's own ``LLM`` starter).
+- ``transport/``: what crosses between the two and is read by both: ``protocol`` (method names,
+  payloads, fetch results, packed rows), ``handoff`` / ``handoff_pool`` / ``handoff_files``
+  (shared-memory rows), ``hook_refs``, ``probe_cache`` (probes encoded / decoded once),
+  ``timing``.
+- ``worker/``: the model runner's process: ``state`` (per model runner) around ``core``
+  (``ledger``, ``planners`` -> ``plan``, ``step_stores`` -> ``host_copy`` / ``host_store``, the
+  fetch), ``taps`` / ``graph_taps``, ``requests``, ``hooks``, ``transfer``, ``results``, ``rpc``.
+- ``plugin``: vLLM's entry point, wiring both sides into vLLM through ``compat``.
 """

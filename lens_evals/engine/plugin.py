@@ -44,18 +44,14 @@ def register() -> None:
     if (off := disabled_by()) is not None:
         logger.info("lens_evals: disabled by %s", off)
         return
-    from lens_evals.engine import (
-        compat,
-        frontend_admit,
-        frontend_attach,
-        frontend_budget,
-        graph_taps,
-        http_middleware,
-        self_check_run,
-        vllm_lens_api,
-    )
-    from lens_evals.engine.worker_rpc import WORKER_METHODS
-    from lens_evals.engine.worker_state import STATE_ATTR, LensWorkerState
+    from lens_evals.engine import compat
+    from lens_evals.engine.frontend import admit as frontend_admit
+    from lens_evals.engine.frontend import attach as frontend_attach
+    from lens_evals.engine.frontend import budget as frontend_budget
+    from lens_evals.engine.frontend import http_middleware, self_check_run, vllm_lens_api
+    from lens_evals.engine.transport import graph_layers
+    from lens_evals.engine.worker.rpc import WORKER_METHODS
+    from lens_evals.engine.worker.state import STATE_ATTR, LensWorkerState
 
     def on_load(runner: Any) -> None:
         setattr(runner, STATE_ATTR, LensWorkerState(runner))
@@ -69,26 +65,26 @@ def register() -> None:
         state = getattr(runner, STATE_ATTR, None)
         return run() if state is None else state.around_forward(run, input_ids)
 
-    compat.prefer_v1_model_runner()
-    compat.force_eager_unless(
-        "layer hooks run only outside CUDA graphs and torch.compile", graph_taps.env_layer_spec, graph_taps.CONFIG_KEY
+    compat.frontend.prefer_v1_model_runner()
+    compat.frontend.force_eager_unless(
+        "layer hooks run only outside CUDA graphs and torch.compile", graph_layers.env_layer_spec, graph_layers.CONFIG_KEY
     )
-    compat.patch_input_processor(frontend_admit.on_request)
-    compat.patch_request_id_assignment(frontend_admit.on_assigned)
-    compat.patch_offline_submit(self_check_run.before_offline_call(frontend_attach.release_offline))
-    compat.patch_offline_results(frontend_attach.attach_offline)
-    compat.patch_offline_aborts(frontend_attach.discard_offline)
-    compat.shut_down_engines_at_exit(then=self_check_run.ensure_offline)
-    compat.give_engine_cores_their_teardown_time()
-    compat.patch_async_results(
+    compat.admission.patch_input_processor(frontend_admit.on_request)
+    compat.admission.patch_request_id_assignment(frontend_admit.on_assigned)
+    compat.frontend.patch_offline_submit(self_check_run.before_offline_call(frontend_attach.release_offline))
+    compat.frontend.patch_offline_results(frontend_attach.attach_offline)
+    compat.frontend.patch_offline_aborts(frontend_attach.discard_offline)
+    compat.frontend.shut_down_engines_at_exit(then=self_check_run.ensure_offline)
+    compat.frontend.give_engine_cores_their_teardown_time()
+    compat.frontend.patch_async_results(
         frontend_admit.open_call, frontend_attach.attach_async, frontend_attach.discard_async, before=self_check_run.before_async_request
     )
-    compat.patch_model_runner(on_load, on_step_start, around_forward)
-    compat.reserve_lens_memory(frontend_budget.budget_bytes)
-    compat.patch_http_app(http_middleware.LensResponseMiddleware)
-    compat.add_worker_methods(WORKER_METHODS)
-    compat.add_offline_methods(vllm_lens_api.OFFLINE_METHODS)
-    compat.use_grouped_lora_ops()
+    compat.worker.patch_model_runner(on_load, on_step_start, around_forward)
+    compat.worker.reserve_lens_memory(frontend_budget.budget_bytes)
+    compat.frontend.patch_http_app(http_middleware.LensResponseMiddleware)
+    compat.rpc.add_worker_methods(WORKER_METHODS)
+    compat.rpc.add_offline_methods(vllm_lens_api.OFFLINE_METHODS)
+    compat.lora.use_grouped_lora_ops()
 
 
 PLUGIN_GROUP = "vllm.general_plugins"

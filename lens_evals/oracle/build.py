@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lens_evals.offline_engine import engine_for, open_offline_engine
+from lens_evals.engine.frontend.offline import engine_for, open_offline_engine
 from lens_evals.oracle.adapters import oracle_root, write_card
 from lens_evals.oracle.lora_training import OracleTrainConfig, build_examples, train_lora
 from lens_evals.oracle.qa_items import HELDOUT_EVERY, all_items, sample_mix

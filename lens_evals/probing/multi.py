@@ -266,7 +266,7 @@ def train_probe_set(
     """Capture Instructed-Pairs, Roleplaying (off-policy, ``dataset`` or ours) and the model's own
     control answers at ``layer`` in one engine (``llm``, or one opened with ``engine_args``); fit,
     calibrate and save the three probes."""
-    from lens_evals.offline_engine import engine_for
+    from lens_evals.engine.frontend.offline import engine_for
     from lens_evals.probing import datasets
     from lens_evals.probing.extract import answer_requests
     from lens_evals.probing.probe import ProbeCard

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lens_evals.cli_checks import existing_file, layer_index, model_name_or_dir, positive_int
-from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
+from lens_evals.engine.frontend.offline import add_engine_arg_option, parse_engine_args
 
 
 def training_set(name: str) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from lens_evals.offline_engine import engine_for
+from lens_evals.engine.frontend.offline import engine_for
 from lens_evals.probing import datasets
 from lens_evals.probing.metrics import auroc
 from lens_evals.probing.train import (

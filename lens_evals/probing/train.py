@@ -17,7 +17,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from lens_evals import settings
-from lens_evals.offline_engine import engine_for
+from lens_evals.engine.frontend.offline import engine_for
 from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue, TokenSelection
 from lens_evals.probing.extract import answer_requests, extract_features

@@ -3,7 +3,7 @@
 ``-M lora_modules=NAME=PATH`` (several: a list, or separated by spaces or commas) turns on
 ``--enable-lora`` and, unless given, ``--max-loras`` = adapters + 1 (one slot always free, so
 vLLM's CPU ops never read a base row's index -1 as a full slot; the engine also replaces those
-ops, see ``compat.use_grouped_lora_ops``) and ``--max-lora-rank`` = the largest adapter rank.
+ops, see ``compat.lora.use_grouped_lora_ops``) and ``--max-lora-rank`` = the largest adapter rank.
 PATH may be a trained oracle's name (``lens-evals oracle path NAME``)."""
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ STACKS_AFTER_S = 150
 def main(mode: str, path: str) -> None:
     from vllm import LLM, SamplingParams
 
-    from lens_evals.engine.frontend_attach import LensRequestError
+    from lens_evals.engine.frontend.attach import LensRequestError
     from tests.device import gpu_share
 
     faulthandler.dump_traceback_later(STACKS_AFTER_S, exit=True)

@@ -23,7 +23,7 @@ def main() -> None:
     import torch
     from vllm import LLM, SamplingParams
 
-    from lens_evals.engine.protocol import MEMORY_METHOD
+    from lens_evals.engine.transport.protocol import MEMORY_METHOD
 
     model, calls, n_prompts, n_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     llm = LLM(model, **json.loads(sys.argv[5]))

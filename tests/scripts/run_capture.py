@@ -49,7 +49,7 @@ def offline(model: str) -> tuple[list, str, int]:
     how many requests' rows the worker wrote before the fetch (``early_write``)."""
     from vllm import LLM, SamplingParams
 
-    from lens_evals.engine.frontend_attach import LensRequestError
+    from lens_evals.engine.frontend.attach import LensRequestError
     from lens_evals.hooks import Hook
 
     llm = LLM(model, dtype="float32", max_model_len=512, seed=0, **gpu_options())
@@ -92,7 +92,7 @@ def main() -> None:
             tensors[f"probe_{name}_{i}"] = scores.contiguous()
         for name, value in out.activations.get("saved", {}).items():
             tensors[f"saved_{name}_{i}"] = value.contiguous()
-    from lens_evals.engine.handoff import HandoffTarget
+    from lens_evals.engine.transport.handoff import HandoffTarget
 
     save_file(
         tensors, out_path, metadata={"lambda_hook": lambda_result, "handoff_files": str(HandoffTarget.claimed), "early_written": str(early)}

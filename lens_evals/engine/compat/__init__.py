@@ -5,15 +5,20 @@ patch points (request validation, offline/async result delivery, the model runne
 forward, the HTTP app) and accessors (the batch layout, a request's extra args, the
 decoder layers, parallel ranks). A vLLM upgrade should only need edits here.
 
-This package splits them by side (``admission``, ``frontend``, ``rpc``, ``worker``, ``lora``) and keeps the
-per-architecture knowledge (``architectures``: how each decoder-layer class carries the stream); everything is re-exported
-here, so callers use ``compat.<name>``.
+One module per side, each with its ``__all__``; callers name the module, so a reader sees
+which side a name belongs to (``compat.frontend.input_processor``, ``compat.worker.batch_layout``):
+
+- ``admission``: the input processor's validation hook, request ids, sampling parameters.
+- ``frontend``: the offline ``LLM`` / ``AsyncLLM`` / HTTP app patch points, engine checks.
+- ``config``: the engine configuration both sides read (the model's shape, our config section).
+- ``rpc``: ``collective_rpc`` between the frontend and the workers.
+- ``worker``: the model runner's patch point and accessors (batch layout, layers, ranks).
+- ``architectures``: how each decoder-layer class carries the residual stream.
+- ``lora``: LoRA kernels and dtypes.
+
+This package re-exports these modules only, no names of theirs.
 """
 
-from lens_evals.engine.compat._base import *  # noqa: F401,F403
-from lens_evals.engine.compat.admission import *  # noqa: F401,F403
-from lens_evals.engine.compat.architectures import *  # noqa: F401,F403
-from lens_evals.engine.compat.frontend import *  # noqa: F401,F403
-from lens_evals.engine.compat.lora import *  # noqa: F401,F403
-from lens_evals.engine.compat.rpc import *  # noqa: F401,F403
-from lens_evals.engine.compat.worker import *  # noqa: F401,F403
+from lens_evals.engine.compat import admission, architectures, config, frontend, lora, rpc, worker
+
+__all__ = ["admission", "architectures", "config", "frontend", "lora", "rpc", "worker"]

@@ -27,6 +27,25 @@ from torch import nn
 from lens_evals import settings
 from lens_evals.engine.compat._base import logger
 
+__all__ = [
+    "Architecture",
+    "FUSED",
+    "LayerSupport",
+    "STREAM",
+    "STREAM_FIRST",
+    "StreamContract",
+    "TRUST_ENV",
+    "VERIFIED",
+    "architecture_of",
+    "class_name",
+    "find_decoder_layers",
+    "frontend_refusal",
+    "guessed",
+    "layer_support",
+    "refusal_message",
+    "trust_unverified",
+]
+
 TRUST_ENV = settings.TRUST_ARCH.name
 
 

@@ -7,28 +7,29 @@ import atexit
 import inspect
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from lens_evals.engine.compat._base import Method, _patch, logger
 
-
-@dataclass(frozen=True)
-class ModelShape:
-    num_layers: int
-    hidden_size: int
-    max_model_len: int
-    vocab_size: int
-
-
-def model_shape(vllm_config: Any) -> ModelShape:
-    text_config = vllm_config.model_config.hf_text_config
-    return ModelShape(
-        num_layers=int(text_config.num_hidden_layers),
-        hidden_size=int(text_config.hidden_size),
-        max_model_len=int(vllm_config.model_config.max_model_len),
-        vocab_size=int(vllm_config.model_config.get_vocab_size()),
-    )
+__all__ = [
+    "ENGINE_TEARDOWN_MARGIN_S",
+    "add_innermost_middleware",
+    "async_tokenizer",
+    "engine_client_from_scope",
+    "engine_refusal",
+    "force_eager_unless",
+    "give_engine_cores_their_teardown_time",
+    "input_processor",
+    "patch_async_results",
+    "patch_http_app",
+    "patch_offline_aborts",
+    "patch_offline_results",
+    "patch_offline_submit",
+    "prefer_v1_model_runner",
+    "server_api_keys",
+    "shut_down_engines_at_exit",
+    "step_limits",
+]
 
 
 def step_limits(vllm_config: Any) -> tuple[int, int]:
@@ -227,21 +228,6 @@ def force_eager_unless(reason: str, graph_layers: Callable[[], Any], config_key:
         return create_engine_config
 
     _patch(EngineArgs, "create_engine_config", make)
-
-
-def plugin_config(vllm_config: Any, key: str) -> dict[str, Any]:
-    """Our section of vLLM's ``additional_config`` (empty when absent)."""
-    extra = getattr(vllm_config, "additional_config", None)
-    section = extra.get(key) if isinstance(extra, dict) else None
-    return section if isinstance(section, dict) else {}
-
-
-def max_step_rows(runner: Any) -> int:
-    """The most token rows one forward pass can have (scheduler budget, CUDA graph sizes)."""
-    config = runner.vllm_config
-    rows = int(config.scheduler_config.max_num_batched_tokens)
-    capture = getattr(config.compilation_config, "max_cudagraph_capture_size", None) or 0
-    return max(rows, int(capture), int(getattr(runner, "max_num_tokens", 0) or 0))
 
 
 def engine_refusal(vllm_config: Any) -> str | None:

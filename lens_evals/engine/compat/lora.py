@@ -8,6 +8,8 @@ import torch
 
 from lens_evals.engine.compat._base import logger
 
+__all__ = ["FLOAT32_NAMES", "lora_engine_dtype", "use_grouped_lora_ops"]
+
 
 def _lora_rows(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(rows, out): row n is ``inputs[n] @ weights[indices[n]].T``, and 0 where indices[n] < 0

@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+__all__ = ["WorkerWithoutPlugin", "add_offline_methods", "add_worker_methods", "async_collective_rpc", "offline_collective_rpc"]
+
 
 class WorkerWithoutPlugin(RuntimeError):
     """A worker of the engine lacks our methods: the plugin did not load in its process."""

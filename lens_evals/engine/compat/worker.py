@@ -12,6 +12,28 @@ from torch import nn
 
 from lens_evals.engine.compat._base import Method, _patch, logger
 
+__all__ = [
+    "BatchLayout",
+    "max_step_rows",
+    "batch_layout",
+    "checkpoint_dir",
+    "finished_request_ids",
+    "first_input",
+    "first_output",
+    "forward_input_ids",
+    "gathered_parameter",
+    "hf_config",
+    "num_layers_of",
+    "parallel_ranks",
+    "patch_model_runner",
+    "request_extra_args",
+    "reserve_lens_memory",
+    "runner_device",
+    "runner_from_worker",
+    "runner_model",
+    "step_num_scheduled",
+]
+
 
 def patch_model_runner(
     on_load: Callable[[Any], None],
@@ -244,3 +266,11 @@ def reserve_lens_memory(reserved_bytes: Callable[[], int]) -> None:
         return determine_available_memory
 
     _patch(Worker, "determine_available_memory", make)
+
+
+def max_step_rows(runner: Any) -> int:
+    """The most token rows one forward pass can have (scheduler budget, CUDA graph sizes)."""
+    config = runner.vllm_config
+    rows = int(config.scheduler_config.max_num_batched_tokens)
+    capture = getattr(config.compilation_config, "max_cudagraph_capture_size", None) or 0
+    return max(rows, int(capture), int(getattr(runner, "max_num_tokens", 0) or 0))

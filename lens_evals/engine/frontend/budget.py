@@ -1,0 +1,162 @@
+"""What lens work may hold on the device, counted at admission (the frontend side of the budget).
+
+Each lens request is charged, before the engine sees it, the device memory the plugin takes for
+it: its steering vectors and probes (decoded on the device for its whole run) and its capture's
+rows, gathered on the device in each step before their copy to the host (``Ledger``). The charges
+of the requests in flight add up against ``LENS_EVALS_DEVICE_BUDGET_MIB``: a request that would
+pass it is refused with HTTP 429 (retry later) and never reaches a step, where running out of
+memory would fail every lens request of the batch, or kill the engine inside vLLM's kernels. A
+request that alone passes the budget can never run: a 400 saying what to lower. What hooks save
+on the device grows as a request runs: the worker bounds its total over the requests in flight
+by the same budget (``worker.core``). On a GPU the budget is taken out of vLLM's KV cache when
+the engine sizes it (``compat.worker.reserve_lens_memory``), so what is charged here exists.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from lens_evals import settings, wire
+from lens_evals.spec import LensRequest
+
+PROBE_BYTES = 4  # probes run in float32
+
+
+class LensBudgetExceeded(RuntimeError):
+    """Admitting the request would pass the device budget now: HTTP 429, the request may retry."""
+
+    http_status = 429
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """What a request's device charge depends on, read from the engine's config once."""
+
+    hidden_size: int
+    activation_bytes: int  # the model's dtype
+    max_step_rows: int  # the most tokens one step runs (max_num_batched_tokens)
+
+
+def budget_bytes() -> int:
+    return settings.DEVICE_BUDGET_MIB.in_bytes()
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One request's share: what it holds on the device for its whole run (its steering vectors,
+    probes' weights and scores), and the rows and layers its capture gathers in a step."""
+
+    held: int
+    capture_positions: int
+    capture_layers: int
+
+
+def charge_of(lens: LensRequest, positions: int, facts: StepFacts) -> Charge:
+    """The charge of one request of ``positions`` positions (prompt + generated - 1)."""
+    act = facts.activation_bytes
+    steering = sum(int(vector.array.size) for vector in lens.steering) * act
+    probes = probes_charge(len(lens.probes), positions, facts)
+    layers = len(lens.capture_layers)
+    return Charge(steering + probes, positions if layers else 0, layers)
+
+
+def refuse_alone(nbytes: int) -> None:
+    """ValueError (400) if a request that may hold ``nbytes`` on the device can never fit the budget."""
+    budget = budget_bytes()
+    if nbytes > budget:
+        raise ValueError(
+            f"this request may hold {nbytes / 2**20:.1f} MiB on the device, over the lens budget of "
+            f"{budget / 2**20:.1f} MiB (LENS_EVALS_DEVICE_BUDGET_MIB): capture fewer layers, or send fewer "
+            "or smaller probes or vectors"
+        )
+
+
+def probes_charge(count: int, positions: int, facts: StepFacts) -> int:
+    """What ``count`` probes hold on the device for a request of ``positions`` positions."""
+    return count * (facts.hidden_size + min(positions, facts.max_step_rows)) * PROBE_BYTES
+
+
+@dataclass
+class Ledger:
+    """The charges of the requests in flight. A step's capture rows are gathered on the device
+    before their copy to the host: all requests' rows of one step together are at most the
+    step's tokens, so captures count once, as the step's tokens (or all positions in flight, if
+    fewer) times the most layers any request captures, not once per request."""
+
+    facts: StepFacts
+    held: int = 0
+    capture_positions: int = 0
+    layer_counts: Counter[int] = field(default_factory=Counter)
+
+    def in_use(self, extra: Charge | None = None) -> int:
+        positions = self.capture_positions + (extra.capture_positions if extra else 0)
+        layers = max([*self.layer_counts, extra.capture_layers if extra else 0], default=0)
+        rows = min(positions, self.facts.max_step_rows)
+        return self.held + (extra.held if extra else 0) + rows * layers * self.facts.hidden_size * self.facts.activation_bytes
+
+    def admit(self, charge: Charge) -> None:
+        """Count ``charge`` in, or raise: ValueError (400) if the request alone never fits the
+        budget, LensBudgetExceeded (429) if it does not fit beside the requests in flight."""
+        budget = budget_bytes()
+        refuse_alone(Ledger(self.facts).in_use(charge))
+        if (total := self.in_use(charge)) > budget:
+            raise LensBudgetExceeded(
+                f"lens requests in flight hold {self.in_use() / 2**20:.1f} of the {budget / 2**20:.1f} MiB device "
+                f"budget (LENS_EVALS_DEVICE_BUDGET_MIB); with this one {total / 2**20:.1f} MiB: retry when some have finished"
+            )
+        self.held += charge.held
+        self.capture_positions += charge.capture_positions
+        if charge.capture_layers:
+            self.layer_counts[charge.capture_layers] += 1
+
+    def release(self, charge: Charge) -> None:
+        self.held -= charge.held
+        self.capture_positions -= charge.capture_positions
+        if charge.capture_layers:
+            self.layer_counts[charge.capture_layers] -= 1
+            if not self.layer_counts[charge.capture_layers]:
+                del self.layer_counts[charge.capture_layers]
+
+
+# Copies a served response's rows have while it is written: the fetched rows, and their encoded
+# form (the binary frame sends the rows' own buffers; the JSON forms build base64 text and the JSON
+# bytes around it, ~3x the rows).
+COPIES = {"safetensors-frame": 1.0}
+JSON_COPIES = 3.0
+
+
+def response_charge(results: Any, encoding: str) -> int:
+    """What a served response's lens results hold on the frontend until it is written."""
+    return int(wire.array_bytes(results) * (1.0 + COPIES.get(encoding, JSON_COPIES)))
+
+
+class HeldResponses:
+    """Bytes of lens results the frontend holds for HTTP responses not yet written to their
+    clients (a slow reader pins them), against ``LENS_EVALS_MAX_RESPONSE_HELD_MIB``: past it, new
+    lens requests get 429 until responses have gone out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.held = 0
+
+    def add(self, nbytes: int) -> None:
+        with self._lock:
+            self.held += nbytes
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.held -= nbytes
+
+    def admit(self) -> None:
+        bound = settings.MAX_RESPONSE_HELD_MIB.in_bytes()
+        if self.held > bound:
+            raise LensBudgetExceeded(
+                f"lens responses not yet written to their clients hold {self.held / 2**20:.1f} MiB on the server, over "
+                f"{bound / 2**20:.1f} MiB (LENS_EVALS_MAX_RESPONSE_HELD_MIB): retry when they have been read"
+            )
+
+
+RESPONSES = HeldResponses()

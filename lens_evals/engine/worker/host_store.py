@@ -1,0 +1,264 @@
+"""Host memory on the worker for captured rows and probe scores, step by step, until a request
+is fetched (the frontend reads what arrives with ``frontend.rows``).
+
+A step copies everything it captured to the host in ONE asynchronous copy (a ``StepBuffer``;
+the copy and its pinned memory: ``host_copy``);
+each request of the step keeps only a small ``Piece`` that says where its rows are in that
+buffer. No per-request tensor work happens while the engine steps: the rows are cut out and
+joined when the request is fetched (``assemble``).
+
+A buffer stays alive while any of its pieces does, so memory is accounted per whole buffer.
+When a request is released and a buffer it shared is left less than a quarter used, the other
+requests' rows are copied out of it (each row at most once), so a long request in a batch of
+short ones does not keep the whole batch's rows alive.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from lens_evals.engine.transport.handoff import Sink, inline
+from lens_evals.engine.transport.protocol import PackedRows, PackedRowsWire
+from lens_evals.engine.worker.host_copy import PinnedArena
+
+COMPACT_BELOW = 0.25
+
+
+class StepBuffer:
+    """One step's captures ``(n_layers, n_rows, hidden)`` or probe scores ``(n_pairs,)`` on the
+    host. ``ready`` is the CUDA event of the copy (None on CPU or once waited for); ``chunk``
+    the arena chunk its pinned memory belongs to (None: memory of its own)."""
+
+    __slots__ = ("data", "ready", "units", "live_units", "live_pieces", "holds", "pieces", "_array", "chunk")
+
+    def __init__(self, data: torch.Tensor, ready: Any, units: int, chunk: Any = None) -> None:
+        self.data = data
+        self.ready = ready
+        self.chunk = chunk
+        self.units = units
+        self.live_units = 0
+        self.live_pieces = 0
+        self.holds = 0  # released pieces still being written on another thread (``PieceStore.unhold``)
+        self.pieces: list[Piece] = []  # every piece ever added (see ``alive``)
+        self._array: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    def array(self) -> np.ndarray:
+        """The host data as numpy (bfloat16 viewed as int16: numpy has no bfloat16)."""
+        if self._array is None:
+            ready = self.ready  # read once: a writer thread may read the same buffer
+            if ready is not None:
+                ready.synchronize()
+                self.ready = None
+            data = self.data.view(torch.int16) if self.data.dtype == torch.bfloat16 else self.data
+            self._array = data.numpy()
+        return self._array
+
+
+class Piece:
+    """A request's rows in one step buffer. Captures: rows ``start:start+num_rows`` of the
+    buffer's layer entries ``slots`` (None: all of them, in order). Scores: ``num_rows`` scores
+    from each flat offset in ``slots`` (one per probe)."""
+
+    __slots__ = ("buffer", "start", "num_rows", "first_position", "slots", "alive", "units")
+
+    def __init__(self, buffer: StepBuffer, start: int, num_rows: int, first_position: int, slots: tuple[int, ...] | None) -> None:
+        self.buffer = buffer
+        self.start = start
+        self.num_rows = num_rows
+        self.first_position = first_position
+        self.slots = slots
+        self.alive = True
+        self.units = num_rows if slots is None or buffer.data.dim() > 1 else num_rows * len(slots)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of this piece's rows (read from nothing: no wait for the step's copy)."""
+        data = self.buffer.data
+        if data.dim() > 1:
+            ids = data.shape[0] if self.slots is None else len(self.slots)
+            return ids * self.num_rows * math.prod(data.shape[2:]) * data.element_size()
+        return self.units * data.element_size()
+
+    def rows(self) -> np.ndarray:
+        """Captures ``(n_layers, num_rows, hidden)``; scores ``(n_probes, num_rows)``."""
+        buffer = self.buffer
+        data = buffer._array if buffer._array is not None else buffer.array()
+        n = self.num_rows
+        if data.ndim > 1:
+            if self.slots is None:
+                return data[:, self.start : self.start + n]
+            return data[list(self.slots), self.start : self.start + n]
+        assert self.slots is not None
+        if len(self.slots) == 1:
+            offset = self.slots[0]
+            return data[None, offset : offset + n]
+        return np.stack([data[offset : offset + n] for offset in self.slots])
+
+
+class PieceStore:
+    """Pieces per request key, with the host bytes their buffers keep alive."""
+
+    def __init__(self, arena_chunk_bytes: int = 64 * 2**20) -> None:
+        self.by_key: dict[str, list[Piece]] = {}
+        self.held_bytes = 0
+        self._sparse: dict[int, StepBuffer] = {}  # buffers to compact at the next step
+        self.arena = PinnedArena(arena_chunk_bytes)  # pins memory only for device tensors (``host_copy``)
+
+    def new_buffer(self, data: torch.Tensor, ready: Any, units: int, chunk: Any = None) -> StepBuffer:
+        buffer = StepBuffer(data, ready, units, chunk)
+        self.held_bytes += buffer.nbytes
+        return buffer
+
+    def _free(self, buffer: StepBuffer) -> None:
+        """No piece uses ``buffer`` any more: stop counting its bytes; its arena region may be
+        reused by later steps."""
+        self.held_bytes -= buffer.nbytes
+        if buffer.chunk is not None:
+            self.arena.give_back(buffer.chunk)
+            buffer.chunk = None
+
+    def add(self, key: str, piece: Piece) -> None:
+        buffer = piece.buffer
+        buffer.pieces.append(piece)
+        buffer.live_units += piece.units
+        buffer.live_pieces += 1
+        pieces = self.by_key.get(key)
+        if pieces is None:
+            self.by_key[key] = [piece]
+        else:
+            pieces.append(piece)
+
+    def drop_unused(self, buffer: StepBuffer) -> None:
+        """A buffer no request kept (every request of the step had already failed)."""
+        if not buffer.live_pieces:
+            self._free(buffer)
+
+    def keys(self) -> set[str]:
+        return set(self.by_key)
+
+    def release(self, key: str, hold: bool = False) -> list[Piece]:
+        """Forget a request's pieces (returned, still readable). A buffer left empty is freed;
+        one left mostly empty is compacted at the next step (``compact``), so a bulk fetch of
+        a whole batch copies nothing. ``hold``: the pieces are read on another thread, so their
+        buffers are not freed (their pinned memory not reused) until ``unhold``."""
+        pieces = self.by_key.pop(key, [])
+        for piece in pieces:
+            piece.alive = False
+            buffer = piece.buffer
+            buffer.live_units -= piece.units
+            buffer.live_pieces -= 1
+            buffer.holds += hold
+            if not buffer.live_pieces:
+                if not buffer.holds:
+                    self._free(buffer)
+                    buffer.pieces = []
+                self._sparse.pop(id(buffer), None)
+            elif buffer.live_units < COMPACT_BELOW * buffer.units:
+                self._sparse[id(buffer)] = buffer
+        return pieces
+
+    def unhold(self, pieces: list[Piece]) -> None:
+        """Pieces released with ``hold`` are read no more: free the buffers nothing else uses."""
+        for piece in pieces:
+            buffer = piece.buffer
+            buffer.holds -= 1
+            if not buffer.holds and not buffer.live_pieces and buffer.pieces:
+                self._free(buffer)
+                buffer.pieces = []
+
+    def compact(self) -> None:
+        """Copy the remaining pieces of mostly-empty buffers into buffers of their own."""
+        sparse, self._sparse = self._sparse, {}
+        for buffer in sparse.values():
+            if buffer.live_pieces:
+                self._compact(buffer)
+
+    def _compact(self, buffer: StepBuffer) -> None:
+        for piece in buffer.pieces:
+            if not piece.alive:
+                continue
+            rows = np.ascontiguousarray(piece.rows())
+            data = torch.from_numpy(rows if buffer.data.dim() > 1 else rows.reshape(-1))
+            if buffer.data.dtype == torch.bfloat16:
+                data = data.view(torch.bfloat16)
+            own = self.new_buffer(data, None, piece.units)
+            piece.buffer, piece.start = own, 0
+            piece.slots = None if data.dim() > 1 else tuple(range(0, rows.size, piece.num_rows))
+            own.pieces.append(piece)
+            own.live_units, own.live_pieces = piece.units, 1
+        buffer.live_pieces = 0
+        if not buffer.holds:  # else freed by ``unhold``
+            buffer.pieces = []
+            self._free(buffer)
+
+
+@dataclass
+class RowBlocks:
+    """One request's rows by absolute position, ``(n_ids, n_positions, ...)``, ready to write:
+    ``blocks`` are contiguous arrays whose bytes, in order, are the packed rows (``nbytes``);
+    ``gaps`` the first positions no piece covered (then nothing should be written)."""
+
+    header: PackedRowsWire
+    nbytes: int
+    blocks: list[np.ndarray]
+    gaps: list[int]
+    shape: tuple[int, ...]
+
+    def write(self, sink: Sink) -> PackedRowsWire:
+        return self.header | sink(self)  # type: ignore[return-value]  # the sink adds where the bytes are
+
+    def copy_into(self, buffer: Any) -> None:
+        """The packed rows into ``buffer`` (``nbytes`` writable bytes): one copy call per id."""
+        dest = np.frombuffer(buffer, dtype=self.blocks[0].dtype, count=int(np.prod(self.shape))).reshape(self.shape)
+        if len(self.blocks) == 1:
+            dest[...] = self.blocks[0].reshape(self.shape)
+            return
+        per_id = len(self.blocks) // self.shape[0]
+        for index in range(self.shape[0]):
+            np.concatenate(self.blocks[index * per_id : (index + 1) * per_id], axis=0, out=dest[index])
+
+
+def row_blocks(pieces: list[Piece]) -> RowBlocks:
+    """Where a request's rows are, in the order they are sent: each id's rows of each piece
+    (contiguous slices of the step buffers, so nothing is copied until written). Later pieces
+    (recomputation after preemption) overwrite earlier ones: then the rows are joined here."""
+    arrays = [piece.rows() for piece in pieces]
+    expected = 0
+    contiguous = True
+    for piece in pieces:
+        if piece.first_position != expected:
+            contiguous = False
+            break
+        expected += piece.num_rows
+    last = expected if contiguous else max(piece.first_position + piece.num_rows for piece in pieces)
+    shape = (arrays[0].shape[0], last, *arrays[0].shape[2:])
+    gaps: list[int] = []
+    if contiguous:
+        blocks = [np.ascontiguousarray(rows[i]) for i in range(shape[0]) for rows in arrays]
+    else:
+        joined = np.zeros(shape, dtype=arrays[0].dtype)
+        covered = np.zeros(last, dtype=bool)
+        for piece, rows in zip(pieces, arrays):
+            span = slice(piece.first_position, piece.first_position + piece.num_rows)
+            joined[:, span] = rows
+            covered[span] = True
+        gaps = np.flatnonzero(~covered)[:10].tolist()
+        blocks = [joined]
+    nbytes = int(np.prod(shape)) * arrays[0].dtype.itemsize
+    return RowBlocks(PackedRows.header(pieces[0].buffer.data.dtype, shape), nbytes, blocks, gaps, shape)
+
+
+def assemble(pieces: list[Piece], sink: Sink = inline) -> tuple[PackedRowsWire | None, list[int]]:
+    """One request's rows packed (see ``PackedRows``), written once by ``sink`` (inline bytes or
+    a hand-off file), and the gaps (then nothing is written: None)."""
+    rows = row_blocks(pieces)
+    return (None if rows.gaps else rows.write(sink)), rows.gaps
