@@ -18,9 +18,9 @@ if TYPE_CHECKING:
     from lens_evals.engine.frontend_attach import LensRequestError
     from lens_evals.engine.hook_sets import HookSet, register_hook_set
     from lens_evals.engine.worker_hooks import HookContext
-    from lens_evals.hooks import Hook
-    from lens_evals.request_args import parse_lens_args
-    from lens_evals.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY, LensRequest, LinearProbe, SteeringVector
+    from lens_evals.request.args import parse_lens_args
+    from lens_evals.request.hooks import Hook
+    from lens_evals.request.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY, LensRequest, LinearProbe, SteeringVector
     from lens_evals.vllm_lens_helpers import (
         decode_activations,
         deserialize_hook_results,
@@ -32,14 +32,14 @@ if TYPE_CHECKING:
 
 # name -> the module that defines it
 _EXPORTS = {
-    "CAPTURE_KEY": "lens_evals.spec",
-    "PROBE_KEY": "lens_evals.spec",
-    "STEERING_KEY": "lens_evals.spec",
-    "LensRequest": "lens_evals.spec",
-    "LinearProbe": "lens_evals.spec",
-    "SteeringVector": "lens_evals.spec",
-    "parse_lens_args": "lens_evals.request_args",
-    "Hook": "lens_evals.hooks",
+    "CAPTURE_KEY": "lens_evals.request.spec",
+    "PROBE_KEY": "lens_evals.request.spec",
+    "STEERING_KEY": "lens_evals.request.spec",
+    "LensRequest": "lens_evals.request.spec",
+    "LinearProbe": "lens_evals.request.spec",
+    "SteeringVector": "lens_evals.request.spec",
+    "parse_lens_args": "lens_evals.request.args",
+    "Hook": "lens_evals.request.hooks",
     "LensClient": "lens_evals.client",
     "activations_from_response": "lens_evals.client",
     "lens_xargs": "lens_evals.client",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from lens_evals.models import model_path
+from lens_evals.models.registry import model_path
 from lens_evals.offline_engine import offline_engine_args
 from tests.conftest import gpu_share, on_gpu
 

@@ -19,8 +19,8 @@ import torch
 from lens_evals.engine import compat, frontend_admit
 from lens_evals.engine.probe_cache import LRU, encode_probe, probe_digest
 from lens_evals.engine.requests import decode_worker_request
-from lens_evals.request_args import parse_lens_args, remember_probes
-from lens_evals.spec import CAPTURE_KEY, INTERNAL_KEY, PROBE_KEY, LinearProbe
+from lens_evals.request.args import parse_lens_args, remember_probes
+from lens_evals.request.spec import CAPTURE_KEY, INTERNAL_KEY, PROBE_KEY, LinearProbe
 
 HIDDEN = 64
 

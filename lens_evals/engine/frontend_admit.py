@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from lens_evals import settings, wire
+from lens_evals import settings
 from lens_evals.engine import compat, frontend_budget, self_check
 from lens_evals.engine.frontend_hooks import encode_hooks
 from lens_evals.engine.graph_taps import configured_layers, refusal
@@ -24,9 +24,10 @@ from lens_evals.engine.handoff import HandoffTarget
 from lens_evals.engine.hook_sets import CALLER, UnknownHookSet, store_of
 from lens_evals.engine.probe_cache import encode_probe
 from lens_evals.engine.protocol import LensSpecWire
-from lens_evals.hooks import check_hook_args
-from lens_evals.request_args import LensLimits, parse_lens_args, refuse_misspelled_keys, remember_probes
-from lens_evals.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS, PROBE_KEY, LensRequest
+from lens_evals.request.args import LensLimits, parse_lens_args, refuse_misspelled_keys, remember_probes
+from lens_evals.request.hooks import check_hook_args
+from lens_evals.request.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS, PROBE_KEY, LensRequest
+from lens_evals.wire import formats as wire
 
 REGISTRY_ATTR = "_lens_evals_pending"
 FACTS_ATTR = "_lens_evals_engine_facts"
