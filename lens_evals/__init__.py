@@ -13,6 +13,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from lens_evals._moved import install as _install_moved_paths
+
+_install_moved_paths()  # the import paths the docs gave before #44 (lens_evals/_moved.py)
+
 if TYPE_CHECKING:
     from lens_evals.client import LensClient, activations_from_response, lens_xargs
     from lens_evals.engine.frontend_attach import LensRequestError
