@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from lens_evals import settings, wire
+from lens_evals import settings
 from lens_evals.engine import compat
 from lens_evals.engine.frontend import budget as frontend_budget
 from lens_evals.engine.frontend import self_check
@@ -26,9 +26,10 @@ from lens_evals.engine.transport.graph_layers import configured_layers, refusal
 from lens_evals.engine.transport.handoff import HandoffTarget
 from lens_evals.engine.transport.probe_cache import encode_probe
 from lens_evals.engine.transport.protocol import LensSpecWire
-from lens_evals.hooks import check_hook_args
-from lens_evals.request_args import LensLimits, parse_lens_args, refuse_misspelled_keys, remember_probes
-from lens_evals.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS, PROBE_KEY, LensRequest
+from lens_evals.request.args import LensLimits, parse_lens_args, refuse_misspelled_keys, remember_probes
+from lens_evals.request.hooks import check_hook_args
+from lens_evals.request.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS, PROBE_KEY, LensRequest
+from lens_evals.wire import formats as wire
 
 REGISTRY_ATTR = "_lens_evals_pending"
 FACTS_ATTR = "_lens_evals_engine_facts"

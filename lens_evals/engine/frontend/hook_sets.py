@@ -30,12 +30,13 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from lens_evals import settings, wire
+from lens_evals import settings
 from lens_evals.engine import compat
 from lens_evals.engine.frontend.hooks import encode_hooks, forget_local, union_of
 from lens_evals.engine.transport.protocol import CLEAR_SET_METHOD, REGISTER_SET_METHOD, HookWire
-from lens_evals.hooks import Hook, check_hook_args
-from lens_evals.spec import HOOK_SET_KEY, LensRequest
+from lens_evals.request.hooks import Hook, check_hook_args
+from lens_evals.request.spec import HOOK_SET_KEY, LensRequest
+from lens_evals.wire import formats as wire
 
 STORE_ATTR = "_lens_evals_hook_sets"
 MAX_HOOKS_PER_SET = 256

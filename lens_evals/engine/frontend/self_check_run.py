@@ -17,7 +17,7 @@ from lens_evals import settings
 from lens_evals.engine import compat
 from lens_evals.engine.frontend.self_check import PROMPT, RESULT_ATTR, LayerCheck, Plan, Request, SelfCheck, logger, result_of
 from lens_evals.engine.transport.graph_layers import configured_layers
-from lens_evals.spec import LENS_KEYS
+from lens_evals.request.spec import LENS_KEYS
 
 _RUNNING: contextvars.ContextVar[bool] = contextvars.ContextVar("lens_evals_self_check_running", default=False)
 TASK_ATTR = "_lens_evals_self_check_task"
