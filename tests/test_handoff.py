@@ -384,7 +384,7 @@ def test_a_request_cancelled_during_its_fetch_still_frees_its_pool_regions(tmp_p
     worker = handoff_pool.SharedPool(str(tmp_path), HandoffTarget._current.marker)
     processor = type("Processor", (), {})()
     pending_of(processor).admit(PendingRequest(key="k", capture_layers=(0, 1), probe_names=(), prompt_len=2))
-    monkeypatch.setattr(frontend_attach.compat, "input_processor", lambda engine: processor)
+    monkeypatch.setattr(frontend_attach.compat.frontend, "input_processor", lambda engine: processor)
     written: list[dict] = []
 
     async def fetch_rpc(engine, method, args):  # the worker's fetch: rows into the pool, then the reply travels
@@ -393,7 +393,7 @@ def test_a_request_cancelled_during_its_fetch_still_frees_its_pool_regions(tmp_p
         await asyncio.sleep(0.05)
         return [{"k": {"residual_stream": dict(written[0]), "layers": [0, 1]}}]
 
-    monkeypatch.setattr(frontend_attach.compat, "async_collective_rpc", fetch_rpc)
+    monkeypatch.setattr(frontend_attach.compat.rpc, "async_collective_rpc", fetch_rpc)
 
     async def client_goes() -> None:
         request = asyncio.ensure_future(frontend_attach.attach_async(object(), SimpleNamespace(request_id="r"), 5, ServedCall("r", "k")))
