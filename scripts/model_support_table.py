@@ -83,7 +83,7 @@ layer (every verified model has one decoder-layer class):
 Offline the check runs at the end of `LLM.__init__` (the engine during whose construction vLLM
 loads the plugin: at its first call); on `AsyncLLM` and the server at the first lens request,
 awaited once. Its numbers are logged (INFO; ERROR on failure) and kept:
-`lens_evals.engine.frontend.self_check.result_of(llm.llm_engine.input_processor)` (`.table()`,
+`lens_evals.engine.frontend.self_check_run.result_of(llm.llm_engine.input_processor)` (`.table()`,
 `.to_json()`). A failure refuses lens requests with the numbers in the message; plain requests
 are served. `LENS_EVALS_SELF_CHECK=0` skips it.
 

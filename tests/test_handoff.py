@@ -379,11 +379,12 @@ def test_a_request_cancelled_during_its_fetch_still_frees_its_pool_regions(tmp_p
     from types import SimpleNamespace
 
     from lens_evals.engine.frontend import attach as frontend_attach
-    from lens_evals.engine.frontend.admit import PendingRequest, ServedCall, pending_of
+    from lens_evals.engine.frontend.pending import PendingRequest, ServedCall
+    from lens_evals.engine.frontend.state import frontend_state
 
     worker = handoff_pool.SharedPool(str(tmp_path), HandoffTarget._current.marker)
     processor = type("Processor", (), {})()
-    pending_of(processor).admit(PendingRequest(key="k", capture_layers=(0, 1), probe_names=(), prompt_len=2))
+    frontend_state(processor).pending.admit(PendingRequest(key="k", capture_layers=(0, 1), probe_names=(), prompt_len=2))
     monkeypatch.setattr(frontend_attach.compat.frontend, "input_processor", lambda engine: processor)
     written: list[dict] = []
 

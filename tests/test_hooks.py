@@ -220,16 +220,16 @@ def test_a_call_refused_part_way_leaves_nothing_behind(llm) -> None:
     """vLLM aborts the requests an LLM.generate had added when a later one is refused: their
     pending fetches and hook callables (a closure may hold anything) are forgotten."""
     from lens_evals.engine import compat
-    from lens_evals.engine.frontend.admit import pending_of
+    from lens_evals.engine.frontend.state import frontend_state
     from lens_evals.engine.transport import hook_refs
 
     processor = compat.frontend.input_processor(llm.llm_engine)
-    before = (len(pending_of(processor)), len(hook_refs._LOCAL_CALLABLES))
+    before = (len(frontend_state(processor).pending), len(hook_refs._LOCAL_CALLABLES))
     for _ in range(2):
         with pytest.raises(ValueError, match="unknown hook 'nope'"):
             params = [greedy(3, apply_hooks=[Hook(lambda ctx, hidden: None, [1])]), greedy(3, apply_hooks=[Hook("nope", [1])])]
             llm.generate(PROMPTS[:2], params)
-    assert (len(pending_of(processor)), len(hook_refs._LOCAL_CALLABLES)) == before
+    assert (len(frontend_state(processor).pending), len(hook_refs._LOCAL_CALLABLES)) == before
     out = llm.generate([PROMPTS[0]], greedy(3, apply_hooks=[Hook("record_norm", [1])]))[0]
     assert out.activations["saved"]["norm.1"].shape == (len(out.prompt_token_ids) + 2,)
 
