@@ -1,4 +1,4 @@
-"""``lens-evals verify MODEL``: the stream-contract self-check (``engine/self_check.py``) on the
+"""``lens-evals verify MODEL``: the stream-contract self-check (``engine/frontend/self_check.py``) on the
 user's own model, as vLLM loads it (dtype, quantization and engine arguments as given), printed as
 a table: per checked layer, the prompt log-probs' move when the captured stream is written back
 (identity), the capture against what the next layer reads (handoff), and the last layer's steering

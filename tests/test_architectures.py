@@ -84,6 +84,9 @@ def test_every_verified_architecture_matches_hf(arch: str) -> None:
 
 # graph mode (GPU): the tap op inside the compiled graph relies on the same contract
 GRAPH = ["LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "DeepseekV2ForCausalLM", "GptOssForCausalLM"]
+# the architectures users run most (issue #46), verified in graph mode on the GPU as they pass
+GRAPH += ["Qwen2ForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Gemma2ForCausalLM", "Phi3ForCausalLM"]
+GRAPH += ["Glm4ForCausalLM", "Glm4MoeForCausalLM", "Qwen3MoeForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM"]
 
 
 @pytest.mark.slow  # torch.compile per architecture (CPU too); on the GPU with CUDA graphs

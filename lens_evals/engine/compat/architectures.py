@@ -127,7 +127,7 @@ def _vllm(layer_class: str, contract: StreamContract, note: str = "", graph_mode
     return Architecture(layer_class, contract, f"vllm/model_executor/models/{module}.py {note}".strip(), graph_mode)
 
 
-def _hf(layer_class: str) -> Architecture:
+def _hf(layer_class: str, graph_mode: bool = False) -> Architecture:
     """Served by vLLM's Transformers backend: the decoder layers are transformers' own, which
     return the stream (transformers 5: ``hidden_states = residual + mlp(...)``; ``return
     hidden_states``)."""
@@ -136,6 +136,7 @@ def _hf(layer_class: str) -> Architecture:
         layer_class,
         STREAM,
         f"vllm/model_executor/models/transformers/ + transformers/models/{module.removeprefix('modeling_')}/{module}.py",
+        graph_mode,
     )
 
 
@@ -150,11 +151,13 @@ VERIFIED: dict[str, Architecture] = {
     "DeepseekV3ForCausalLM": _vllm("deepseek_v2.DeepseekV2DecoderLayer", FUSED, "(MLA + MoE, the Kimi-K2 family; verified on the GPU)"),
     "Ernie4_5ForCausalLM": _vllm("llama.LlamaDecoderLayer", FUSED, "(ernie45.py: Ernie4_5ForCausalLM(LlamaForCausalLM))"),
     "ExaoneMoeForCausalLM": _vllm("exaone_moe.ExaoneMoeDecoderLayer", FUSED),
-    "Gemma2ForCausalLM": _vllm("gemma2.Gemma2DecoderLayer", FUSED, "(post-norms inside the layer; norm(hidden, residual))"),
+    "Gemma2ForCausalLM": _vllm(
+        "gemma2.Gemma2DecoderLayer", FUSED, "(post-norms inside the layer; norm(hidden, residual))", graph_mode=True
+    ),
     "Gemma3ForCausalLM": _vllm("gemma3.Gemma3DecoderLayer", FUSED, graph_mode=True),
     "GemmaForCausalLM": _vllm("gemma.GemmaDecoderLayer", FUSED),
-    "Glm4ForCausalLM": _vllm("glm4.Glm4DecoderLayer", FUSED, "(Glm4Model(LlamaModel))"),
-    "Glm4MoeForCausalLM": _vllm("glm4_moe.Glm4MoeDecoderLayer", FUSED),
+    "Glm4ForCausalLM": _vllm("glm4.Glm4DecoderLayer", FUSED, "(Glm4Model(LlamaModel))", graph_mode=True),
+    "Glm4MoeForCausalLM": _vllm("glm4_moe.Glm4MoeDecoderLayer", FUSED, graph_mode=True),
     "GptOssForCausalLM": _vllm("gpt_oss.TransformerBlock", FUSED, "(called as layer(x, positions, residual): bound by name)"),
     "HYV3ForCausalLM": _vllm("hy_v3.HYV3DecoderLayer", FUSED, "(the model adds hidden + residual before its norm)"),
     "Llama4ForCausalLM": _vllm("llama4.Llama4DecoderLayer", FUSED, "(Llama4Model(LlamaModel))"),
@@ -163,21 +166,21 @@ VERIFIED: dict[str, Architecture] = {
     ),
     "MiMoV2FlashForCausalLM": _vllm("mimo_v2.MiMoV2FlashDecoderLayer", FUSED),
     "Ministral3ForCausalLM": _vllm("mistral.MistralDecoderLayer", FUSED, "(MistralModel(LlamaModel))"),
-    "MistralForCausalLM": _vllm("mistral.MistralDecoderLayer", FUSED, "(MistralModel(LlamaModel))"),
-    "MixtralForCausalLM": _vllm("mixtral.MixtralDecoderLayer", FUSED),
+    "MistralForCausalLM": _vllm("mistral.MistralDecoderLayer", FUSED, "(MistralModel(LlamaModel))", graph_mode=True),
+    "MixtralForCausalLM": _vllm("mixtral.MixtralDecoderLayer", FUSED, graph_mode=True),
     "NemotronForCausalLM": _vllm("nemotron.NemotronDecoderLayer", FUSED),
     "OlmoeForCausalLM": _vllm("olmoe.OlmoeDecoderLayer", FUSED),
-    "Phi3ForCausalLM": _vllm("llama.LlamaDecoderLayer", FUSED, "(phi3.py: Phi3ForCausalLM(LlamaForCausalLM))"),
-    "Qwen2ForCausalLM": _vllm("qwen2.Qwen2DecoderLayer", FUSED),
+    "Phi3ForCausalLM": _vllm("llama.LlamaDecoderLayer", FUSED, "(phi3.py: Phi3ForCausalLM(LlamaForCausalLM))", graph_mode=True),
+    "Qwen2ForCausalLM": _vllm("qwen2.Qwen2DecoderLayer", FUSED, graph_mode=True),
     "Qwen2MoeForCausalLM": _vllm("qwen2_moe.Qwen2MoeDecoderLayer", FUSED),
     "Qwen3ForCausalLM": _vllm("qwen3.Qwen3DecoderLayer", FUSED, "(Qwen3Model(Qwen2Model))", graph_mode=True),
-    "Qwen3MoeForCausalLM": _vllm("qwen3_moe.Qwen3MoeDecoderLayer", FUSED),
+    "Qwen3MoeForCausalLM": _vllm("qwen3_moe.Qwen3MoeDecoderLayer", FUSED, graph_mode=True),
     # -- stream: the layer returns the stream; the model ends with norm(hidden_states)
     "BloomForCausalLM": _vllm("bloom.BloomBlock", STREAM),
     "FalconForCausalLM": _vllm("falcon.FalconDecoderLayer", STREAM),
     "GPT2LMHeadModel": _vllm("gpt2.GPT2Block", STREAM, "(hidden_states = layer(hidden_states); ln_f(hidden_states))"),
     "GPTJForCausalLM": _vllm("gpt_j.GPTJBlock", STREAM),
-    "GraniteForCausalLM": _vllm("granite.GraniteDecoderLayer", STREAM, "(residual_multiplier inside the layer)"),
+    "GraniteForCausalLM": _vllm("granite.GraniteDecoderLayer", STREAM, "(residual_multiplier inside the layer)", graph_mode=True),
     "GraniteMoeForCausalLM": _vllm("granitemoe.GraniteMoeDecoderLayer", STREAM),
     "GraniteMoeSharedForCausalLM": _vllm("granitemoeshared.GraniteMoeSharedDecoderLayer", STREAM),
     "GraniteMoeSWAForCausalLM": _vllm("granitemoeshared.GraniteMoeSharedDecoderLayer", STREAM),
@@ -194,7 +197,7 @@ VERIFIED: dict[str, Architecture] = {
     "HunYuanMoEV1ForCausalLM": _hf("modeling_hunyuan_v1_moe.HunYuanMoEV1DecoderLayer"),
     "Jais2ForCausalLM": _hf("modeling_jais2.Jais2DecoderLayer"),
     "MellumForCausalLM": _hf("modeling_mellum.MellumDecoderLayer"),
-    "Olmo2ForCausalLM": _hf("modeling_olmo2.Olmo2DecoderLayer"),
+    "Olmo2ForCausalLM": _hf("modeling_olmo2.Olmo2DecoderLayer", graph_mode=True),
     "Olmo3ForCausalLM": _hf("modeling_olmo3.Olmo3DecoderLayer"),
     "OlmoForCausalLM": _hf("modeling_olmo.OlmoDecoderLayer"),
     "PhiForCausalLM": _hf("modeling_phi.PhiDecoderLayer"),

@@ -68,6 +68,13 @@ class LayerCheck:
     control: float = math.nan  # the random vector's log-prob movement (last layer)
     passed: bool = True
 
+    @property
+    def steer_inconclusive(self) -> bool:
+        """The logits barely depend on the stream (a random vector of its size moves no log-prob
+        by CONTROL_MIN: vLLM's ``load_format=dummy`` weights, say): the steer check cannot tell a
+        right contract from a wrong one there, so it neither passes nor fails the layer."""
+        return self.control < CONTROL_MIN
+
 
 @dataclass
 class SelfCheck:
@@ -99,6 +106,7 @@ class SelfCheck:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["passed"] = self.passed
+        data["inconclusive"] = self.inconclusive
         data["bounds"] = {
             "identity": bounds(self.dtype)[0],
             "handoff": bounds(self.dtype)[1],
@@ -114,13 +122,17 @@ class SelfCheck:
             return head + f"not run ({self.skipped})"
         identity, handoff = bounds(self.dtype)
         lines = [head + ("PASS" if self.passed else "FAIL"), "layer  identity   handoff    steer      result"]
-        lines += [
-            f"{c.layer:<6} {_num(c.identity)}  {_num(c.handoff)}  {_num(c.steer)}  {'pass' if c.passed else 'FAIL'}" for c in self.layers
-        ]
+        lines += [f"{c.layer:<6} {_num(c.identity)}  {_num(c.handoff)}  {_num(c.steer)}  {_verdict(c)}" for c in self.layers]
         lines.append(f"bounds {_num(identity)}  {_num(handoff)}  {_num(STEER_BOUND)}")
         if self.error:
             lines.append(f"error: {self.error}")
+        lines += [f"note: {describe(c, self.dtype)}" for c in self.layers if c.passed and c.steer_inconclusive]
         return "\n".join(lines)
+
+    @property
+    def inconclusive(self) -> bool:
+        """Passed, but the steer check could not judge (see LayerCheck.steer_inconclusive)."""
+        return self.passed and any(c.steer_inconclusive for c in self.layers)
 
 
 def bounds(dtype: str) -> tuple[float, float]:
@@ -130,9 +142,20 @@ def bounds(dtype: str) -> tuple[float, float]:
 def describe(check: LayerCheck, dtype: str) -> str:
     identity, handoff = bounds(dtype)
     parts = [f"identity {check.identity:.2e} (floor {identity:.0e})", f"handoff {check.handoff:.2e} (floor {handoff:.0e})"]
-    if not math.isnan(check.steer):
+    if check.steer_inconclusive:
+        parts.append(
+            f"steer not judged: a random vector of the stream's size moved the log-probs only {check.control:.2e} "
+            f"(< {CONTROL_MIN:.0e}), so the logits barely depend on the stream (random or dummy weights?)"
+        )
+    elif not math.isnan(check.steer):
         parts.append(f"steer {check.steer:.2e} (bound {STEER_BOUND:.0e}; control moved {check.control:.2e}, needs {CONTROL_MIN:.0e})")
     return f"layer {check.layer}: " + ", ".join(parts)
+
+
+def _verdict(check: LayerCheck) -> str:
+    if not check.passed:
+        return "FAIL"
+    return "pass (steer not judged)" if check.steer_inconclusive else "pass"
 
 
 def _num(value: float) -> str:
@@ -226,8 +249,8 @@ class Plan:
                 control = moved[len(self.layers) + 1]
                 steer = moved[len(self.layers)] / max(control, 1e-30)
             ok = moved[i] <= identity_floor and not handoff > handoff_floor
-            if layer == self.last:
-                ok = ok and steer <= STEER_BOUND and control >= CONTROL_MIN
+            if layer == self.last and control >= CONTROL_MIN:  # below: not judged (LayerCheck.steer_inconclusive)
+                ok = ok and steer <= STEER_BOUND
             checks.append(LayerCheck(layer, moved[i], handoff, steer, control, ok))
         return checks
 

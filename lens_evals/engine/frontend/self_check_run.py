@@ -73,7 +73,7 @@ def _rounds(vllm_config: Any, prompt_ids: list[int], dtype: str) -> Rounds:
 
 def _finish(result: SelfCheck, started: float) -> SelfCheck:
     result.seconds = round(time.monotonic() - started, 3)
-    log = logger.info if result.passed or result.skipped else logger.error
+    log = logger.error if not (result.passed or result.skipped) else logger.warning if result.inconclusive else logger.info
     log("lens_evals: %s", result.table())
     return result
 
