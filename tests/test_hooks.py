@@ -241,13 +241,13 @@ def test_saved_over_the_limit_fails_its_request_while_it_runs(monkeypatch) -> No
     from lens_evals.engine.compat.worker import BatchLayout
     from lens_evals.engine.worker.core import WorkerCore
     from lens_evals.engine.worker.hooks import WorkerHook
-    from lens_evals.engine.worker.requests import WorkerRequest
+    from lens_evals.engine.worker.requests import WorkerLensRequest
 
     monkeypatch.setenv("LENS_EVALS_MAX_SAVED_MIB", "1")
     core = WorkerCore(torch.device("cpu"), torch.float32, {0, 1})
     hook = WorkerHook("record", record_rows, [1], False, None, {})
-    big = WorkerRequest("big", [], hooks=[hook], saved={"0": {"rows.1": [torch.zeros(2**18 + 1)]}})  # 1 MiB + 4 B
-    small = WorkerRequest("small", [], hooks=[hook], set_saved={"0": {"rows.1": torch.zeros(2**18)}})  # 1 MiB
+    big = WorkerLensRequest("big", [], hooks=[hook], saved={"0": {"rows.1": [torch.zeros(2**18 + 1)]}})  # 1 MiB + 4 B
+    small = WorkerLensRequest("small", [], hooks=[hook], set_saved={"0": {"rows.1": torch.zeros(2**18)}})  # 1 MiB
     core.ledger.track("a", big)
     core.ledger.track("b", small)
     plan = core.plan_step(BatchLayout(["a", "b"], [1, 1], [4, 4]), None)

@@ -1,7 +1,7 @@
 """The frontend's admission of a request (in ``InputProcessor.process_inputs``): validate its
 lens keys against the model and the engine, normalise them into ``extra_args[INTERNAL_KEY]``
-(``protocol.LensSpecWire``), set its cache salt, and remember what to fetch when it ends
-(``PendingRequest``, in the engine's frontend state).
+(``protocol.LensRequestWire``), set its cache salt, and remember what to fetch when it ends
+(``PendingLensRequest``, in the engine's frontend state).
 
 A request's lens state is keyed by its lens key (a fresh uuid per admission), never by the
 client's request id: clients, gateways and retries repeat ids, which vLLM accepts. Once vLLM
@@ -19,13 +19,13 @@ from lens_evals.engine import compat
 from lens_evals.engine.frontend import budget as frontend_budget
 from lens_evals.engine.frontend.hook_set_store import CALLER, UnknownHookSet
 from lens_evals.engine.frontend.hooks import encode_hooks
-from lens_evals.engine.frontend.pending import PendingRequest, ServedCall
+from lens_evals.engine.frontend.pending import PendingLensRequest, ServedCall
 from lens_evals.engine.frontend.self_check_run import refusal_of
 from lens_evals.engine.frontend.state import frontend_state, max_capture_bytes
 from lens_evals.engine.transport.graph_layers import refusal
 from lens_evals.engine.transport.handoff import HandoffTarget
 from lens_evals.engine.transport.probe_cache import encode_probe
-from lens_evals.engine.transport.protocol import LensSpecWire
+from lens_evals.engine.transport.protocol import LensRequestWire
 from lens_evals.hooks import check_hook_args
 from lens_evals.request_args import LensLimits, parse_lens_args, refuse_misspelled_keys, remember_probes
 from lens_evals.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS, PROBE_KEY, LensRequest
@@ -124,7 +124,7 @@ def on_request(processor: Any, request_id: str, request: Any) -> None:
         raise
 
 
-def _normalise(request: Any, params: Any, extra: dict[str, Any], lens: LensRequest, charge: frontend_budget.Charge) -> PendingRequest:
+def _normalise(request: Any, params: Any, extra: dict[str, Any], lens: LensRequest, charge: frontend_budget.Charge) -> PendingLensRequest:
     """An accepted request's lens keys as ``extra_args[INTERNAL_KEY]`` under a fresh key, and
     what to fetch when it ends."""
     prompt_len = len(request.prompt_token_ids or [])
@@ -133,10 +133,10 @@ def _normalise(request: Any, params: Any, extra: dict[str, Any], lens: LensReque
     remember_probes(extra, lens.probes)  # accepted: its probe strings are parsed once from now on
     key = uuid.uuid4().hex
     normalised = {k: v for k, v in extra.items() if k not in LENS_KEYS}
-    spec: LensSpecWire = {
+    spec: LensRequestWire = {
         "key": key,
-        "capture": lens.capture_layers,
-        "steer": [vec.to_wire() for vec in lens.steering],
+        "capture_layers": lens.capture_layers,
+        "steering": [vec.to_wire() for vec in lens.steering],
         "probes": [wire_form for wire_form, _ in probes],
         "probe_digests": [digest for _, digest in probes],
         "hooks": hooks,
@@ -151,7 +151,7 @@ def _normalise(request: Any, params: Any, extra: dict[str, Any], lens: LensReque
     compat.admission.set_request_cache_salt(request, key)
     if lens.hooks or lens.hook_set is not None:
         compat.admission.recompute_from_scratch(params)
-    return PendingRequest(
+    return PendingLensRequest(
         key,
         tuple(lens.capture_layers),
         tuple(probe.name for probe in lens.probes),

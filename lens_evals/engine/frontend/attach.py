@@ -18,7 +18,7 @@ import torch
 from lens_evals.engine import compat
 from lens_evals.engine.frontend import budget as frontend_budget
 from lens_evals.engine.frontend.hooks import forget_local, union_of
-from lens_evals.engine.frontend.pending import PendingRequest, ServedCall
+from lens_evals.engine.frontend.pending import PendingLensRequest, ServedCall
 from lens_evals.engine.frontend.rows import decode_saved, merge_rank_results
 from lens_evals.engine.frontend.state import frontend_state
 from lens_evals.engine.transport import timing
@@ -56,7 +56,7 @@ class LensRequestError(RuntimeError):
 
 
 def _apply(
-    processor: Any, request_id: str, output: Any, pending: PendingRequest, rank_results: list[FetchReply], generated: int | None = None
+    processor: Any, request_id: str, output: Any, pending: PendingLensRequest, rank_results: list[FetchReply], generated: int | None = None
 ) -> str | None:
     """Attach the capture, probe scores and hook results to ``output`` (a hook set's results go
     to its store); return an error message if the request failed. ``generated``: the request's

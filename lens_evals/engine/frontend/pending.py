@@ -1,5 +1,5 @@
 """What the frontend remembers of an admitted lens request until its results are fetched
-(``PendingRequest``), the engine's set of them (``PendingRequests``, in the frontend state), and
+(``PendingLensRequest``), the engine's set of them (``PendingLensRequests``, in the frontend state), and
 the served ``AsyncLLM.generate`` call a request's key is bound to (``ServedCall``)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from lens_evals.engine.frontend import budget as frontend_budget
 
 
 @dataclass(frozen=True)
-class PendingRequest:
+class PendingLensRequest:
     key: str
     capture_layers: tuple[int, ...]
     probe_names: tuple[str, ...]
@@ -24,26 +24,26 @@ class PendingRequest:
 
 
 @dataclass
-class PendingRequests:
+class PendingLensRequests:
     """The lens requests of one input processor between admission and their fetch."""
 
-    by_key: dict[str, PendingRequest] = field(default_factory=dict)
+    by_key: dict[str, PendingLensRequest] = field(default_factory=dict)
     offline: dict[str, str] = field(default_factory=dict)  # client request id -> lens key (LLM's own ids)
     budget: frontend_budget.Ledger | None = None  # made at the first lens request (it needs the engine's facts)
 
     def __len__(self) -> int:
         return len(self.by_key)
 
-    def admit(self, pending: PendingRequest) -> None:
+    def admit(self, pending: PendingLensRequest) -> None:
         self.by_key[pending.key] = pending
 
-    def take(self, key: str | None) -> PendingRequest | None:
+    def take(self, key: str | None) -> PendingLensRequest | None:
         pending = None if key is None else self.by_key.pop(key, None)
         if pending is not None and pending.charge is not None and self.budget is not None:
             self.budget.release(pending.charge)
         return pending
 
-    def take_offline(self, request_id: str) -> PendingRequest | None:
+    def take_offline(self, request_id: str) -> PendingLensRequest | None:
         return self.take(self.offline.pop(request_id, None))
 
 
@@ -55,7 +55,7 @@ class ServedCall:
     request_id: str
     key: str | None = None
 
-    def take(self, registry: PendingRequests) -> PendingRequest | None:
+    def take(self, registry: PendingLensRequests) -> PendingLensRequest | None:
         if self.key is None:  # added as a prebuilt request under another id: bound by client id
             return registry.take_offline(self.request_id)
         return registry.take(self.key)

@@ -13,7 +13,7 @@ from lens_evals.engine import compat
 from lens_evals.engine.frontend import budget as frontend_budget
 from lens_evals.engine.frontend.fetch_batch import FetchBatcher
 from lens_evals.engine.frontend.hook_set_store import HookSetStore
-from lens_evals.engine.frontend.pending import PendingRequests
+from lens_evals.engine.frontend.pending import PendingLensRequests
 from lens_evals.engine.frontend.self_check import SelfCheck
 from lens_evals.engine.transport.graph_layers import configured_layers
 
@@ -49,7 +49,7 @@ class LensFrontendState:
 
     def __init__(self, processor: Any) -> None:
         self.processor = processor
-        self.pending = PendingRequests()
+        self.pending = PendingLensRequests()
         self.hook_sets = HookSetStore()
         self.self_check: SelfCheck | None = None  # the stream-contract check's result, once run
         self.self_check_task: asyncio.Task[SelfCheck] | None = None  # AsyncLLM: the check running
