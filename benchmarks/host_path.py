@@ -20,22 +20,22 @@ from lens_evals import settings
 from lens_evals.engine.compat.worker import BatchLayout
 from lens_evals.engine.transport import handoff
 from lens_evals.engine.worker.core import WorkerCore
-from lens_evals.engine.worker.requests import WorkerProbe, WorkerRequest, WorkerSteering
+from lens_evals.engine.worker.requests import WorkerLensRequest, WorkerProbe, WorkerSteering
 from lens_evals.engine.worker.results import write_results
 from lens_evals.engine.worker.taps import run_layer
 
 GPU_EAGER_STEP_MS = 12.0
 
 
-def _request(feature: str, index: int, layer: int, hidden: int, dtype: torch.dtype) -> WorkerRequest:
+def _request(feature: str, index: int, layer: int, hidden: int, dtype: torch.dtype) -> WorkerLensRequest:
     key = f"key-{index}"
     if feature == "capture":
-        return WorkerRequest(key=key, capture_layers=[layer])
+        return WorkerLensRequest(key=key, capture_layers=[layer])
     if feature == "steer":
         vector = torch.randn(1, hidden).to(dtype)
-        return WorkerRequest(key=key, capture_layers=[], steering=[WorkerSteering({layer: vector}, None, 0.0, False)])
+        return WorkerLensRequest(key=key, capture_layers=[], steering=[WorkerSteering({layer: vector}, None, 0.0, False)])
     weights = torch.randn(hidden) / hidden**0.5
-    return WorkerRequest(key=key, capture_layers=[], probes=[WorkerProbe(0, layer, "probe", weights, 0.5)])
+    return WorkerLensRequest(key=key, capture_layers=[], probes=[WorkerProbe(0, layer, "probe", weights, 0.5)])
 
 
 def measure(

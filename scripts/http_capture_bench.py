@@ -50,8 +50,6 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the checkout's, not in the wheel
 
-from lens_evals.models.lookup import model_config
-
 from benchmarks.prefill import prefill_lengths
 from benchmarks.process_stats import cpu_seconds, engine_core_pid, peak_rss_gib, reset_peak_rss
 from benchmarks.prompts import make_prompts
@@ -59,6 +57,7 @@ from benchmarks.wide_model import WIDE_LLAMA, build_wide_llama
 from lens_evals.client import decode_activations, http_pool, lens_xargs
 from lens_evals.engine.frontend.offline import add_engine_arg_option, close_offline_engine, open_offline_engine, parse_engine_args
 from lens_evals.inspect_kit.provider.server import LensServer
+from lens_evals.models.lookup import model_config
 from lens_evals.models.registry import resolve_model
 from lens_evals.wire import formats as wire
 from lens_evals.wire import frame as wire_frame

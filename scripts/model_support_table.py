@@ -89,7 +89,7 @@ layer (every verified model has one decoder-layer class):
 Offline the check runs at the end of `LLM.__init__` (the engine during whose construction vLLM
 loads the plugin: at its first call); on `AsyncLLM` and the server at the first lens request,
 awaited once. Its numbers are logged (INFO; ERROR on failure) and kept:
-`lens_evals.engine.frontend.self_check.result_of(llm.llm_engine.input_processor)` (`.table()`,
+`lens_evals.engine.frontend.self_check_run.result_of(llm.llm_engine.input_processor)` (`.table()`,
 `.to_json()`); a server serves them at `GET /lens/info` (behind its API keys; it runs the check
 first if no lens request has), and `lens-evals verify MODEL [--json] [--engine-arg K=V ...]`
 prints them for a model as vLLM loads it (exit 1 when the check fails). A failure refuses lens

@@ -203,9 +203,9 @@ def run_matrix(path: Path, architecture: str, graph: bool = False) -> MatrixResu
     llm = LLM(str(path), **options)
     try:
         run = _run_engine(llm, graph)
-        from lens_evals.engine.frontend import self_check
+        from lens_evals.engine.frontend import self_check_run
 
-        checked = self_check.result_of(llm.llm_engine.input_processor)
+        checked = self_check_run.result_of(llm.llm_engine.input_processor)
     finally:
         llm.llm_engine.engine_core.shutdown()
     backend = ("cuda" if torch.cuda.is_available() else "cpu") + ("-graph" if graph else "")

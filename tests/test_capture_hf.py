@@ -19,14 +19,14 @@ MAX_TOKENS = 5
 
 @pytest.fixture(scope="module")
 def smollm2_outputs(smollm2_path):
-    from lens_evals.engine.frontend import self_check
+    from lens_evals.engine.frontend import self_check_run
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("LENS_EVALS_SELF_CHECK", "1")  # checked on this engine (tests/conftest.py turns it off)
         with make_llm(smollm2_path, max_model_len=512) as llm:
             outputs = llm.generate(PROMPTS, greedy(MAX_TOKENS, output_residual_stream=LAYERS))
             chat = llm.chat([{"role": "user", "content": "Name a colour."}], greedy(3, output_residual_stream=[3]))
-            checked = self_check.result_of(llm.llm_engine.input_processor)
+            checked = self_check_run.result_of(llm.llm_engine.input_processor)
     return outputs, chat, checked
 
 

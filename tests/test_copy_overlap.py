@@ -36,7 +36,7 @@ def _store_steps(overlap: bool) -> tuple[dict[str, torch.Tensor], dict[str, torc
     from lens_evals.engine.frontend.rows import result_tensors
     from lens_evals.engine.worker.core import WorkerCore
     from lens_evals.engine.worker.host_copy import host_copier
-    from lens_evals.engine.worker.requests import WorkerProbe, WorkerRequest
+    from lens_evals.engine.worker.requests import WorkerLensRequest, WorkerProbe
     from lens_evals.engine.worker.taps import run_layer
 
     device = torch.device("cuda")
@@ -46,7 +46,7 @@ def _store_steps(overlap: bool) -> tuple[dict[str, torch.Tensor], dict[str, torc
     names, lengths = ["a", "b", "c"], [5, 301, 47]
     for name in names:
         probes = [WorkerProbe(0, 2, "w", weights, 0.25)] if name == "b" else []
-        core.ledger.track(name, WorkerRequest(key=f"k{name}", capture_layers=LAYERS, probes=probes))
+        core.ledger.track(name, WorkerLensRequest(key=f"k{name}", capture_layers=LAYERS, probes=probes))
     generator = torch.Generator(device).manual_seed(0)
     want: dict[str, list[torch.Tensor]] = {name: [] for name in names}
     want_scores: list[torch.Tensor] = []

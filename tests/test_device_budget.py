@@ -17,7 +17,7 @@ import torch
 
 from lens_evals.client import activations_from_response, lens_xargs
 from lens_evals.engine import compat
-from lens_evals.engine.frontend.admit import pending_of
+from lens_evals.engine.frontend.state import frontend_state
 from lens_evals.request.hooks import Hook
 from tests.conftest import TINY_PROMPTS, capture, greedy, lens_server
 from tests.tolerance import assert_stream_close
@@ -47,7 +47,7 @@ def test_a_request_over_the_whole_budget_is_refused_saying_what_to_lower(llm, mo
     monkeypatch.setenv("LENS_EVALS_DEVICE_BUDGET_MIB", str((need + 1) / 2**20))
     out = llm.generate([PROMPT], greedy(MAX_TOKENS, output_residual_stream=LAYERS))[0]
     assert capture(out).shape == (len(LAYERS), n_prompt + MAX_TOKENS - 1, HIDDEN)
-    assert pending_of(compat.frontend.input_processor(llm.llm_engine)).budget.in_use() == 0, "the charge outlived its request"
+    assert frontend_state(compat.frontend.input_processor(llm.llm_engine)).pending.budget.in_use() == 0, "the charge outlived its request"
 
 
 def test_requests_past_the_budget_together_get_429_the_rest_equal_their_solo_runs(tiny_path) -> None:

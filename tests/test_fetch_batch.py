@@ -39,7 +39,7 @@ class Worker:
 @pytest.fixture
 def worker(monkeypatch) -> Worker:
     worker = Worker()
-    monkeypatch.setattr(fetch_batch.compat, "async_collective_rpc", worker.rpc)
+    monkeypatch.setattr(fetch_batch.compat.rpc, "async_collective_rpc", worker.rpc)
     monkeypatch.setattr(fetch_batch, "claim_all", lambda replies, source: None)
     monkeypatch.setattr(fetch_batch.HandoffTarget, "for_this_process", staticmethod(lambda source: {"token": "t"}))
     return worker

@@ -261,14 +261,14 @@ def _core_with_rows(address: dict, requests: int = 3, steps: int = 3, hidden: in
     probe there). (core, rows by key)."""
     from lens_evals.engine.compat.worker import BatchLayout
     from lens_evals.engine.worker.core import WorkerCore
-    from lens_evals.engine.worker.requests import WorkerProbe, WorkerRequest
+    from lens_evals.engine.worker.requests import WorkerLensRequest, WorkerProbe
     from lens_evals.engine.worker.taps import run_layer
 
     core = WorkerCore(torch.device("cpu"), torch.float32, {0, 1, 2})
     names = [f"r{i}" for i in range(requests)]
     probes = [WorkerProbe(0, 1, "p", torch.ones(hidden), 0.0)] if probe else []
     for i, name in enumerate(names):
-        core.ledger.track(name, WorkerRequest(key=f"k{i}", capture_layers=[1], probes=probes, handoff=dict(address)))
+        core.ledger.track(name, WorkerLensRequest(key=f"k{i}", capture_layers=[1], probes=probes, handoff=dict(address)))
     streams: dict[str, list[torch.Tensor]] = {f"k{i}": [] for i in range(requests)}
     generator = torch.Generator().manual_seed(3)
     for step in range(steps):
@@ -379,12 +379,13 @@ def test_a_request_cancelled_during_its_fetch_still_frees_its_pool_regions(tmp_p
     from types import SimpleNamespace
 
     from lens_evals.engine.frontend import attach as frontend_attach
-    from lens_evals.engine.frontend.admit import PendingRequest, ServedCall, pending_of
+    from lens_evals.engine.frontend.pending import PendingLensRequest, ServedCall
+    from lens_evals.engine.frontend.state import frontend_state
 
     worker = handoff_pool.SharedPool(str(tmp_path), HandoffTarget._current.marker)
     processor = type("Processor", (), {})()
-    pending_of(processor).admit(PendingRequest(key="k", capture_layers=(0, 1), probe_names=(), prompt_len=2))
-    monkeypatch.setattr(frontend_attach.compat, "input_processor", lambda engine: processor)
+    frontend_state(processor).pending.admit(PendingLensRequest(key="k", capture_layers=(0, 1), probe_names=(), prompt_len=2))
+    monkeypatch.setattr(frontend_attach.compat.frontend, "input_processor", lambda engine: processor)
     written: list[dict] = []
 
     async def fetch_rpc(engine, method, args):  # the worker's fetch: rows into the pool, then the reply travels
@@ -393,7 +394,7 @@ def test_a_request_cancelled_during_its_fetch_still_frees_its_pool_regions(tmp_p
         await asyncio.sleep(0.05)
         return [{"k": {"residual_stream": dict(written[0]), "layers": [0, 1]}}]
 
-    monkeypatch.setattr(frontend_attach.compat, "async_collective_rpc", fetch_rpc)
+    monkeypatch.setattr(frontend_attach.compat.rpc, "async_collective_rpc", fetch_rpc)
 
     async def client_goes() -> None:
         request = asyncio.ensure_future(frontend_attach.attach_async(object(), SimpleNamespace(request_id="r"), 5, ServedCall("r", "k")))

@@ -64,7 +64,7 @@ def test_rows_being_written_into_the_pool_are_waited_for_not_dropped(target) -> 
     after 0.3 s), the rows leave for the pool, and nothing is dropped; every request's rows come
     back equal to those computed. Before the fix the three were dropped unfetched."""
     from lens_evals.engine.compat.worker import BatchLayout
-    from lens_evals.engine.worker.requests import WorkerRequest
+    from lens_evals.engine.worker.requests import WorkerLensRequest
     from lens_evals.engine.worker.taps import run_layer
 
     core, want = _core_with_rows(target)
@@ -74,7 +74,7 @@ def test_rows_being_written_into_the_pool_are_waited_for_not_dropped(target) -> 
         core.finish(name)
     assert core.held_bytes == 14400 and core.early.written == 0
     core.stores.max_held_bytes = 7000
-    core.ledger.track("r3", WorkerRequest(key="k3", capture_layers=[1], handoff=dict(target)))
+    core.ledger.track("r3", WorkerLensRequest(key="k3", capture_layers=[1], handoff=dict(target)))
     context = core.begin_step(core.plan_step(BatchLayout(["r3"], [2], [0]), None))
     hidden, residual = torch.randn(2, 300), torch.randn(2, 300)
     run_layer(context, 1, hidden, residual)

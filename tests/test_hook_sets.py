@@ -74,3 +74,20 @@ def test_results_bound_fails_the_request_that_does_not_fit(llm, monkeypatch) -> 
 def test_bad_hook_sets_are_refused(llm, hooks, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         register_hook_set(llm, hooks)
+
+
+def test_the_frontend_keeps_its_engine_state_in_one_object(llm) -> None:
+    """Pending requests, hook sets, the engine's facts, the fetch batcher and the self-check's
+    result hang on vLLM's input processor as one attribute: the LensFrontendState."""
+    from lens_evals.engine import compat
+    from lens_evals.engine.frontend.state import LensFrontendState, frontend_state
+
+    processor = compat.frontend.input_processor(llm.llm_engine)
+    hook_set = register_hook_set(llm, HOOKS)
+    out = llm.generate(PROMPTS[:1], greedy(3, output_residual_stream=[0], **hook_set.extra_args))[0]
+    assert out.activations["residual_stream"].shape[0] == 1
+    state = frontend_state(processor)
+    assert isinstance(state, LensFrontendState) and list(state.hook_sets.sets) == [hook_set.id]
+    assert len(state.pending) == 0 and state.self_check is not None and state.facts.shape.num_layers > 0
+    hook_set.clear()
+    assert [name for name in vars(processor) if "lens_evals" in name] == [compat.frontend.LENS_STATE_ATTR]

@@ -220,16 +220,16 @@ def test_a_call_refused_part_way_leaves_nothing_behind(llm) -> None:
     """vLLM aborts the requests an LLM.generate had added when a later one is refused: their
     pending fetches and hook callables (a closure may hold anything) are forgotten."""
     from lens_evals.engine import compat
-    from lens_evals.engine.frontend.admit import pending_of
+    from lens_evals.engine.frontend.state import frontend_state
     from lens_evals.engine.transport import hook_refs
 
     processor = compat.frontend.input_processor(llm.llm_engine)
-    before = (len(pending_of(processor)), len(hook_refs._LOCAL_CALLABLES))
+    before = (len(frontend_state(processor).pending), len(hook_refs._LOCAL_CALLABLES))
     for _ in range(2):
         with pytest.raises(ValueError, match="unknown hook 'nope'"):
             params = [greedy(3, apply_hooks=[Hook(lambda ctx, hidden: None, [1])]), greedy(3, apply_hooks=[Hook("nope", [1])])]
             llm.generate(PROMPTS[:2], params)
-    assert (len(pending_of(processor)), len(hook_refs._LOCAL_CALLABLES)) == before
+    assert (len(frontend_state(processor).pending), len(hook_refs._LOCAL_CALLABLES)) == before
     out = llm.generate([PROMPTS[0]], greedy(3, apply_hooks=[Hook("record_norm", [1])]))[0]
     assert out.activations["saved"]["norm.1"].shape == (len(out.prompt_token_ids) + 2,)
 
@@ -241,13 +241,13 @@ def test_saved_over_the_limit_fails_its_request_while_it_runs(monkeypatch) -> No
     from lens_evals.engine.compat.worker import BatchLayout
     from lens_evals.engine.worker.core import WorkerCore
     from lens_evals.engine.worker.hooks import WorkerHook
-    from lens_evals.engine.worker.requests import WorkerRequest
+    from lens_evals.engine.worker.requests import WorkerLensRequest
 
     monkeypatch.setenv("LENS_EVALS_MAX_SAVED_MIB", "1")
     core = WorkerCore(torch.device("cpu"), torch.float32, {0, 1})
     hook = WorkerHook("record", record_rows, [1], False, None, {})
-    big = WorkerRequest("big", [], hooks=[hook], saved={"0": {"rows.1": [torch.zeros(2**18 + 1)]}})  # 1 MiB + 4 B
-    small = WorkerRequest("small", [], hooks=[hook], set_saved={"0": {"rows.1": torch.zeros(2**18)}})  # 1 MiB
+    big = WorkerLensRequest("big", [], hooks=[hook], saved={"0": {"rows.1": [torch.zeros(2**18 + 1)]}})  # 1 MiB + 4 B
+    small = WorkerLensRequest("small", [], hooks=[hook], set_saved={"0": {"rows.1": torch.zeros(2**18)}})  # 1 MiB
     core.ledger.track("a", big)
     core.ledger.track("b", small)
     plan = core.plan_step(BatchLayout(["a", "b"], [1, 1], [4, 4]), None)

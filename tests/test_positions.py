@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lens_evals import SteeringVector
-from lens_evals.engine.worker.requests import WorkerRequest
+from lens_evals.engine.worker.requests import WorkerLensRequest
 from lens_evals.request.hook_library import append_rows
 from lens_evals.request.hooks import Hook
 from tests.conftest import capture, greedy, make_llm, on_gpu
@@ -103,7 +103,7 @@ def test_preemption_recompute_places_rows_by_position(tiny_path) -> None:
 def test_a_recompute_restarts_hooks_from_position_0_only() -> None:
     """Recompute from 0 empties ``saved``; from a later position (prefix KV read back) the
     hooks would see positions twice: an error, not a silent duplicate."""
-    req = WorkerRequest("k", [], saved={"0": {"rows": 1}}, set_saved={"0": {"rows": 2}})
+    req = WorkerLensRequest("k", [], saved={"0": {"rows": 1}}, set_saved={"0": {"rows": 2}})
     assert req.hook_rows(0, 16) is None and req.hook_rows(16, 4) is None and req.saved
     assert req.hook_rows(0, 16) is None
     assert req.saved == {} and req.set_saved == {}

@@ -9,7 +9,7 @@ import torch
 
 from lens_evals.engine.compat.worker import BatchLayout
 from lens_evals.engine.worker.planners import build_plan
-from lens_evals.engine.worker.requests import CACHED_STEERING_BYTES, WorkerRequest, WorkerSteering, _decode_steering, steering_digest
+from lens_evals.engine.worker.requests import CACHED_STEERING_BYTES, WorkerLensRequest, WorkerSteering, _decode_steering, steering_digest
 from lens_evals.engine.worker.step_stores import StepStores
 from lens_evals.engine.worker.taps import StepContext, _apply_steering, read_step
 from lens_evals.request.spec import SteeringVector
@@ -20,7 +20,7 @@ HIDDEN = 16
 LAYOUT = BatchLayout(["a", "b", "c"], [5, 3, 7], [0, 0, 0])  # a prefill step: three whole prompts
 
 
-def _plan(requests: dict[str, WorkerRequest]):
+def _plan(requests: dict[str, WorkerLensRequest]):
     plan = build_plan(LAYOUT, dict(requests), CPU, torch.float32, True, {0, 1, 2, 3})
     assert plan is not None
     return plan
@@ -35,7 +35,7 @@ def _steered(vector: torch.Tensor, scale: float, norm_match: bool = False, diges
 
 def test_capture_layers_are_gathered_into_one_block_kept_by_the_store() -> None:
     torch.manual_seed(0)
-    requests = {r: WorkerRequest(key=f"k{r}", capture_layers=[0, 2]) for r in ("a", "b", "c")}
+    requests = {r: WorkerLensRequest(key=f"k{r}", capture_layers=[0, 2]) for r in ("a", "b", "c")}
     plan = _plan(requests)
     step = StepContext(plan, lambda call, layer: None, lambda key, message: None, lambda key: False)  # type: ignore[arg-type, return-value]
     streams = {}
@@ -55,7 +55,7 @@ def test_capture_layers_are_gathered_into_one_block_kept_by_the_store() -> None:
 def test_one_vector_for_every_request_is_added_as_one_broadcast_row() -> None:
     torch.manual_seed(1)
     vector = torch.randn(1, HIDDEN)
-    requests = {r: WorkerRequest(key=f"k{r}", capture_layers=[], steering=[_steered(vector, 0.5)]) for r in ("a", "b", "c")}
+    requests = {r: WorkerLensRequest(key=f"k{r}", capture_layers=[], steering=[_steered(vector, 0.5)]) for r in ("a", "b", "c")}
     steer = _plan(requests).steer[1]
     assert steer.vectors.shape == (1, HIDDEN) and steer.span == (0, 15)
     hidden = torch.randn(15, HIDDEN)
@@ -67,7 +67,9 @@ def test_one_vector_for_every_request_is_added_as_one_broadcast_row() -> None:
 def test_shared_norm_matched_vector_scales_each_row_by_its_own_norm() -> None:
     torch.manual_seed(2)
     unit = torch.nn.functional.normalize(torch.randn(1, HIDDEN), dim=-1)
-    requests = {r: WorkerRequest(key=f"k{r}", capture_layers=[], steering=[_steered(unit, 0.25, norm_match=True)]) for r in ("a", "b", "c")}
+    requests = {
+        r: WorkerLensRequest(key=f"k{r}", capture_layers=[], steering=[_steered(unit, 0.25, norm_match=True)]) for r in ("a", "b", "c")
+    }
     steer = _plan(requests).steer[1]
     assert steer.vectors.shape == (1, HIDDEN) and steer.any_norm_match
     hidden, residual = torch.randn(15, HIDDEN), torch.randn(15, HIDDEN)
@@ -82,9 +84,9 @@ def test_different_vectors_or_scales_keep_one_row_per_token() -> None:
     vector, other = torch.randn(1, HIDDEN), torch.randn(1, HIDDEN)
     for steering_c in (_steered(other, 0.5), _steered(vector, 2.0)):
         requests = {
-            "a": WorkerRequest(key="ka", capture_layers=[], steering=[_steered(vector, 0.5)]),
-            "b": WorkerRequest(key="kb", capture_layers=[], steering=[_steered(vector, 0.5)]),
-            "c": WorkerRequest(key="kc", capture_layers=[], steering=[steering_c]),
+            "a": WorkerLensRequest(key="ka", capture_layers=[], steering=[_steered(vector, 0.5)]),
+            "b": WorkerLensRequest(key="kb", capture_layers=[], steering=[_steered(vector, 0.5)]),
+            "c": WorkerLensRequest(key="kc", capture_layers=[], steering=[steering_c]),
         }
         steer = _plan(requests).steer[1]
         assert steer.vectors.shape == (15, HIDDEN)
@@ -101,7 +103,9 @@ def test_equal_copies_without_a_digest_keep_one_row_per_token() -> None:
     keeps its own rows, and the sum is the same."""
     torch.manual_seed(4)
     vector = torch.randn(1, HIDDEN)
-    requests = {r: WorkerRequest(key=f"k{r}", capture_layers=[], steering=[_steered(vector, 0.5, digest=False)]) for r in ("a", "b", "c")}
+    requests = {
+        r: WorkerLensRequest(key=f"k{r}", capture_layers=[], steering=[_steered(vector, 0.5, digest=False)]) for r in ("a", "b", "c")
+    }
     steer = _plan(requests).steer[1]
     assert steer.vectors.shape == (15, HIDDEN)
     hidden = torch.randn(15, HIDDEN)

@@ -81,7 +81,14 @@ def test_probe_json_strings_are_parsed_once_and_errors_still_name_the_item() -> 
 
 def _spec(probes: list[LinearProbe], digests: bool = True) -> dict[str, Any]:
     encoded = [encode_probe(p) for p in probes]
-    spec: dict[str, Any] = {"key": "k", "capture": [], "steer": [], "probes": [w for w, _ in encoded], "hooks": [], "hook_set": None}
+    spec: dict[str, Any] = {
+        "key": "k",
+        "capture_layers": [],
+        "steering": [],
+        "probes": [w for w, _ in encoded],
+        "hooks": [],
+        "hook_set": None,
+    }
     if digests:
         spec["probe_digests"] = [d for _, d in encoded]
     return {INTERNAL_KEY: spec}

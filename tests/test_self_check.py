@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 
 from lens_evals.engine.compat import architectures
-from lens_evals.engine.frontend import self_check
+from lens_evals.engine.frontend import self_check, self_check_run
 from tests.arch_zoo import build
 from tests.conftest import greedy, make_llm
 
@@ -36,7 +36,7 @@ def test_a_wrong_contract_refuses_lens_requests_and_serves_plain_ones(arch: str,
     with make_llm(build(arch), max_model_len=512) as llm:
         plain = llm.generate(["the cat reads a book."], greedy(4))
         assert len(plain[0].outputs[0].token_ids) == 4  # plain requests are served
-        checked = self_check.result_of(llm.llm_engine.input_processor)
+        checked = self_check_run.result_of(llm.llm_engine.input_processor)
         assert checked is not None and not checked.passed, checked and checked.table()
         identity_floor, handoff_floor = self_check.bounds("float32")
         if caught_by == "error":
@@ -62,7 +62,7 @@ def test_without_the_check_a_wrong_contract_goes_unnoticed(monkeypatch) -> None:
     with make_llm(build(arch), max_model_len=512) as llm:
         out = llm.generate(["the cat reads a book."], greedy(2, output_residual_stream=[1]))
         assert out[0].activations["residual_stream"].shape[0] == 1
-        assert self_check.result_of(llm.llm_engine.input_processor).skipped == "LENS_EVALS_SELF_CHECK=0"
+        assert self_check_run.result_of(llm.llm_engine.input_processor).skipped == "LENS_EVALS_SELF_CHECK=0"
 
 
 def test_async_engine_checks_at_its_first_lens_request(tiny_path, monkeypatch) -> None:
@@ -86,9 +86,9 @@ def test_async_engine_checks_at_its_first_lens_request(tiny_path, monkeypatch) -
                 return final
 
             await one("plain")
-            before = self_check.result_of(engine.input_processor)
+            before = self_check_run.result_of(engine.input_processor)
             outs = await asyncio.gather(*(one(f"lens{i}", output_residual_stream=[1]) for i in range(3)))
-            return before, self_check.result_of(engine.input_processor), [o.activations["residual_stream"].shape[0] for o in outs]
+            return before, self_check_run.result_of(engine.input_processor), [o.activations["residual_stream"].shape[0] for o in outs]
         finally:
             engine.shutdown()
 
@@ -155,6 +155,6 @@ def test_an_engine_without_a_tokenizer_is_checked_on_token_ids(tiny_path, monkey
     monkeypatch.setenv("LENS_EVALS_SELF_CHECK", "1")
     with make_llm(tiny_path, skip_tokenizer_init=True) as llm:
         out = llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], greedy(2, output_residual_stream=[1]))[0]
-        result = self_check.result_of(llm.llm_engine.input_processor)
+        result = self_check_run.result_of(llm.llm_engine.input_processor)
         assert result is not None and result.passed and result.skipped is None, result
         assert out.activations["residual_stream"].shape[:2] == (1, 5)

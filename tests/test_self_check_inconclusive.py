@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from lens_evals.engine.frontend import self_check
+from lens_evals.engine.frontend import self_check, self_check_run
 from tests.conftest import greedy, make_llm
 
 
@@ -34,7 +34,7 @@ def test_flat_logits_leave_the_steer_check_unjudged_and_lens_requests_served(tin
         out = llm.generate(["the cat reads a book."], greedy(2, output_residual_stream=[0, 1]))
         stream = out[0].activations["residual_stream"]
         assert stream.shape[0] == 2 and torch.isfinite(stream.float()).all()
-        checked = self_check.result_of(llm.llm_engine.input_processor)
+        checked = self_check_run.result_of(llm.llm_engine.input_processor)
         assert checked is not None, "the self-check did not run"
         last = checked.layers[-1]
         assert last.control < self_check.CONTROL_MIN, checked.table()  # the logits really are flat

@@ -135,15 +135,15 @@ def test_worker_data_path_with_plan_reuse_and_a_request_leaving() -> None:
     request gets exactly its own rows of each step's stream, probe scores equal w.h+b."""
     from lens_evals.engine.compat.worker import BatchLayout
     from lens_evals.engine.worker.core import WorkerCore
-    from lens_evals.engine.worker.requests import WorkerProbe, WorkerRequest
+    from lens_evals.engine.worker.requests import WorkerLensRequest, WorkerProbe
     from lens_evals.engine.worker.taps import run_layer
 
     hidden_size, layer = 8, 2
     weights = torch.randn(hidden_size, generator=torch.Generator().manual_seed(1))
     core = WorkerCore(torch.device("cpu"), torch.float32, {0, 1, 2, 3})
-    core.ledger.track("a", WorkerRequest(key="ka", capture_layers=[layer]))
-    core.ledger.track("b", WorkerRequest(key="kb", capture_layers=[layer], probes=[WorkerProbe(0, layer, "w", weights, 0.5)]))
-    core.ledger.track("c", WorkerRequest(key="kc", capture_layers=[layer]))
+    core.ledger.track("a", WorkerLensRequest(key="ka", capture_layers=[layer]))
+    core.ledger.track("b", WorkerLensRequest(key="kb", capture_layers=[layer], probes=[WorkerProbe(0, layer, "w", weights, 0.5)]))
+    core.ledger.track("c", WorkerLensRequest(key="kc", capture_layers=[layer]))
     streams: dict[str, list[torch.Tensor]] = {"a": [], "b": [], "c": []}
     generator = torch.Generator().manual_seed(0)
     previous_plan = None

@@ -31,8 +31,7 @@ def run_verify(model: str, engine_args: dict[str, Any], as_json: bool = False) -
     os.environ["LENS_EVALS_SELF_CHECK"] = "1"  # the point of the command, whatever the environment says
     from lens_evals.engine import compat
     from lens_evals.engine.frontend.offline import close_offline_engine, open_offline_engine
-    from lens_evals.engine.frontend.self_check import result_of
-    from lens_evals.engine.frontend.self_check_run import ensure_offline
+    from lens_evals.engine.frontend.self_check_run import ensure_offline, result_of
 
     llm = open_offline_engine(model, in_process=True, **engine_args)
     try:

@@ -7,7 +7,7 @@ import atexit
 import inspect
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from lens_evals.engine.compat._base import Method, _patch, logger
 
@@ -19,7 +19,9 @@ __all__ = [
     "engine_refusal",
     "force_eager_unless",
     "give_engine_cores_their_teardown_time",
+    "LENS_STATE_ATTR",
     "input_processor",
+    "lens_state",
     "patch_async_results",
     "patch_http_app",
     "patch_offline_aborts",
@@ -192,8 +194,23 @@ def patch_offline_aborts(discard: Callable[[Any, list[str]], None]) -> None:
 
 def input_processor(engine: Any) -> Any:
     """The engine's input processor (offline ``LLMEngine`` = ``LLM.llm_engine``, or ``AsyncLLM``),
-    where the front end keeps its per-engine state (pending requests, hook sets)."""
+    which holds the frontend's per-engine lens state (:func:`lens_state`)."""
     return engine.input_processor
+
+
+LENS_STATE_ATTR = "_lens_evals_frontend"  # on the input processor: the frontend's lens state
+State = TypeVar("State")
+
+
+def lens_state(processor: Any, make: Callable[[Any], State]) -> State:
+    """The lens state attached to an input processor, made by ``make(processor)`` at first use
+    (one attribute of ours on vLLM's object; the event loop / the offline engine's own thread
+    are its only users, so no lock)."""
+    state: State | None = getattr(processor, LENS_STATE_ATTR, None)
+    if state is None:
+        state = make(processor)
+        setattr(processor, LENS_STATE_ATTR, state)
+    return state
 
 
 async def async_tokenizer(engine: Any) -> Any:

@@ -17,11 +17,10 @@ import torch
 
 from lens_evals.engine import compat
 from lens_evals.engine.frontend import budget as frontend_budget
-from lens_evals.engine.frontend.admit import PendingRequest, ServedCall, pending_of
-from lens_evals.engine.frontend.fetch_batch import batcher_of
-from lens_evals.engine.frontend.hook_sets import store_of
 from lens_evals.engine.frontend.hooks import forget_local, union_of
+from lens_evals.engine.frontend.pending import PendingLensRequest, ServedCall
 from lens_evals.engine.frontend.rows import decode_saved, merge_rank_results
+from lens_evals.engine.frontend.state import frontend_state
 from lens_evals.engine.transport import timing
 from lens_evals.engine.transport.handoff import HandoffTarget, claim_all
 from lens_evals.engine.transport.protocol import FETCH_METHOD, RELEASE_METHOD, FetchReply
@@ -57,7 +56,7 @@ class LensRequestError(RuntimeError):
 
 
 def _apply(
-    processor: Any, request_id: str, output: Any, pending: PendingRequest, rank_results: list[FetchReply], generated: int | None = None
+    processor: Any, request_id: str, output: Any, pending: PendingLensRequest, rank_results: list[FetchReply], generated: int | None = None
 ) -> str | None:
     """Attach the capture, probe scores and hook results to ``output`` (a hook set's results go
     to its store); return an error message if the request failed. ``generated``: the request's
@@ -93,7 +92,7 @@ def _apply(
         output.hook_results = decode_saved(merged.saved)
         activations["saved"] = union_of(output.hook_results)
     if pending.hook_set is not None:
-        error = store_of(processor).add_result(pending.hook_set, request_id, merged.set_saved or {})
+        error = frontend_state(processor).hook_sets.add_result(pending.hook_set, request_id, merged.set_saved or {})
         if error is not None:
             return error
     output.activations = activations
@@ -164,7 +163,7 @@ async def _release_async(engine: Any, source: int) -> None:
 
 def attach_offline(llm: Any, outputs: list[Any]) -> None:
     processor = compat.frontend.input_processor(llm.llm_engine)
-    registry = pending_of(processor)
+    registry = frontend_state(processor).pending
     pending = {o.request_id: found for o in outputs if (found := registry.take_offline(o.request_id)) is not None}
     if not pending:
         return
@@ -186,10 +185,10 @@ def attach_offline(llm: Any, outputs: list[Any]) -> None:
 
 async def attach_async(engine: Any, output: Any, generated: int, call: ServedCall) -> None:
     processor = compat.frontend.input_processor(engine)
-    pending = call.take(pending_of(processor))
+    pending = call.take(frontend_state(processor).pending)
     if pending is None:
         return
-    rank_results = await batcher_of(engine, processor).fetch(pending.key)  # claimed even if this request is cancelled
+    rank_results = await frontend_state(processor).batcher(engine).fetch(pending.key)  # claimed even if this request is cancelled
     error = _apply(processor, output.request_id, output, pending, rank_results, generated)
     sink, held = HTTP_SINK.get(), HTTP_HELD.get()
     if sink is not None:
@@ -205,7 +204,7 @@ async def attach_async(engine: Any, output: Any, generated: int, call: ServedCal
 def discard_offline(engine: Any, request_ids: list[str]) -> None:
     """Requests aborted offline (e.g. an ``LLM.generate`` refused part-way: vLLM aborts those it
     had added): forget them here (their hooks' callables too) and release their worker rows."""
-    registry = pending_of(compat.frontend.input_processor(engine))
+    registry = frontend_state(compat.frontend.input_processor(engine)).pending
     dropped = [found for request_id in request_ids if (found := registry.take_offline(request_id)) is not None]
     for pending in dropped:
         forget_local(list(pending.local_ids))
@@ -215,7 +214,7 @@ def discard_offline(engine: Any, request_ids: list[str]) -> None:
 
 async def discard_async(engine: Any, call: ServedCall) -> None:
     """A request ended without a final output (abort, disconnect): release its worker rows."""
-    pending = call.take(pending_of(compat.frontend.input_processor(engine)))
+    pending = call.take(frontend_state(compat.frontend.input_processor(engine)).pending)
     if pending is not None:
         forget_local(list(pending.local_ids))
         await compat.rpc.async_collective_rpc(engine, FETCH_METHOD, ([pending.key], None))  # rows inline, dropped

@@ -21,7 +21,6 @@ from lens_evals.engine.transport.handoff import HandoffTarget, claim_all
 from lens_evals.engine.transport.protocol import FETCH_METHOD, FetchReply
 
 logger = logging.getLogger("lens_evals")
-_BATCHER_ATTR = "_lens_evals_fetch_batcher"
 
 
 class FetchBatcher:
@@ -72,11 +71,3 @@ class FetchBatcher:
             for reply in [*batch.values(), *self._waiting.values()]:  # cancelled itself (the loop closing)
                 reply.cancel()
             self._waiting = {}
-
-
-def batcher_of(engine: Any, processor: Any) -> FetchBatcher:
-    batcher = getattr(processor, _BATCHER_ATTR, None)
-    if batcher is None:
-        batcher = FetchBatcher(engine, processor)
-        setattr(processor, _BATCHER_ATTR, batcher)
-    return batcher

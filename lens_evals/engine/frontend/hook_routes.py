@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from lens_evals.engine import compat
-from lens_evals.engine.frontend import hook_sets
+from lens_evals.engine.frontend import hook_set_store, hook_sets
 from lens_evals.wire import formats as wire
 
 logger = logging.getLogger("lens_evals")
@@ -46,13 +46,13 @@ def _header(scope: dict[str, Any], wanted: bytes) -> bytes:
 
 
 def caller(scope: dict[str, Any]) -> str | None:
-    """Who sends the request, as the owner of the hook sets it makes: ``hook_sets.SHARED_OWNER``
+    """Who sends the request, as the owner of the hook sets it makes: ``hook_set_store.SHARED_OWNER``
     without configured API keys, else the SHA-256 digest (hex) of the key that
     ``Authorization: Bearer`` carries; None when it carries none of them (read and compared as
     vLLM does: SHA-256 digests compared in constant time, every key checked)."""
     keys = compat.frontend.server_api_keys(scope)
     if not keys:
-        return hook_sets.SHARED_OWNER
+        return hook_set_store.SHARED_OWNER
     scheme, _, token = _header(scope, b"authorization").decode("latin-1").partition(" ")
     if scheme.lower() != "bearer":
         return None
@@ -122,9 +122,9 @@ async def serve_hook_sets(scope: dict[str, Any], receive: Receive, send: Send, o
             await reply(send, 200, await hook_sets.clear_async(engine, parts[0], owner))
         else:
             await reply(send, 404, error_body(f"no such endpoint: {method} {scope['path']}", 404))
-    except hook_sets.UnknownHookSet as exc:
+    except hook_set_store.UnknownHookSet as exc:
         await reply(send, 404, error_body(str(exc.args[0]), 404))
-    except hook_sets.HookSetLimit as exc:
+    except hook_set_store.HookSetLimit as exc:
         await reply(send, 429, error_body(str(exc), 429))
     except ValueError as exc:  # json.JSONDecodeError and pydantic errors are ValueErrors
         await reply(send, 400, error_body(str(exc), 400))

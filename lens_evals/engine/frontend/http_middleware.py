@@ -17,7 +17,7 @@ import torch
 
 from lens_evals.engine import compat
 from lens_evals.engine.frontend import budget as frontend_budget
-from lens_evals.engine.frontend import hook_sets, self_check_run
+from lens_evals.engine.frontend import hook_set_store, self_check_run
 from lens_evals.engine.frontend.attach import HTTP_HELD, HTTP_SINK, HttpResult, release_when_idle
 from lens_evals.engine.frontend.hook_routes import (
     HOOK_SETS_PATH,
@@ -106,7 +106,7 @@ class LensResponseMiddleware:
             return
         # the request's own context (each ASGI request runs in a task of its own): admission
         # finds only this caller's hook sets (frontend.admit)
-        hook_sets.CALLER.set(hook_sets.NOBODY if owner is None else owner)
+        hook_set_store.CALLER.set(hook_set_store.NOBODY if owner is None else owner)
         if scope.get("type") != "http" or scope.get("method") != "POST" or not scope.get("path", "").endswith("completions"):
             await self.app(scope, receive, send)
             return

@@ -50,7 +50,6 @@ from lens_evals.request.spec import SteeringVector
 logger = logging.getLogger("lens_evals")
 
 PROMPT = "The quick brown fox jumps over the lazy dog. A model reads the stream, layer by layer, and writes it back."
-RESULT_ATTR = "_lens_evals_self_check"  # on the engine's input processor: its SelfCheck
 # (identity: largest |log-prob change|, handoff: largest per-token relative error) per dtype
 FLOORS = {"float32": (1e-4, 1e-6), "float16": (2e-2, 4e-3), "bfloat16": (1e-1, 3e-2)}
 STEER_BOUND = 1e-2  # doubled stream's log-prob movement / a random vector's (measured: see docs/model_support.md)
@@ -275,13 +274,3 @@ def prompt_logprobs(output: Any, prompt_ids: Sequence[int]) -> torch.Tensor:
     """log p(token t | tokens < t) of each prompt token after the first."""
     entries = output.prompt_logprobs or []
     return torch.tensor([entry[token].logprob for entry, token in zip(entries[1:], prompt_ids[1:])], dtype=torch.float64)
-
-
-def result_of(processor: Any) -> SelfCheck | None:
-    return getattr(processor, RESULT_ATTR, None)
-
-
-def refusal_of(processor: Any) -> str | None:
-    """Why admission refuses lens requests after the check (None: passed, skipped, not run yet or running)."""
-    result = result_of(processor)
-    return None if result is None else result.refusal()

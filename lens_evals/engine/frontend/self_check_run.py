@@ -1,8 +1,8 @@
 """Running the stream-contract self-check (:mod:`lens_evals.engine.frontend.self_check`) on an engine:
 offline at the end of ``LLM.__init__`` (or, for the engine during whose construction vLLM loaded
 the plugin, as its first call starts), on ``AsyncLLM`` (and so the server) at the first lens
-request, awaited once by every caller. The result is kept on the engine's input processor,
-where admission finds it."""
+request, awaited once by every caller. The result is kept in the engine's frontend state
+(:func:`result_of`), where admission finds it."""
 
 from __future__ import annotations
 
@@ -15,12 +15,23 @@ from typing import Any
 
 from lens_evals import settings
 from lens_evals.engine import compat
-from lens_evals.engine.frontend.self_check import PROMPT, RESULT_ATTR, LayerCheck, Plan, Request, SelfCheck, logger, result_of
+from lens_evals.engine.frontend.self_check import PROMPT, LayerCheck, Plan, Request, SelfCheck, logger
+from lens_evals.engine.frontend.state import frontend_state
 from lens_evals.engine.transport.graph_layers import configured_layers
 from lens_evals.request.spec import LENS_KEYS
 
 _RUNNING: contextvars.ContextVar[bool] = contextvars.ContextVar("lens_evals_self_check_running", default=False)
-TASK_ATTR = "_lens_evals_self_check_task"
+
+
+def result_of(processor: Any) -> SelfCheck | None:
+    """The check's result on the engine of this input processor (None: not run yet or running)."""
+    return frontend_state(processor).self_check
+
+
+def refusal_of(processor: Any) -> str | None:
+    """Why admission refuses lens requests after the check (None: passed, skipped, not run yet or running)."""
+    result = result_of(processor)
+    return None if result is None else result.refusal()
 
 
 def _run_to_end(coroutine: Coroutine[Any, Any, SelfCheck]) -> SelfCheck:
@@ -127,7 +138,7 @@ def check_offline(llm: Any) -> SelfCheck:
         result = _run_to_end(run_with(llm.llm_engine.vllm_config, tokenize, run))
     finally:
         _RUNNING.reset(token)
-    setattr(processor, RESULT_ATTR, result)
+    frontend_state(processor).self_check = result
     return result
 
 
@@ -139,12 +150,13 @@ async def ensure_checked_async(engine: Any) -> SelfCheck | None:
     processor = compat.frontend.input_processor(engine)
     if (done := result_of(processor)) is not None:
         return done
-    task = getattr(processor, TASK_ATTR, None)
+    state = frontend_state(processor)
+    task = state.self_check_task
     if task is None:
         # in an empty context: the request that starts it is inside an HTTP response, whose
         # results sink would otherwise collect the check's own outputs as that response's
         task = asyncio.get_running_loop().create_task(_check_async(engine, processor), context=contextvars.Context())
-        setattr(processor, TASK_ATTR, task)
+        state.self_check_task = task
     return await asyncio.shield(task)
 
 
@@ -170,7 +182,7 @@ async def _check_async(engine: Any, processor: Any) -> SelfCheck:
         return list(await asyncio.gather(*(one(r) for r in requests)))
 
     result = await run_with(engine.vllm_config, tokenize, run)
-    setattr(processor, RESULT_ATTR, result)
+    frontend_state(processor).self_check = result
     return result
 
 

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lens_evals.engine import compat
-from lens_evals.engine.frontend import hook_sets
+from lens_evals.engine.frontend import hook_set_store, hook_sets
 from lens_evals.engine.frontend.hook_routes import Receive, Send, error_body, read_body, reply
+from lens_evals.engine.frontend.state import frontend_state
 from lens_evals.request.hooks import Hook
 from lens_evals.wire import formats as wire
 
@@ -56,7 +57,7 @@ def _state(llm: Any) -> _Persistent:
 
 
 def _set_auto(llm: Any, set_id: str | None) -> None:
-    hook_sets.store_of(compat.frontend.input_processor(llm.llm_engine)).auto_set = set_id
+    frontend_state(compat.frontend.input_processor(llm.llm_engine)).hook_sets.auto_set = set_id
 
 
 def register_hooks(llm: Any, hooks: Sequence[Any], prefetch_params: Sequence[str] | None = None) -> None:
@@ -143,7 +144,7 @@ async def serve_vllm_lens_hooks(scope: dict[str, Any], receive: Receive, send: S
         body = wire.json_loads(await read_body(receive) or b"{}")
         if not isinstance(body, dict):
             raise ValueError("the request body must be a JSON object")
-        store = hook_sets.store_of(compat.frontend.input_processor(engine))
+        store = frontend_state(compat.frontend.input_processor(engine)).hook_sets
         if action == "register":
             hooks = body.get("hooks")
             if not isinstance(hooks, list) or any(not isinstance(hook, dict) for hook in hooks):
@@ -167,11 +168,11 @@ async def serve_vllm_lens_hooks(scope: dict[str, Any], receive: Receive, send: S
             await reply(send, 200, {"status": "ok"})
         else:
             raise LookupError(f"no such endpoint: POST {scope['path']}")
-    except hook_sets.UnknownHookSet as exc:
+    except hook_set_store.UnknownHookSet as exc:
         await reply(send, 404, error_body(str(exc.args[0]), 404))
     except LookupError as exc:
         await reply(send, 404, error_body(str(exc), 404))
-    except hook_sets.HookSetLimit as exc:
+    except hook_set_store.HookSetLimit as exc:
         await reply(send, 429, error_body(str(exc), 429))
     except ValueError as exc:
         await reply(send, 400, error_body(str(exc), 400))

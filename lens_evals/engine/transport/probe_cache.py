@@ -3,7 +3,7 @@ encoded once on the frontend and decoded once on each worker, by the probe's dig
 caches are bounded (least recently used goes first).
 
 The digest is SHA-256 of the float32 weights and the float64 bias: the frontend computes it with
-the encoding and sends it beside the probe (``LensSpecWire.probe_digests``); the worker keys its
+the encoding and sends it beside the probe (``LensRequestWire.probe_digests``); the worker keys its
 device tensors by it and its step planner stacks each distinct digest once."""
 
 from __future__ import annotations

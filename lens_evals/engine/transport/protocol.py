@@ -1,5 +1,5 @@
 """Everything that crosses between the frontend (the process of ``LLM`` / ``AsyncLLM``) and the
-workers, in one place: the ``collective_rpc`` method names, the lens spec the frontend puts into a
+workers, in one place: the ``collective_rpc`` method names, the lens request the frontend puts into a
 request's ``extra_args``, the hand-off target a fetch sends, a fetch's results and the packed rows
 inside them.
 
@@ -38,13 +38,13 @@ class HookWire(TypedDict):
     args: dict[str, Any]  # a ``wire`` tree: arrays encoded
 
 
-class LensSpecWire(TypedDict):
+class LensRequestWire(TypedDict):
     """``extra_args[spec.INTERNAL_KEY]``: a request's lens features, validated and normalised by
     the frontend, decoded once on the worker (``requests.decode_worker_request``)."""
 
     key: str  # the request's lens key (a UUID; vLLM may rewrite request ids)
-    capture: list[int]
-    steer: list[dict[str, Any]]  # SteeringVector.to_wire()
+    capture_layers: list[int]
+    steering: list[dict[str, Any]]  # SteeringVector.to_wire()
     probes: list[dict[str, Any]]  # LinearProbe.to_wire()
     probe_digests: list[str]  # each probe's digest (``probe_cache``): the worker decodes a probe once
     hooks: list[HookWire]

@@ -22,7 +22,7 @@ from lens_evals.engine.worker.host_copy import host_copier
 from lens_evals.engine.worker.ledger import RequestLedger
 from lens_evals.engine.worker.plan import StepPlan
 from lens_evals.engine.worker.planners import StepPlanner
-from lens_evals.engine.worker.requests import WorkerRequest
+from lens_evals.engine.worker.requests import WorkerLensRequest
 from lens_evals.engine.worker.results import RowPart, TakenResult, write_results
 from lens_evals.engine.worker.step_stores import StepStores
 from lens_evals.engine.worker.taps import StepContext
@@ -127,7 +127,7 @@ class WorkerCore:
             self._bound_saved_in_flight()
         return self.planner.plan(layout, self.ledger.requests, input_ids, set(self.ledger.errors))
 
-    def _fail_hooked(self, req: WorkerRequest, error: str | None) -> None:
+    def _fail_hooked(self, req: WorkerLensRequest, error: str | None) -> None:
         if error is not None and not self.ledger.has_failed(req.key):
             self.ledger.fail_key(req.key, error)
             req.saved.clear()  # its device memory back now
@@ -192,7 +192,7 @@ class WorkerCore:
     # ----------------------------------------------------------------- finishing and fetching
     def finish(self, req_id: str) -> None:
         """vLLM finished the request: drop it if fetched already, else its rows are final: write
-        them for the frontend now if its spec says where (``early_write``), or keep them for the
+        them for the frontend now if its lens request says where (``early_write``), or keep them for the
         fetch."""
         req = self.ledger.requests.get(req_id)
         key = self.ledger.finish(req_id)

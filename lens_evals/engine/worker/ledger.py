@@ -7,16 +7,16 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from lens_evals.engine.worker.requests import WorkerRequest
+from lens_evals.engine.worker.requests import WorkerLensRequest
 
 MAX_DROPPED = 65536  # dropped keys whose error a later fetch still gets (one message string per drop)
 
 
 class RequestLedger:
     def __init__(self) -> None:
-        self.requests: dict[str, WorkerRequest | None] = {}  # vLLM request id -> decoded (None: plain or failed)
+        self.requests: dict[str, WorkerLensRequest | None] = {}  # vLLM request id -> decoded (None: plain or failed)
         self.req_keys: dict[str, str] = {}  # vLLM request id -> lens key, for lens requests
-        self.by_key: dict[str, WorkerRequest] = {}
+        self.by_key: dict[str, WorkerLensRequest] = {}
         self.errors: dict[str, str] = {}  # lens key -> the first error
         self.fetched: set[str] = set()  # fetched before vLLM finished them
         self.finished_unfetched: OrderedDict[str, float] = OrderedDict()  # key -> when it finished
@@ -29,7 +29,7 @@ class RequestLedger:
     def any_lens_request(self) -> bool:
         return bool(self.req_keys)
 
-    def track(self, req_id: str, req: WorkerRequest | None, failed_key: str | None = None) -> None:
+    def track(self, req_id: str, req: WorkerLensRequest | None, failed_key: str | None = None) -> None:
         """Follow a (decoded) request from now on; None: a plain request, or a lens request
         that already failed (``failed_key``: its key, so its error is released with it)."""
         self.requests[req_id] = req
@@ -87,7 +87,7 @@ class RequestLedger:
             return None
         return self.finished_unfetched.popitem(last=False)[0]
 
-    def take(self, key: str) -> tuple[WorkerRequest | None, str | None]:
+    def take(self, key: str) -> tuple[WorkerLensRequest | None, str | None]:
         """A fetch of ``key``: its request (None if unknown here) and its error; a request still
         running is remembered as fetched (its later rows are not kept)."""
         dropped = self.dropped.pop(key, None)

@@ -32,7 +32,7 @@ class CaptureSlot:
     row_start: int  # offset into the step's gathered capture rows
     num_rows: int
     batch_index: int  # the request's place in the step's layout (its first position is per step)
-    layer_slots: tuple[int, ...] | None  # indices into StepPlan.capture_layers; None: all of them
+    capture_layer_indices: tuple[int, ...] | None  # indices into StepPlan.capture_layers; None: all of them
 
 
 @dataclass

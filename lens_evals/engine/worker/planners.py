@@ -16,7 +16,7 @@ import torch
 from lens_evals.engine.compat.worker import BatchLayout
 from lens_evals.engine.worker.hooks import HookCall
 from lens_evals.engine.worker.plan import CaptureSlot, LayerProbes, LayerSteer, ScoreSlot, StepPlan, rows_of, span_of
-from lens_evals.engine.worker.requests import WorkerProbe, WorkerRequest
+from lens_evals.engine.worker.requests import WorkerLensRequest, WorkerProbe
 from lens_evals.engine.worker.transfer import to_device
 
 
@@ -26,7 +26,7 @@ class RequestRows:
 
     __slots__ = ("req", "index", "start", "num_rows", "first_position")
 
-    def __init__(self, req: WorkerRequest, index: int, start: int, num_rows: int, first_position: int) -> None:
+    def __init__(self, req: WorkerLensRequest, index: int, start: int, num_rows: int, first_position: int) -> None:
         self.req, self.index, self.start, self.num_rows, self.first_position = req, index, start, num_rows, first_position
 
     @property
@@ -43,7 +43,7 @@ class CapturePlanner:
     def __init__(self, local_layers: set[int], device: torch.device) -> None:
         self.local_layers, self.device = local_layers, device
         self.spans: list[tuple[int, int]] = []
-        self.pending: list[tuple[WorkerRequest, int, int, int]] = []  # (request, gathered row, rows, layout index)
+        self.pending: list[tuple[WorkerLensRequest, int, int, int]] = []  # (request, gathered row, rows, layout index)
         self.gathered = 0
 
     def add(self, rows: RequestRows) -> None:
@@ -284,7 +284,7 @@ class HookPlanner:
 
 def build_plan(
     layout: BatchLayout,
-    requests: dict[str, WorkerRequest | None],
+    requests: dict[str, WorkerLensRequest | None],
     device: torch.device,
     dtype: torch.dtype,
     capture_here: bool,
@@ -324,7 +324,7 @@ class StepPlanner:
         self._last: tuple[tuple[list[str], list[int]], StepPlan] | None = None
 
     def plan(
-        self, layout: BatchLayout, requests: dict[str, WorkerRequest | None], input_ids: torch.Tensor | None, failed: set[str]
+        self, layout: BatchLayout, requests: dict[str, WorkerLensRequest | None], input_ids: torch.Tensor | None, failed: set[str]
     ) -> StepPlan | None:
         """The step's plan; a decode step with the same requests and row counts as the last
         one reuses its tensors (only the start positions change)."""

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from lens_evals.engine.transport.probe_cache import LRU, probe_digest
-from lens_evals.engine.transport.protocol import LensSpecWire
+from lens_evals.engine.transport.protocol import LensRequestWire
 from lens_evals.engine.worker.hooks import WorkerHook, decode_hooks
 from lens_evals.engine.worker.transfer import to_device
 from lens_evals.request.spec import INTERNAL_KEY, LinearProbe, SteeringVector
@@ -45,7 +45,7 @@ class WorkerProbe:
 
 
 @dataclass
-class WorkerRequest:
+class WorkerLensRequest:
     key: str
     capture_layers: list[int]
     steering: list[WorkerSteering] = field(default_factory=list)
@@ -93,12 +93,12 @@ class WorkerRequest:
 
 def decode_worker_request(
     extra_args: Mapping[str, Any] | None, device: torch.device, dtype: torch.dtype, hook_sets: Mapping[str, list[WorkerHook]]
-) -> WorkerRequest | None:
+) -> WorkerLensRequest | None:
     """The frontend put a normalised, validated spec under INTERNAL_KEY; None for plain requests."""
     if not extra_args or INTERNAL_KEY not in extra_args:
         return None
-    spec: LensSpecWire = extra_args[INTERNAL_KEY]
-    steering = [_decode_steering(SteeringVector.from_wire(item), device, dtype) for item in spec.get("steer", [])]
+    spec: LensRequestWire = extra_args[INTERNAL_KEY]
+    steering = [_decode_steering(SteeringVector.from_wire(item), device, dtype) for item in spec.get("steering", [])]
     items = spec.get("probes", [])
     sent = spec.get("probe_digests")
     digests: list[str | None] = list(sent) if sent else [None] * len(items)
@@ -108,9 +108,9 @@ def decode_worker_request(
     hook_set = spec.get("hook_set")
     if hook_set is not None and hook_set not in hook_sets:
         raise ValueError(f"hook set {hook_set!r} is not registered on the worker (cleared?)")
-    return WorkerRequest(
+    return WorkerLensRequest(
         key=str(spec["key"]),
-        capture_layers=list(spec.get("capture", [])),
+        capture_layers=list(spec.get("capture_layers", [])),
         steering=steering,
         probes=probes,
         hooks=decode_hooks(spec.get("hooks", []), device),

@@ -61,7 +61,9 @@ class StepStores:
             buffer = self.captures.new_buffer(data, ready, stacked.shape[1], chunk)
             for slot in plan.capture_slots:
                 if keeps(slot.key):
-                    self.captures.add(slot.key, Piece(buffer, slot.row_start, slot.num_rows, starts[slot.batch_index], slot.layer_slots))
+                    self.captures.add(
+                        slot.key, Piece(buffer, slot.row_start, slot.num_rows, starts[slot.batch_index], slot.capture_layer_indices)
+                    )
             self.captures.drop_unused(buffer)
         if plan.score_slots and len(scored) == len(plan.probes):
             flat = torch.cat([scored[layer] for layer in plan.probes])  # float32 scores of every (row, probe) pair

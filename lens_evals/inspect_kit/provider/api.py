@@ -303,8 +303,8 @@ def _server_timeout(value: Any) -> float:
 
 def _own_server_spec(model_name: str, model_args: dict[str, Any], timeout: float) -> tuple[str, str, dict[str, Any], float]:
     """(model path, served name, server args, start timeout) for a server this provider starts."""
-    from lens_evals.models.registry import PREPARERS, resolve_model
     from lens_evals.models.lookup import unknown_model
+    from lens_evals.models.registry import PREPARERS, resolve_model
 
     problem = unknown_model(model_name)
     if problem:  # else a server starts and asks the HF hub for it
