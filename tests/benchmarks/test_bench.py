@@ -13,7 +13,7 @@ from benchmarks.interleaved import FEATURES, rotated, summarise
 from benchmarks.prompts import MAX_TOKENS, MIN_TOKENS, make_prompts
 from benchmarks.systems import ALL_SYSTEMS
 from benchmarks.vllm_systems import lens_extra_args
-from lens_evals.cli import main
+from lens_evals.cli.app import main
 from lens_evals.request import spec
 from tests.conftest import on_gpu
 from tests.tolerance import stream_bound

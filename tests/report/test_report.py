@@ -29,7 +29,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from lens_evals import LinearProbe, SteeringVector
-from lens_evals.cli import main as cli
+from lens_evals.cli.app import main as cli
 from lens_evals.evals.roleplaying import roleplaying_task
 from lens_evals.evals.roleplaying.multi_probe import roleplaying_probes_task
 from lens_evals.inspect_kit.probe_reading import INFO_SOURCE
