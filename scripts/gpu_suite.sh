@@ -95,7 +95,7 @@ EXPECTED_GPU_SKIPS="two workers need 2 GPUs; this machine has 1"
 # bench's systems ask for 0.85 of it and profile its memory), never run in lanes.
 P1="tests/test_engine_tiny.py tests/test_positions.py tests/capture/test_capture_hf.py tests/test_hooks.py tests/test_hook_sets.py
     tests/probing/test_probes.py tests/test_graph_mode.py tests/test_failures_and_disable.py tests/test_store.py tests/test_handoff.py tests/test_handoff_views.py
-    tests/test_wire_spec.py tests/test_engine_modes.py tests/test_steering_edges.py"
+    tests/request/test_wire_spec.py tests/test_engine_modes.py tests/test_steering_edges.py"
 # 2a and 2d: 493 s as one part among nine lanes (2026-12-05); on the 2-core CPU server 46 s, auth 20 s, provider 129 s
 P2A="tests/test_server.py tests/test_server_auth.py"
 P2D="tests/inspect_kit/test_provider.py"
