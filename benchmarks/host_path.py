@@ -4,7 +4,7 @@
 ``--steps`` decode steps of ``--requests`` requests (hidden ``--hidden``, bf16), then fetches
 every request (inline bytes, and through the hand-off as for a frontend in another process), for capture / steering / probe requests. It prints milliseconds per step for each
 part and, for scale, that time as a share of an 8B eager decode step on an H200 (~12 ms: 2.52 s
-for 128 tokens of 256 requests in `docs/bench/gpu-h200-2026-12-02.md`). The tensor ops run on
+for 128 tokens of 256 requests in `benchmarks/results/gpu-h200-2026-12-02.md`). The tensor ops run on
 this CPU, so their column is only indicative; planning and storing are host work on any device.
 """
 

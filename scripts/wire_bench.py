@@ -8,7 +8,7 @@ bytes, and the client's decode time. Writes a JSON report.
 
     cd /tmp && /work/main/.venv/bin/python /work/main/scripts/wire_bench.py --model tiny-llama \\
         --dtype bfloat16 --prompts 1000 --layers 0,1,2,3 --rounds 3 --old-tree /tmp/lens-evals-head \\
-        --out /work/main/docs/bench/wire_encodings.json
+        --out /work/main/benchmarks/results/wire_encodings.json
 
 Run it from a directory without a ``lens_evals`` package (``python -m`` puts the working directory
 first on the server's path, before ``PYTHONPATH``). Each round runs every encoding once, in a

@@ -69,7 +69,7 @@ def test_the_parts_hold_every_test_once() -> None:
                 split[entry.split("::")[0]].append(entry)
             else:
                 whole[entry] += 1
-    files = sorted(path.relative_to(REPO).as_posix() for path in (REPO / "tests").glob("test_*.py"))
+    files = sorted(path.relative_to(REPO).as_posix() for path in (REPO / "tests").glob("**/test_*.py"))
     assert sorted(set(whole) | set(split)) == files, "a test file in no part (or a part naming a missing file)"
     assert [f for f, n in whole.items() if n > 1] == [], "a test file named by two parts"
     assert set(whole).isdisjoint(split), "a file both whole in one part and split by ids"

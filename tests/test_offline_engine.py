@@ -39,15 +39,17 @@ def test_lora_engines_are_bf16_on_a_gpu() -> None:
 
 
 # The benchmark times the constructor alone (vllm imported before), with offline_engine_args's options.
-TIMED_START = "bench/vllm_systems.py"
+TIMED_START = "benchmarks/vllm_systems.py"
 
 
 def test_the_package_opens_offline_engines_in_one_place() -> None:
-    """Every ``LLM(...)`` call in the package is in engine/frontend/offline.py, but the benchmark's timed one."""
+    """Every ``LLM(...)`` call in the package (and the checkout's benchmarks/) is in engine/frontend/offline.py,
+    but the benchmark's timed one."""
     calls = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+    root = PACKAGE.parent
+    for path in sorted([*PACKAGE.rglob("*.py"), *(root / "benchmarks").rglob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and ast.unparse(node.func) in ("LLM", "vllm.LLM"):
-                calls.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
-    assert sorted(call.split(":")[0] for call in calls) == [TIMED_START, "engine/frontend/offline.py"], calls
-    assert "offline_engine_args(" in (PACKAGE / TIMED_START).read_text(encoding="utf-8")
+                calls.append(f"{path.relative_to(root).as_posix()}:{node.lineno}")
+    assert sorted(call.split(":")[0] for call in calls) == [TIMED_START, "lens_evals/engine/frontend/offline.py"], calls
+    assert "offline_engine_args(" in (root / TIMED_START).read_text(encoding="utf-8")

@@ -15,7 +15,7 @@ from inspect_ai.model import ChatMessage
 
 import lens_evals.evals._registry  # noqa: F401  (registers lens_evals/<task>, as the entry point does)
 
-TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks"
+TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"
 
 
 def file_tasks() -> list[tuple[Path, str]]:

@@ -39,7 +39,7 @@ def test_an_adapter_trained_on_another_base_model_is_refused(tmp_path) -> None:
 
 def test_server_flags_say_false_with_no_rather_than_dropping_it() -> None:
     """``-M enable_prefix_caching=false`` used to vanish (a False flag was left out, and vLLM's
-    default is on); vLLM's boolean engine arguments take ``--no-`` (tests/test_petri_inspectors.py
+    default is on); vLLM's boolean engine arguments take ``--no-`` (tests/integrations/test_petri_inspectors.py
     starts a server with one)."""
     from lens_evals.inspect_kit.provider.server import server_flags
 

@@ -13,7 +13,7 @@ from lens_evals.probing.metrics import recall_at_threshold, threshold_at_fpr
 from lens_evals.probing.multi import ProbeSet, Readout, fit_difference_of_means, load_probe_set
 from lens_evals.probing.probe import Probe, load_probe
 from lens_evals.probing.train import fit_pipeline
-from tests.test_probing import _card
+from tests.probing.test_probing import _card
 
 NAN = float("nan")
 

@@ -13,7 +13,7 @@ from inspect_ai import eval as inspect_eval
 from lens_evals.evals.roleplaying import roleplaying_task
 from lens_evals.evals.roleplaying.multi_probe import roleplaying_probes_task
 from lens_evals.probing.multi import ProbeSet, Readout
-from tests.test_report import random_probe
+from tests.report.test_report import random_probe
 
 
 def test_a_probe_of_another_model_is_refused_by_the_eval(tmp_path, tiny_path) -> None:

@@ -20,9 +20,9 @@ from lens_evals import settings
 from lens_evals.cli.app import main
 from lens_evals.inspect_kit.default_probes import default_probe, default_probe_set
 from lens_evals.probing.probe import Probe, convert_probe, load_probe
-from tests.test_probing import _card
+from tests.probing.test_probing import _card
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RNG = np.random.default_rng(11)
 
 

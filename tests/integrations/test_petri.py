@@ -31,7 +31,7 @@ from tests.conftest import make_llm
 from tests.petri_reference import TOOL_TEMPLATE, capture_ids, offline_oracle, random_probe, turn_by_characters
 from tests.tolerance import assert_dialogue_scores_close
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PETRI_PYTHON = ROOT / ".venv-petri" / "bin" / "python"
 PROBE_LAYER = 15
 MAX_POSITIONS, MAX_TOKENS = 64, 16  # OracleInspector's defaults

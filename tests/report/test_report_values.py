@@ -1,6 +1,6 @@
 """The report page built from hostile or broken values a log can hold (no engine, no browser):
 NaN / inf token scores, class names with ``$`` (matplotlib's mathtext), markup and bidi controls
-in token texts. The real-log tests are in tests/test_report.py."""
+in token texts. The real-log tests are in tests/report/test_report.py."""
 
 from __future__ import annotations
 

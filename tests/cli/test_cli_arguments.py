@@ -13,7 +13,7 @@ from benchmarks.main import build_parser as build_bench_parser
 from lens_evals.cli.app import build_parser, main
 from lens_evals.probing.probe import Probe
 from lens_evals.probing.train import fit_pipeline
-from tests.test_probing import _card
+from tests.probing.test_probing import _card
 
 
 @pytest.mark.parametrize(

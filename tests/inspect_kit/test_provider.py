@@ -210,7 +210,7 @@ def test_inspect_cli_leaves_no_engine_processes(tmp_path, interrupt: bool) -> No
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        cwd=Path(__file__).parent / "scripts",
+        cwd=Path(__file__).parents[1] / "scripts",
         env={**os.environ, "LENS_EVALS_TEST_TAG": tag},
     )
     if interrupt:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.test_report import random_probe
+from tests.report.test_report import random_probe
 
 TASKS = {
     "lens_evals/activation_oracle_heldout",
@@ -57,7 +57,7 @@ def test_tasks_resolve_by_registry_name_and_build_without_side_effects(tmp_path,
     probe = random_probe(tmp_path / "given")
     # the installed package's entry points, not the checkout's modules: the repository root off the
     # path (on the GPU machine the rest of PYTHONPATH is where the packages are installed)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     kept = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry and Path(entry).resolve() != root]
     env = {**os.environ, "LENS_EVALS_PROBE_DIR": str(probes), "PYTHONPATH": os.pathsep.join(kept)}
     calls = [
