@@ -22,6 +22,14 @@ from lens_evals.cli_checks import (
     probe_name,
 )
 from lens_evals.offline_engine import add_engine_arg_option, parse_engine_args
+from lens_evals.probing.recipe_cli import (
+    RECIPE_COMMANDS,
+    add_recipe_commands,
+    add_recipe_options,
+    run_recipe_command,
+    run_train_recipe,
+    wants_recipe,
+)
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -43,6 +51,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _probes(args: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process: faster start for offline capture
+    if args.probes_command == "train" and wants_recipe(args):
+        return run_train_recipe(args)
+    if args.probes_command in RECIPE_COMMANDS:
+        return run_recipe_command(args)
     if args.probes_command == "train":
         from lens_evals.probing.train import train_probe
 
@@ -188,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--layer", type=layer_index, default=None, help="default: the model's chosen layer")
     train.add_argument("--name", type=probe_name, default=None)
     train.add_argument("--out", default=None, help="directory (default: LENS_EVALS_PROBE_DIR, else the repository's probes/)")
+    add_recipe_options(train)
     convert = probes_sub.add_parser(
         "convert", help="NAME.joblib (a pickle: only files you trust) -> NAME.safetensors beside it, card updated"
     )
@@ -207,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--limit", type=positive_int, default=None, help="use about this many dialogues")
         add_engine_arg_option(command)
     add_probe_commands(probes_sub)
+    add_recipe_commands(probes_sub)
     probes.set_defaults(func=_probes)
     role = sub.add_parser("roleplaying", help="main job: Roleplaying probe eval on the default model (prepares what is missing)")
     role.add_argument("--model", type=model_name, default="smollm2-135m-instruct")
