@@ -218,3 +218,24 @@ def test_roleplaying_recipe_task_on_a_tiny_llama_server_equals_the_recipe_on_an_
         assert reading["n_tokens"] == feature.shape[1]  # the follow-up answer's tokens when there is one
         assert_dialogue_scores_close([reading["score"]], [recipe.score(feature)], f"sample {index}")
         assert reading["flagged"] == (reading["score"] > recipe.card.threshold)
+
+
+def test_recipe_table_marks_the_dev_choice_and_the_cli_reads_recipe_options(tmp_path):
+    import argparse
+    import json
+
+    from lens_evals.probing.recipe_cli import layer_list
+    from lens_evals.probing.recipe_report import recipes_table
+
+    row = {"layers": [7, 11], "aggregation": "max", "dev_auroc": 0.61, "test_auroc": 0.55, "test_auroc_95": [0.5, 0.6]}
+    run = {"model": "m", "best_by_dev": "b", "recipes": [{**row, "recipe": "a", "recall_at_1pct_fpr": 0.1, "flagged_honest": 0.0}]}
+    run["recipes"].append({**row, "recipe": "b", "recall_at_1pct_fpr": 0.25, "flagged_honest": 0.02})
+    path = tmp_path / "recipes-m-float32.json"
+    path.write_text(json.dumps(run))
+    lines = recipes_table([path]).splitlines()
+    assert lines[2] == "| m | a | 7,11 | max | 0.610 | 0.550 [0.500, 0.600] | 0.100 | 0.000 |"
+    assert "b **(best on dev)**" in lines[3] and len(lines) == 4
+    assert layer_list("7, 11,14") == [7, 11, 14]
+    for bad in ("7,7", "", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            layer_list(bad)
