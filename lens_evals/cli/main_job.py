@@ -7,8 +7,11 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
 from lens_evals.cli.checks import check_probe_for_model, existing_file, model_name, positive_int
+from lens_evals.probing.recipe_train import ensure_chosen_recipe
+from lens_evals.probing.recipes import is_recipe
 from lens_evals.probing.train import DEFAULT_MODEL, ensure_default_probe
 
 HELP = "main job: Roleplaying probe eval on the default model (prepares what is missing)"
@@ -34,28 +37,21 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 def run_roleplaying(
     model: str = DEFAULT_MODEL, limit: int | None = None, log_dir: str = "logs", probe: str | None = None, dataset: str | None = None
 ) -> int:
-    from inspect_ai import eval as inspect_eval
-
     from lens_evals.evals.roleplaying.roleplaying import roleplaying_task
     from lens_evals.models.registry import model_path
 
     print(f"[1/3] model {model}: {model_path(model)}")
+    if probe is None or is_recipe(probe):
+        recipe = Path(probe) if probe else ensure_chosen_recipe(model)
+        if recipe is not None:
+            return run_recipe(model, recipe, limit, log_dir, dataset)
     probe_path = Path(probe) if probe else ensure_default_probe(model)
     print(f"[2/3] probe {probe_path}")
     print("[3/3] Roleplaying eval (off-policy: honest vs deceptive completions) via vllm-lens")
-    os.environ.setdefault("INSPECT_LOG_DIR", log_dir)
-    logs = inspect_eval(
-        roleplaying_task(probe_path, dataset=dataset),
-        model=f"vllm-lens/{model}",
-        log_dir=log_dir,
-        limit=limit,
-        display="plain" if not os.isatty(1) else None,
-    )
-    log = logs[0]
-    if log.status != "success" or not log.results:
-        print(f"eval did not succeed: {log.status} {log.error.message if log.error else ''}")
+    ran = _run_eval(roleplaying_task(probe_path, dataset=dataset), model, limit, log_dir)
+    if ran is None:
         return 1
-    metrics = {name: m.value for s in log.results.scores for name, m in s.metrics.items()}
+    log, metrics = ran
     print(f"\nRoleplaying, {log.results.completed_samples} samples, probe {probe_path.name}:")
     print(f"  AUROC                         {metrics['AUROC']:.3f}")
     print(f"  recall at 1% FPR threshold    {metrics['recall at 1% FPR']:.3f}")
@@ -68,3 +64,37 @@ def run_roleplaying(
     if model == DEFAULT_MODEL:
         print(f"\nThe same eval on a larger model ({LARGER_MODEL_NOTE}):\n  {LARGER_MODEL_COMMAND}")
     return 0
+
+
+def run_recipe(model: str, recipe: Path, limit: int | None, log_dir: str, dataset: str | None) -> int:
+    """The main job with a recipe probe (several layers / aggregation / follow-up): one engine pass per sample."""
+    from lens_evals.evals.roleplaying.recipe_probe import RECIPE_KIND, roleplaying_recipe_task
+    from lens_evals.probing.recipe_defaults import context_line
+    from lens_evals.probing.recipes import load_recipe
+
+    card = load_recipe(recipe).card
+    print(f"[2/3] recipe {recipe}: layers {card.layers}, {card.aggregation} over tokens, follow-up {'yes' if card.follow_up else 'no'}")
+    print("[3/3] Roleplaying eval (off-policy: honest vs deceptive completions) via vllm-lens")
+    ran = _run_eval(roleplaying_recipe_task(recipe, dataset=dataset), model, limit, log_dir)
+    if ran is None:
+        return 1
+    log, metrics = ran
+    print(f"\nRoleplaying, {log.results.completed_samples} samples, recipe {card.name} ({RECIPE_KIND}):")
+    print(f"  AUROC                         {metrics['probe_auroc']:.3f}")
+    print(f"  recall at 1% FPR threshold    {metrics['recall_at_1pct_fpr']:.3f}")
+    print(f"  honest samples flagged        {metrics['flagged_honest']:.3f}")
+    print(context_line(model, float(metrics["probe_auroc"])))
+    print(f"log:    {log.location}")
+    return 0
+
+
+def _run_eval(task: Any, model: str, limit: int | None, log_dir: str) -> tuple[Any, dict[str, Any]] | None:
+    """(log, metrics by name) of ``task`` on ``vllm-lens/MODEL``; None (said why) if it failed."""
+    from inspect_ai import eval as inspect_eval
+
+    os.environ.setdefault("INSPECT_LOG_DIR", log_dir)
+    log = inspect_eval(task, model=f"vllm-lens/{model}", log_dir=log_dir, limit=limit, display="plain" if not os.isatty(1) else None)[0]
+    if log.status != "success" or not log.results:
+        print(f"eval did not succeed: {log.status} {log.error.message if log.error else ''}")
+        return None
+    return log, {name: m.value for s in log.results.scores for name, m in s.metrics.items()}

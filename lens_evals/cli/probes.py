@@ -20,6 +20,14 @@ from lens_evals.cli.checks import (
     positive_int,
     probe_name,
 )
+from lens_evals.cli.recipes import (
+    RECIPE_COMMANDS,
+    add_recipe_commands,
+    add_recipe_options,
+    run_recipe_command,
+    run_train_recipe,
+    wants_recipe,
+)
 from lens_evals.engine.frontend.offline import add_engine_arg_option, parse_engine_args
 
 HELP = "train linear probes on engine activations"
@@ -61,13 +69,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         command.add_argument("--C", type=positive_float, default=0.1, help="inverse L2 strength of the logistic regression")
         command.add_argument("--limit", type=positive_int, default=None, help="use about this many dialogues")
         add_engine_arg_option(command)
+    add_recipe_options(train)
     _add_probe_set_commands(commands)
+    add_recipe_commands(commands)
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.probes_command in ("train", "train-set"):
         check_layer(parser, args.model, args.layer)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process: faster start for offline capture
+    if args.probes_command == "train" and wants_recipe(args):
+        return run_train_recipe(args)
+    if args.probes_command in RECIPE_COMMANDS:
+        return run_recipe_command(args)
     if args.probes_command == "train":
         from lens_evals.probing.train import train_probe
 

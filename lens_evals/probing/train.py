@@ -45,7 +45,7 @@ def default_probe_name(model: str = DEFAULT_MODEL, training_set: str = DEFAULT_T
 def selection_for(training_set: str) -> tuple[TokenSelection, int]:
     """Token selection and words excluded per training set (Instructed-Pairs: all but the last 5;
     coup intents: every token of the action; Geometry of Truth: the last token)."""
-    if training_set == "instructed-pairs":
+    if training_set in ("instructed-pairs", "varied-pairs"):
         return "all", 5
     return ("all", 0) if training_set == "coup" else ("last", 0)
 

@@ -99,11 +99,22 @@ def roleplaying_probe(
     probes: str | None = None,
     probe_set: str | None = None,
     probe_dir: str | None = None,
+    recipe: str | None = None,
 ) -> Task:
     """``probe`` defaults to the default model's Instructed-Pairs probe in ``probe_dir`` (default:
     ``LENS_EVALS_PROBE_DIR``, else the repository's ``probes/``; ``lens-evals probes train`` writes it there).
     ``probes=ip-lr,ip-dom,rp-lr`` (any of them) reads those probes of ``probe_set`` (default: the
-    default model's, ``lens-evals probes train-set``) in one engine pass, off-policy; metrics per probe."""
+    default model's, ``lens-evals probes train-set``) in one engine pass, off-policy; metrics per probe.
+    ``recipe=NAME.recipe.json`` reads a recipe probe (several layers, an aggregation, a follow-up
+    question; ``lens-evals probes train --layers ...``), off-policy, in one engine pass."""
+    if recipe is not None:
+        given = {"probe": probe, "probes": probes, "probe_set": probe_set}
+        clashing = [name for name, value in given.items() if value is not None] + (["mode"] if mode != "off_policy" else [])
+        if clashing:
+            raise ValueError(f"recipe= scores off-policy with the recipe alone; it cannot be combined with {', '.join(clashing)}")
+        from lens_evals.evals.roleplaying.recipe_probe import roleplaying_recipe_task
+
+        return roleplaying_recipe_task(recipe, dataset=dataset, tokenizer=tokenizer)
     if probes is not None or probe_set is not None:
         # the probe-set task is off-policy and scores on the worker: what it cannot honour is refused,
         # not dropped (mode=on_policy with probes= used to run off-policy without a word)
