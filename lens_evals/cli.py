@@ -97,7 +97,9 @@ def _roleplaying(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from lens_evals.verify import run_verify
 
-    return run_verify(args.model, parse_engine_args(args.engine_arg), as_json=args.json)
+    return run_verify(
+        args.model, parse_engine_args(args.engine_arg), as_json=args.json, hf=not args.no_hf, self_check=not args.no_self_check
+    )
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -218,6 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check the stream contract on a model as vLLM loads it (the start-up self-check)")
     verify.add_argument("model", type=model_name_or_dir, help="an embedded model's name or a model directory")
     verify.add_argument("--json", action="store_true", help="the numbers as JSON")
+    verify.add_argument("--no-hf", action="store_true", help="the self-check only, no comparison with HF transformers")
+    verify.add_argument(
+        "--no-self-check",
+        action="store_true",
+        help="the comparison with HF only, on an engine serving lens requests whatever the check says",
+    )
     add_engine_arg_option(verify)
     verify.set_defaults(func=_verify)
     report = sub.add_parser("report", help="one self-contained HTML page for an eval log (probe tasks, oracle tasks)")
