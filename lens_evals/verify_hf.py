@@ -34,10 +34,15 @@ import torch
 PROMPTS = ("The capital of France is Paris, and the capital of Italy is", "A model reads its residual stream layer by layer; 17 + 25 = 42.")
 STEER_FRACTION = 0.5  # the steering vector's norm, as a fraction of the median stream norm at its layer
 # Largest per-token relative error against HF in float32. float32 on CPU: ~9x SmolLM2's worst
-# (1.1e-5 over 30 layers, tests/tolerance.py). On a GPU vLLM runs float32 matmuls in TF32 (unit
-# roundoff 2^-11): tests/tolerance.py's GPU bound. Half precision: bfloat16 (unit roundoff 2^-8)
-# measured on SmolLM2 (docs/model_support.md), float16 scaled by its unit roundoff (2^-11).
-BOUNDS = {"float32": 1e-4, "float32-cuda": 2e-2, "bfloat16": 1e-1, "float16": 2e-2}
+# (1.1e-5 over 30 layers, tests/tolerance.py; 1.4e-5 here). On a GPU vLLM runs float32 matmuls in
+# TF32 (unit roundoff 2^-11): tests/tolerance.py's GPU bound, not yet measured here. Half
+# precision against HF's float32: SmolLM2 in bfloat16 on CPU measured 0.24 at worst (layers 9-13;
+# prompt log-prob gap 0.56, docs/model_support.md), so only errors of order 1 are told from
+# rounding (a wrong contract: 0.87-0.99); float16 not measured, taken as bfloat16.
+BOUNDS = {"float32": 1e-4, "float32-cuda": 2e-2, "bfloat16": 5e-1, "float16": 5e-1}
+HALF_PRECISION_NOTE = (
+    "half precision against HF's float32: only errors of order 1 are told from rounding; the precise check: --engine-arg dtype=float32"
+)
 REFERENCE_FILE = "reference.safetensors"
 META_FILE = "meta.json"
 
@@ -107,6 +112,8 @@ class HFComparison:
             for r in self.rows
         ]
         lines.append(f"largest prompt log-prob gap, a plain request against HF: {self.logprob_gap:.2e} (vLLM's forward; not bounded)")
+        if self.dtype != "float32":
+            lines.append(HALF_PRECISION_NOTE)
         return "\n".join(lines)
 
 
