@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from lens_evals.oracle.inference import OracleSettings, oracle_answers
+from lens_evals.oracle.inference import OracleSettings, injection_vector, oracle_answers, oracle_prompt_ids
 from lens_evals.probing.probe import Probe, ProbeCard
-from lens_evals.request.spec import CAPTURE_KEY
+from lens_evals.request.spec import CAPTURE_KEY, STEERING_KEY
 
 TOOL_TEMPLATE = Path(__file__).resolve().parents[1] / "lens_evals" / "data" / "chat_templates" / "chatml_tools.jinja"
 END_OF_TURN = "<|im_end|>"
@@ -70,6 +70,44 @@ def offline_oracle(
     tokenizer.chat_template = TOOL_TEMPLATE.read_text(encoding="utf-8")
     [answer] = oracle_answers(llm, tokenizer, lora, settings, [acts], [question], max_tokens=max_tokens, inject=inject)
     return answer
+
+
+def oracle_prompt(
+    tokenizer: Any, settings: OracleSettings, acts: np.ndarray, question: str, inject: bool
+) -> tuple[list[int], dict[str, Any] | None]:
+    """The oracle prompt's token ids (the server's template) and the steering that injects ``acts``."""
+    tokenizer.chat_template = TOOL_TEMPLATE.read_text(encoding="utf-8")
+    ids, positions = oracle_prompt_ids(tokenizer, settings, acts.shape[0], question)
+    vector = injection_vector(acts, positions, settings) if inject else None
+    return ids, ({STEERING_KEY: [vector]} if vector is not None else None)
+
+
+def oracle_answer_ids(
+    llm: Any, tokenizer: Any, lora: Any, settings: OracleSettings, acts: np.ndarray, question: str, max_tokens: int
+) -> list[int]:
+    """The token ids of the oracle's greedy answer about ``acts`` (injected)."""
+    from vllm import SamplingParams
+
+    ids, extra = oracle_prompt(tokenizer, settings, acts, question, inject=True)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, extra_args=extra)
+    [output] = llm.generate([{"prompt_token_ids": ids}], params, lora_request=lora, use_tqdm=False)
+    return list(output.outputs[0].token_ids)
+
+
+def teacher_forced_logprobs(
+    llm: Any, tokenizer: Any, lora: Any, settings: OracleSettings, acts: np.ndarray, question: str, answer: list[int], inject: bool = True
+) -> np.ndarray:
+    """log p(answer token k | oracle prompt about ``acts``, answer tokens < k), each answer token
+    (teacher-forced: one request per prefix, the next token's log-probs over the whole vocabulary;
+    not prompt log-probs, which the CPU LoRA logits path cannot take, see the report);
+    ``inject=False``: the same prompt and adapter without the activations."""
+    from vllm import SamplingParams
+
+    ids, extra = oracle_prompt(tokenizer, settings, acts, question, inject)
+    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=len(tokenizer), extra_args=extra)
+    prompts = [{"prompt_token_ids": ids + answer[:k]} for k in range(len(answer))]
+    outputs = llm.generate(prompts, [params] * len(prompts), lora_request=[lora] * len(prompts), use_tqdm=False)
+    return np.array([out.outputs[0].logprobs[0][token].logprob for out, token in zip(outputs, answer)], dtype=np.float64)
 
 
 def random_probe(name: str, model: str, layer: int, hidden_size: int) -> Probe:

@@ -131,7 +131,8 @@ def test_the_server_serves_the_check_at_lens_info(tiny_path) -> None:
 
 
 def test_verify_prints_the_check_and_exits_by_its_outcome(tiny_path) -> None:
-    """``lens-evals verify`` on the tiny Llama: exit 0 and the same numbers as the JSON it prints."""
+    """``lens-evals verify`` on the tiny Llama: exit 0 and the same numbers as the JSON it prints,
+    the self-check's and HF's."""
     import json
     import subprocess
     import sys
@@ -146,6 +147,8 @@ def test_verify_prints_the_check_and_exits_by_its_outcome(tiny_path) -> None:
     out = "\n" + done.stdout
     check = json.loads(out[out.rindex("\n{\n") + 1 :])  # vLLM may log to stdout before it
     assert check["passed"] is True and len(check["layers"]) == 3
+    # and every layer against HF (tests/test_verify_hf.py)
+    assert check["hf"]["passed"] is True and [row["layer"] for row in check["hf"]["rows"]] == [0, 1, 2, 3], check["hf"]
 
 
 def test_an_engine_without_a_tokenizer_is_checked_on_token_ids(tiny_path, monkeypatch) -> None:

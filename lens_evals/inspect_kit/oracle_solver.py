@@ -70,7 +70,8 @@ async def ask_oracle(
     model: Any, acts: np.ndarray, question: str, settings: OracleSettings, lora: str, max_tokens: int, zero_vector_baseline: bool = False
 ) -> tuple[ModelOutput, dict[str, Any]]:
     """Ask the adapter ``lora`` (served beside ``model``) ``question`` about ``acts`` (K, hidden),
-    read after ``settings.target_layer``; the answer and a record of what was asked and injected."""
+    read after ``settings.target_layer``; the answer and a record of what was asked and injected (and,
+    where ``model`` returns log-probs, the answer tokens' as ``answer_logprobs``)."""
     api = _lens_api(model)
     messages = oracle_messages(settings.target_layer, acts.shape[0], question, settings.placeholder)
     placeholder_id = check_single_token(settings.placeholder, await api.tokenize(text=settings.placeholder))
@@ -90,6 +91,9 @@ async def ask_oracle(
         "placeholder": settings.placeholder,
         "mean_vector_norm": round(float(np.linalg.norm(acts, axis=-1).mean()), 3),
     }
+    logprobs = output.choices[0].logprobs if output.choices else None
+    if logprobs is not None:  # the model was asked for them (GenerateConfig(logprobs=True)): each answer token's
+        record["answer_logprobs"] = [entry.logprob for entry in logprobs.content]
     if zero_vector_baseline:
         baseline = await _ask(model, prompt, lora, None, max_tokens, len(prompt_ids))
         record["zero_vector_answer"] = baseline.completion

@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
 import pytest
-from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageTool, ChatMessageUser, get_model
+from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageTool, ChatMessageUser, GenerateConfig, get_model
 from inspect_ai.model._openai import messages_to_openai, openai_chat_tools
 from inspect_ai.tool import ToolCall, ToolError, ToolInfo, ToolParam, ToolParams
 
@@ -28,13 +29,26 @@ from lens_evals.inspect_kit.provider.server import LensServer
 from lens_evals.integrations.petri import OracleInspector, ProbeInspector, inspect_turn
 from lens_evals.oracle.inference import OracleSettings
 from lens_evals.probing.probe import Probe
-from tests.conftest import make_llm
+from tests.conftest import make_llm, on_gpu
 from tests.lora_helpers import lora_dtype, random_adapter
-from tests.petri_reference import TOOL_TEMPLATE, capture_ids, offline_oracle, random_probe, turn_by_characters
+from tests.petri_reference import (
+    TOOL_TEMPLATE,
+    capture_ids,
+    offline_oracle,
+    oracle_answer_ids,
+    random_probe,
+    teacher_forced_logprobs,
+    turn_by_characters,
+)
 from tests.tolerance import assert_dialogue_scores_close
 
 SETTINGS = OracleSettings(target_layer=2, injection_layer=1, num_tokens=None, placeholder=" cat", coefficient=1.0)
 MAX_TOKENS, MAX_POSITIONS = 6, 48
+# The span answer's log-probs, served vs offline: at most this apart. Measured on CPU (fp32, 2026-12-07):
+# 4.3e-6, against 0.28 without injection and 3.5 with the turn's rows instead of the span's (the
+# test asserts both margins >= 10x this). GPU (bf16 oracle, decode vs prefill kernels): not yet
+# measured; 2.5e-2 keeps the 10x margin to the 0.28.
+SPAN_LOGPROB_NOISE = 2.5e-2 if on_gpu() else 1e-3
 QUESTION = "what is the agent doing?"
 QUOTE = "scp weights.bin"
 TOOLS = [
@@ -76,7 +90,15 @@ def reference(tiny_path, adapter) -> dict[str, Any]:
     ids, turn = turn_by_characters(tokenizer, chat, tools)
     _, span = turn_by_characters(tokenizer, chat, tools, QUOTE)
     lora = LoRARequest("oracle", 1, str(adapter))
-    with make_llm(tiny_path, enable_lora=True, max_loras=2, max_lora_rank=8, enable_prefix_caching=False, dtype=lora_dtype()) as llm:
+    with make_llm(
+        tiny_path,
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=8,
+        enable_prefix_caching=False,
+        dtype=lora_dtype(),
+        max_logprobs=len(tokenizer),
+    ) as llm:
         stream = capture_ids(llm, ids, SETTINGS.target_layer)
         answers = {
             name: offline_oracle(llm, tokenizer, lora, SETTINGS, stream[positions][-MAX_POSITIONS:], QUESTION, MAX_TOKENS)
@@ -84,6 +106,13 @@ def reference(tiny_path, adapter) -> dict[str, Any]:
         }
         acts = stream[turn][-MAX_POSITIONS:]
         uninjected = offline_oracle(llm, tokenizer, lora, SETTINGS, acts, QUESTION, MAX_TOKENS, inject=False)
+        # the span's answer, teacher-forced: with the span's rows, without injection, with the turn's rows
+        span_acts = stream[span][-MAX_POSITIONS:]
+        answer_ids = oracle_answer_ids(llm, tokenizer, lora, SETTINGS, span_acts, QUESTION, MAX_TOKENS)
+        span_logprobs = {
+            name: teacher_forced_logprobs(llm, tokenizer, lora, SETTINGS, rows, QUESTION, answer_ids, inject)
+            for name, rows, inject in (("span", span_acts, True), ("uninjected", span_acts, False), ("turn", acts, True))
+        }
     probe = tiny_probe(SETTINGS.target_layer)
     return {
         "ids": ids,
@@ -91,6 +120,7 @@ def reference(tiny_path, adapter) -> dict[str, Any]:
         "span": span,
         "answers": answers,
         "uninjected": uninjected,
+        "span_logprobs": span_logprobs,
         "probe": probe,
         "probe_score": probe.score(stream[turn]),
     }
@@ -112,7 +142,8 @@ def target(tiny_path, adapter, reference):
     )
     server = LensServer(str(tiny_path), "tiny-llama", args).start()
     try:
-        yield get_model("vllm-lens/tiny-llama", base_url=f"{server.url}/v1", memoize=False)
+        # log-probs on every call: the oracle's record keeps its answer tokens' (answer_logprobs)
+        yield get_model("vllm-lens/tiny-llama", base_url=f"{server.url}/v1", memoize=False, config=GenerateConfig(logprobs=True))
     finally:
         server.stop()
 
@@ -146,9 +177,22 @@ def test_oracle_reads_a_quoted_span(target, reference) -> None:
     _, record = ask(target, span=f"  {QUOTE} ")
     start, end = record["read_tokens"]
     assert list(range(start, end)) == reference["span"] and record["span"] == QUOTE
-    # (no check against the answer without injection here: on this random oracle the span's 14 rows
-    # leave its 6 greedy tokens as they are at any coefficient, 1 to 100, where random rows do not)
     assert record["answer"] == reference["answers"]["span"]
+    # On this random oracle the span's 14 rows leave its 6 greedy tokens as they are without
+    # injection (at any coefficient, 1 to 100), so equal answers cannot show the span was injected:
+    # its answer tokens' log-probs can. The server's equal the offline teacher-forced ones with the
+    # span's rows injected, and differ from those without injection and with the turn's rows by
+    # far more than that (measured: see SPAN_LOGPROB_NOISE).
+    served = np.array(record["answer_logprobs"], dtype=np.float64)
+    want = reference["span_logprobs"]
+    assert served.shape == want["span"].shape, (served, want["span"])
+    noise = float(np.abs(served - want["span"]).max())
+    margins = {name: float(np.abs(want[name] - want["span"]).max()) for name in ("uninjected", "turn")}
+    print(
+        f"span answer log-probs: served vs offline {noise:.2e}; offline without injection {margins['uninjected']:.2e}, with the turn's rows {margins['turn']:.2e}"
+    )
+    assert noise <= SPAN_LOGPROB_NOISE, (served, want["span"])
+    assert min(margins.values()) >= 10 * SPAN_LOGPROB_NOISE, margins
 
 
 def test_probe_scores_the_tool_call_turn_on_its_own_tokens(target, reference) -> None:
