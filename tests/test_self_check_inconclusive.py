@@ -40,3 +40,15 @@ def test_flat_logits_leave_the_steer_check_unjudged_and_lens_requests_served(tin
         assert last.control < self_check.CONTROL_MIN, checked.table()  # the logits really are flat
         assert checked.passed and checked.inconclusive, checked.table()
         assert "steer not judged" in checked.table() and checked.to_json()["inconclusive"] is True
+
+
+def test_a_right_contract_in_bfloat16_passes(tiny_path, monkeypatch) -> None:
+    """bfloat16 rounds the doubled stream: its log-probs move ~1e-2 with the right contract (the
+    float32 bound), which refused lens requests on a correct model before the bound per dtype."""
+    monkeypatch.setenv("LENS_EVALS_SELF_CHECK", "1")
+    with make_llm(tiny_path, max_model_len=512, dtype="bfloat16") as llm:
+        out = llm.generate(["the cat reads a book."], greedy(2, output_residual_stream=[0]))
+        assert out[0].activations["residual_stream"].shape[0] == 1
+        checked = self_check_run.result_of(llm.llm_engine.input_processor)
+        assert checked is not None and checked.dtype == "bfloat16" and checked.passed, checked and checked.table()
+        assert checked.layers[-1].steer <= self_check.steer_bound("bfloat16"), checked.table()
