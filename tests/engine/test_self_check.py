@@ -2,7 +2,7 @@
 requests when a decoder layer's contract is wrong, with the measured numbers, and serves plain
 requests. Each of the three contracts is swapped for another on a tiny zoo model of that
 contract (tests/arch_zoo.py); that it passes on every contract's zoo model is asserted by the
-architecture matrix (tests/test_architectures.py, same engines), on SmolLM2 by
+architecture matrix (tests/engine/test_architectures.py, same engines), on SmolLM2 by
 tests/test_capture_hf.py. Without the check (LENS_EVALS_SELF_CHECK=0, as before it existed) the
 same engines serve the lens requests, silently wrong."""
 
