@@ -12,7 +12,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 def embedded_llm() -> Any:
     from vllm import LLM
 
-    from lens_evals.models import model_path
+    from lens_evals.models.registry import model_path
 
     return LLM(str(model_path("smollm2-135m-instruct")), dtype="float32", max_model_len=256, seed=0)
 

@@ -20,7 +20,7 @@ TOP_K = 3
 def main() -> None:
     from vllm import SamplingParams
 
-    from lens_evals.hooks import Hook
+    from lens_evals.request.hooks import Hook
 
     started = time.monotonic()
     prompt = sys.argv[1] if len(sys.argv) > 1 else PROMPT

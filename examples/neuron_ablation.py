@@ -27,7 +27,7 @@ def main() -> None:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from lens_evals.hooks import Hook
+    from lens_evals.request.hooks import Hook
 
     started = time.monotonic()
     llm = embedded_llm()

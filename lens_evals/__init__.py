@@ -13,14 +13,18 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from lens_evals._moved import install as _install_moved_paths
+
+_install_moved_paths()  # the import paths the docs gave before #44 (lens_evals/_moved.py)
+
 if TYPE_CHECKING:
     from lens_evals.client import LensClient, activations_from_response, lens_xargs
     from lens_evals.engine.frontend.attach import LensRequestError
     from lens_evals.engine.frontend.hook_sets import HookSet, register_hook_set
     from lens_evals.engine.worker.hooks import HookContext
-    from lens_evals.hooks import Hook
-    from lens_evals.request_args import parse_lens_args
-    from lens_evals.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY, LensRequest, LinearProbe, SteeringVector
+    from lens_evals.request.args import parse_lens_args
+    from lens_evals.request.hooks import Hook
+    from lens_evals.request.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY, LensRequest, LinearProbe, SteeringVector
     from lens_evals.vllm_lens_helpers import (
         decode_activations,
         deserialize_hook_results,
@@ -32,14 +36,14 @@ if TYPE_CHECKING:
 
 # name -> the module that defines it
 _EXPORTS = {
-    "CAPTURE_KEY": "lens_evals.spec",
-    "PROBE_KEY": "lens_evals.spec",
-    "STEERING_KEY": "lens_evals.spec",
-    "LensRequest": "lens_evals.spec",
-    "LinearProbe": "lens_evals.spec",
-    "SteeringVector": "lens_evals.spec",
-    "parse_lens_args": "lens_evals.request_args",
-    "Hook": "lens_evals.hooks",
+    "CAPTURE_KEY": "lens_evals.request.spec",
+    "PROBE_KEY": "lens_evals.request.spec",
+    "STEERING_KEY": "lens_evals.request.spec",
+    "LensRequest": "lens_evals.request.spec",
+    "LinearProbe": "lens_evals.request.spec",
+    "SteeringVector": "lens_evals.request.spec",
+    "parse_lens_args": "lens_evals.request.args",
+    "Hook": "lens_evals.request.hooks",
     "LensClient": "lens_evals.client",
     "activations_from_response": "lens_evals.client",
     "lens_xargs": "lens_evals.client",

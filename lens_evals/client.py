@@ -17,9 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lens_evals import wire, wire_frame
-from lens_evals.hooks import Hook
-from lens_evals.spec import CAPTURE_KEY, ENCODING_KEY, HOOK_SET_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
+from lens_evals.request.hooks import Hook
+from lens_evals.request.spec import CAPTURE_KEY, ENCODING_KEY, HOOK_SET_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
 from lens_evals.vllm_lens_helpers import (
     as_object,
     decode_activations,
@@ -30,6 +29,8 @@ from lens_evals.vllm_lens_helpers import (
     serialize_hook_results,
     serialize_tensor,
 )
+from lens_evals.wire import formats as wire
+from lens_evals.wire import frame as wire_frame
 
 if TYPE_CHECKING:
     import urllib3
@@ -81,7 +82,7 @@ def lens_xargs(
     """The ``vllm_xargs`` body field for a request (steering vectors, probes and registered
     hooks as JSON strings, since vLLM's ``vllm_xargs`` only carries strings and numbers).
     ``capture_layers=True``: every layer. ``encoding``: how the activations come back
-    (``lens_evals.wire.RESPONSE_ENCODINGS``; default ``wire.DEFAULT_RESPONSE_ENCODING``)."""
+    (``lens_evals.wire.formats.RESPONSE_ENCODINGS``; default ``wire.DEFAULT_RESPONSE_ENCODING``)."""
     xargs: dict[str, Any] = {}
     if capture_layers is True:
         xargs[CAPTURE_KEY] = "true"
@@ -178,7 +179,7 @@ class LensClient:
         return self._model
 
     def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """A response's body: JSON, or a frame unframed (``lens_evals.wire_frame``)."""
+        """A response's body: JSON, or a frame unframed (``lens_evals.wire.frame``)."""
         response = self._http.request(method, f"{self.base_url}{path}", json=body)
         data = wire_frame.response_body(response.data, response.headers.get("content-type"))
         if response.status != 200 or (isinstance(data, dict) and "error" in data):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from lens_evals import wire
+from lens_evals.wire import formats as wire
 
 if TYPE_CHECKING:
     import numpy as np

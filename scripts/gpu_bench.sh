@@ -52,7 +52,7 @@
 #   LENS_EVALS_TIMING=1 WORKLOAD=prefill bash scripts/gpu_bench.sh lens-mixed --repeats 6
 #   BENCH_DIR=/tmp/prefill-pool4g LENS_EVALS_HANDOFF_POOL_MIB=4096 LENS_EVALS_TIMING=1 \
 #     WORKLOAD=prefill bash scripts/gpu_bench.sh lens-mixed --repeats 6
-#   python3 -m lens_evals.bench.phases /tmp/lens-evals-bench-prefill   (and /tmp/prefill-pool4g)
+#   python3 -m benchmarks.phases /tmp/lens-evals-bench-prefill   (and /tmp/prefill-pool4g)
 # All 32 layers (H100 2026-12-05: 1,000 prompts = 43.9 GB in one call took > 34 s against 3.94 s
 # plain, and the engine core died in the second call; docs/benchmarks.md says why): the same
 # bytes per call as capture-8 with a quarter of the prompts, own BENCH_DIR (the prompts differ):
@@ -98,7 +98,7 @@ export PYTHONPATH=/tmp/site:$PWD LENS_EVALS_MODEL_DIR=/tmp/lens-models PYTHONUNB
 python3 -c "import torch, vllm, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 # Stop each system well inside the call's 10 minutes, so the report still gets written.
-python3 -m lens_evals.cli bench --gpu --resume --systems "$systems" --out "$BENCH_DIR" \
+python3 -m benchmarks --gpu --resume --systems "$systems" --out "$BENCH_DIR" \
   --gpu-model-dir /tmp/lens-evals-bench-llama8b --timeout "${BENCH_SYSTEM_TIMEOUT:-420}" "$@" 2>&1 | tee "$BENCH_DIR.log"
 status=${PIPESTATUS[0]}
 # The device returns at most 8 files a call: the report, and everything else in one archive.

@@ -30,9 +30,9 @@ mkdir -p "$work/model"
 import json, sys
 from pathlib import Path
 from transformers import LlamaConfig
-from lens_evals.bench.gpu_model import LLAMA_8B
-from lens_evals.bench.prefill import prefill_lengths
-from lens_evals.bench.prompts import make_prompts
+from benchmarks.gpu_model import LLAMA_8B
+from benchmarks.prefill import prefill_lengths
+from benchmarks.prompts import make_prompts
 
 work, n = Path(sys.argv[1]), int(sys.argv[2])
 LlamaConfig(**LLAMA_8B, torch_dtype="bfloat16", architectures=["LlamaForCausalLM"]).save_pretrained(work / "model")

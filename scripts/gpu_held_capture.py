@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the checkout's, not in the wheel
 LAYERS = list(range(8, 32, 3))  # 8, 11, ..., 29
 HIDDEN = 4096
 
@@ -31,9 +32,9 @@ HIDDEN = 4096
 def build(work: Path, n: int) -> tuple[Path, list[list[int]]]:
     from transformers import LlamaConfig
 
-    from lens_evals.bench.gpu_model import LLAMA_8B
-    from lens_evals.bench.prefill import prefill_lengths
-    from lens_evals.bench.prompts import make_prompts
+    from benchmarks.gpu_model import LLAMA_8B
+    from benchmarks.prefill import prefill_lengths
+    from benchmarks.prompts import make_prompts
 
     model = work / "model"
     LlamaConfig(**LLAMA_8B, torch_dtype="bfloat16", architectures=["LlamaForCausalLM"]).save_pretrained(model)

@@ -158,7 +158,7 @@ case ${PART:?PART=prepare|1|2a|2b|2c|2d|3a|3b|3c|3d|3e|3f|solo|files|ray|overlap
     [ -d /tmp/kc-in ] && python3 scripts/gpu_cache.py unpack /tmp/kc-in /tmp/kc
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/pkg/site-packages . || exit 1
     python3 -c "import torch, vllm, transformers, inspect_ai, ray; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__, 'inspect', inspect_ai.__version__, 'ray', ray.__version__, 'gpus', torch.cuda.device_count())"
-    python3 -c "from lens_evals.models import model_path; [print(model_path(n)) for n in ('tiny-llama', 'tiny-moe', 'smollm2-135m-instruct')]"
+    python3 -c "from lens_evals.models.registry import model_path; [print(model_path(n)) for n in ('tiny-llama', 'tiny-moe', 'smollm2-135m-instruct')]"
     # The machine's first engine (149-207 s in four runs, later ones 10-15 s) started here, its
     # phases timed, so that the parts' budgets hold and the carried caches' effect is measured
     [ "${WARM:-1}" = 1 ] && VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 -c "

@@ -14,7 +14,11 @@ attach to outputs``, ``early: write rows``), once per setting, e.g.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the checkout's, not in the wheel
 
 
 def main() -> None:
@@ -28,8 +32,8 @@ def main() -> None:
 
     from vllm import SamplingParams
 
-    from lens_evals.bench.prefill import prefill_lengths
-    from lens_evals.bench.prompts import make_prompts
+    from benchmarks.prefill import prefill_lengths
+    from benchmarks.prompts import make_prompts
     from lens_evals.engine.frontend.offline import open_offline_engine
 
     llm = open_offline_engine(args.model, max_model_len=512, enable_prefix_caching=False, max_num_batched_tokens=16384)

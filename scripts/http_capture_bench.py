@@ -7,7 +7,7 @@ wall time from submit until every capture is on the host (torch, native dtype); 
 times the same call without a capture (``plain_wall_seconds``); the engine is then shut down.
 (b) a lens server on the same model and engine arguments gets the same prompts as
 ``/v1/completions`` with ``prompt`` = the token ids over ``--concurrency`` connections, once per
-response encoding of ``lens_evals.wire.RESPONSE_ENCODINGS`` per round and once without a capture
+response encoding of ``lens_evals.wire.formats.RESPONSE_ENCODINGS`` per round and once without a capture
 (``plain``: what serving the prompts over HTTP costs vLLM alone, against plain offline), in a
 rotated order; wall time until every response is decoded into tensors (where it was read: on a
 thread per connection through ``LensClient``'s urllib3 pool, or its former httpx client with
@@ -35,6 +35,7 @@ import gc
 import json
 import platform
 import random
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -47,16 +48,19 @@ import torch
 import urllib3
 from tqdm import tqdm
 
-from lens_evals import wire, wire_frame
-from lens_evals.bench.prefill import prefill_lengths
-from lens_evals.bench.process_stats import cpu_seconds, engine_core_pid, peak_rss_gib, reset_peak_rss
-from lens_evals.bench.prompts import make_prompts
-from lens_evals.bench.wide_model import WIDE_LLAMA, build_wide_llama
-from lens_evals.cli_checks import model_config
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the checkout's, not in the wheel
+
+from benchmarks.prefill import prefill_lengths
+from benchmarks.process_stats import cpu_seconds, engine_core_pid, peak_rss_gib, reset_peak_rss
+from benchmarks.prompts import make_prompts
+from benchmarks.wide_model import WIDE_LLAMA, build_wide_llama
 from lens_evals.client import decode_activations, http_pool, lens_xargs
 from lens_evals.engine.frontend.offline import add_engine_arg_option, close_offline_engine, open_offline_engine, parse_engine_args
-from lens_evals.models import resolve_model
-from lens_evals.provider.server import LensServer
+from lens_evals.inspect_kit.provider.server import LensServer
+from lens_evals.models.lookup import model_config
+from lens_evals.models.registry import resolve_model
+from lens_evals.wire import formats as wire
+from lens_evals.wire import frame as wire_frame
 
 # tests/tolerance.py's per-token bounds (max over tokens of ||got_t - ref_t|| / ||ref_t||) for two
 # runs of one model with different batch shapes: measured floor x ~10 on CPU, TF32 estimate on GPU.

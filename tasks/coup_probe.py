@@ -11,23 +11,12 @@ See tasks/README.md. Metrics: AUROC, recall at the probe's 1%-FPR threshold, mea
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from inspect_ai import Task, task
 
-from lens_evals.evals.coup import coup_probe as packaged_task
-
-PROBE_DIR = Path(os.environ.get("LENS_EVALS_PROBE_DIR", Path(__file__).resolve().parents[1] / "probes"))
+from lens_evals.evals.coup import coup_probe as packaged_coup_probe
+from lens_evals.inspect_kit.task_files import same_as
 
 
 @task
-def coup_probe(
-    probe: str | None = None,
-    split: str = "held_out",
-    trajectories: str | None = None,
-    tokenizer: str | None = None,
-    probe_dir: str | None = None,
-) -> Task:
-    """``lens_evals/coup_probe``; the default probe from ``probe_dir`` (default: LENS_EVALS_PROBE_DIR, else probes/)."""
-    return packaged_task(probe=probe, split=split, trajectories=trajectories, tokenizer=tokenizer, probe_dir=probe_dir or str(PROBE_DIR))
+@same_as(packaged_coup_probe)
+def coup_probe() -> Task: ...

@@ -19,37 +19,12 @@ served by the target's server under the name ``oracle_lora``. See tasks/README.m
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from inspect_ai import Task, task
 
-from lens_evals.evals.petri_audit import petri_audit as packaged_task
-
-PROBE_DIR = Path(os.environ.get("LENS_EVALS_PROBE_DIR", Path(__file__).resolve().parents[1] / "probes"))
+from lens_evals.evals.petri_audit import petri_audit as packaged_petri_audit
+from lens_evals.inspect_kit.task_files import same_as
 
 
 @task
-def petri_audit(
-    inspectors: str = "probe",
-    probe: str | None = None,
-    oracle: str | None = None,
-    oracle_lora: str = "oracle",
-    seed_instructions: str | None = None,
-    max_turns: int = 15,
-    compaction: bool = False,
-    target_tools: str = "synthetic",
-    probe_dir: str | None = None,
-) -> Task:
-    """``lens_evals/petri_audit``; the default probe from ``probe_dir`` (default: LENS_EVALS_PROBE_DIR, else probes/)."""
-    return packaged_task(
-        inspectors=inspectors,
-        probe=probe,
-        oracle=oracle,
-        oracle_lora=oracle_lora,
-        seed_instructions=seed_instructions,
-        max_turns=max_turns,
-        compaction=compaction,
-        target_tools=target_tools,
-        probe_dir=probe_dir or str(PROBE_DIR),
-    )
+@same_as(packaged_petri_audit)
+def petri_audit() -> Task: ...

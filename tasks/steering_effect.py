@@ -11,20 +11,10 @@ from __future__ import annotations
 
 from inspect_ai import Task, task
 
-from lens_evals.evals.steering_effect import steering_effect as packaged_task
+from lens_evals.evals.steering_effect import steering_effect as packaged_steering_effect
+from lens_evals.inspect_kit.task_files import same_as
 
 
 @task
-def steering_effect(
-    concept: str = "sentiment",
-    layers: str = "6,12,18",
-    scales: str = "0,2,4,6,8",
-    prompts: int = 20,
-    max_tokens: int = 24,
-    vector: str | None = None,
-    dataset: str | None = None,
-) -> Task:
-    """``lens_evals/steering_effect``: the same task (its options are listed in tasks/README.md)."""
-    return packaged_task(
-        concept=concept, layers=layers, scales=scales, prompts=prompts, max_tokens=max_tokens, vector=vector, dataset=dataset
-    )
+@same_as(packaged_steering_effect)
+def steering_effect() -> Task: ...

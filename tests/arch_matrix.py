@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from lens_evals import LinearProbe, SteeringVector
-from lens_evals.hooks import Hook
+from lens_evals.request.hooks import Hook
 from tests import tolerance
 from tests.conftest import gpu_share
 

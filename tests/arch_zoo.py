@@ -432,7 +432,7 @@ def _drop_weights(directory: Path, pattern: str) -> None:
 
 def _root(root: Path | None) -> Path:
     if root is None:
-        from lens_evals.models import cache_root
+        from lens_evals.models.registry import cache_root
 
         root = cache_root()
     return Path(root) / "zoo"
@@ -443,7 +443,7 @@ def build(arch: str, root: Path | None = None) -> Path:
     import torch
     import transformers
 
-    from lens_evals.models import model_path
+    from lens_evals.models.registry import model_path
 
     entry = ZOO[arch]
     config = entry.config()

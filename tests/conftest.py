@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from lens_evals.models import model_path
+from lens_evals.models.registry import model_path
 from tests.device import gpu_share, on_gpu
 
 
@@ -117,7 +117,7 @@ def capture(output: Any) -> Any:
 @contextmanager
 def lens_server(path: Path, env: dict[str, str] | None = None, server_args: dict[str, Any] | None = None) -> Iterator[Any]:
     """A LensServer for ``path`` served as "test", with the tests' engine options (plus ``server_args``)."""
-    from lens_evals.provider.server import LensServer
+    from lens_evals.inspect_kit.provider.server import LensServer
 
     release_gpu_memory()
     server = LensServer(str(path), served_name="test", server_args=engine_options(**(server_args or {})), env=env).start()
@@ -136,7 +136,7 @@ def servers_share_the_gpu() -> Iterator[None]:
     if not on_gpu():
         yield
         return
-    from lens_evals.provider.server import LensServer
+    from lens_evals.inspect_kit.provider.server import LensServer
 
     init, start = LensServer.__init__, LensServer.start
 

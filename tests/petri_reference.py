@@ -13,7 +13,7 @@ import numpy as np
 
 from lens_evals.oracle.inference import OracleSettings, oracle_answers
 from lens_evals.probing.probe import Probe, ProbeCard
-from lens_evals.spec import CAPTURE_KEY
+from lens_evals.request.spec import CAPTURE_KEY
 
 TOOL_TEMPLATE = Path(__file__).resolve().parents[1] / "lens_evals" / "data" / "chat_templates" / "chatml_tools.jinja"
 END_OF_TURN = "<|im_end|>"

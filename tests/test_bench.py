@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from lens_evals import spec
-from lens_evals.bench.config import BenchConfig
-from lens_evals.bench.interleaved import FEATURES, rotated, summarise
-from lens_evals.bench.prompts import MAX_TOKENS, MIN_TOKENS, make_prompts
-from lens_evals.bench.systems import ALL_SYSTEMS
-from lens_evals.bench.vllm_systems import lens_extra_args
-from lens_evals.cli import main
+from benchmarks.config import BenchConfig
+from benchmarks.interleaved import FEATURES, rotated, summarise
+from benchmarks.prompts import MAX_TOKENS, MIN_TOKENS, make_prompts
+from benchmarks.systems import ALL_SYSTEMS
+from benchmarks.vllm_systems import lens_extra_args
+from lens_evals.cli.app import main
+from lens_evals.request import spec
 from tests.conftest import on_gpu
 from tests.tolerance import stream_bound
 
@@ -90,7 +90,7 @@ def test_interleaved_rounds_rotate_and_ratios_pair_rounds() -> None:
 
 
 def test_token_check_reports_differences_under_the_baselines_own_noise_floor() -> None:
-    from lens_evals.bench.checks import token_check
+    from benchmarks.checks import token_check
 
     cfg = BenchConfig(model_dir="", prompts=[[1], [2], [3]], max_tokens=1, layer=1, num_layers=2, hidden_size=8)
     ours = {"system": "lens-capture-1", "status": "ok", "token_ids": [[5], [6], [9]]}
@@ -110,7 +110,7 @@ def test_prefill_workload_captures_every_prompt_token(tiny_path, tmp_path) -> No
     length-sorted batches) each equal a single-prompt HF forward on the first prompts."""
     from safetensors.torch import load_file
 
-    from lens_evals.bench.prefill import PREFILL_MAX, PREFILL_MIN, capture_layers
+    from benchmarks.prefill import PREFILL_MAX, PREFILL_MIN, capture_layers
     from tests.hf_reference import HFReference
     from tests.tolerance import assert_stream_close
 
@@ -166,7 +166,7 @@ def test_prefill_workload_captures_every_prompt_token(tiny_path, tmp_path) -> No
 
 
 def test_prefill_lengths_and_layer_sets() -> None:
-    from lens_evals.bench.prefill import PREFILL_MAX, PREFILL_MIN, many_layers, prefill_lengths
+    from benchmarks.prefill import PREFILL_MAX, PREFILL_MIN, many_layers, prefill_lengths
 
     lengths = prefill_lengths(1000)
     assert lengths == prefill_lengths(1000) and lengths != prefill_lengths(1000, seed=1)
@@ -177,9 +177,9 @@ def test_prefill_lengths_and_layer_sets() -> None:
 
 
 def test_phase_log_is_read_fetch_by_fetch(tmp_path) -> None:
-    """``lens_evals.bench.phases`` joins each fetch's worker and frontend timing lines (the worker's
+    """``benchmarks.phases`` joins each fetch's worker and frontend timing lines (the worker's
     with or without the prefix vLLM gives an engine core's lines)."""
-    from lens_evals.bench.phases import fetches
+    from benchmarks.phases import fetches
 
     log = tmp_path / "mixed.log"
     log.write_text(
@@ -198,7 +198,7 @@ def test_phase_log_is_read_fetch_by_fetch(tmp_path) -> None:
 def test_gpu_prefill_pairs_each_capture_with_its_round_without_copy_overlap() -> None:
     """The ``-sync`` rounds (GPU, prefill) ask for the same capture with the copy overlap off for
     that round alone, and fail loudly when the worker did not turn it off."""
-    from lens_evals.bench.interleaved import copy_overlap, features_of
+    from benchmarks.interleaved import copy_overlap, features_of
     from lens_evals.engine.transport.protocol import COPY_METHOD
 
     cfg = BenchConfig(model_dir="m", prompts=[[1, 2]], max_tokens=1, layer=1, num_layers=4, hidden_size=8, workload="prefill")
@@ -230,8 +230,8 @@ def test_gpu_prefill_pairs_each_capture_with_its_round_without_copy_overlap() ->
 
 
 def test_report_gives_the_paired_overlap_ratio_and_no_target_for_the_sync_rounds() -> None:
-    from lens_evals.bench.interleaved import summarise
-    from lens_evals.bench.report import interleaved_markdown, prefill_targets
+    from benchmarks.interleaved import summarise
+    from benchmarks.report import interleaved_markdown, prefill_targets
 
     times = {"plain": [1.0, 1.0, 1.0], "capture-1": [1.2, 1.1, 1.3], "capture-1-sync": [1.5, 1.0, 1.3]}
     row = {"system": "lens-mixed", "status": "ok", "interleaved": {"times": times, "summary": summarise(times)}}
@@ -243,8 +243,8 @@ def test_report_gives_the_paired_overlap_ratio_and_no_target_for_the_sync_rounds
 
 
 def test_sync_systems_run_ours_with_the_copy_overlap_off_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lens_evals.bench.launcher import system_env
-    from lens_evals.bench.systems import default_systems
+    from benchmarks.launcher import system_env
+    from benchmarks.systems import default_systems
 
     cfg = BenchConfig(model_dir="m", prompts=[[1, 2]], max_tokens=1, layer=1, num_layers=4, hidden_size=8, device="cuda")
     for name in ("lens-capture-1-sync", "lens-graphs-capture-1-sync"):

@@ -23,7 +23,7 @@ from tolerance import assert_stream_close
 
 from lens_evals.capture import CaptureError, CaptureReader, CaptureStopped, run_capture
 from lens_evals.capture.runner import CaptureSettings
-from lens_evals.cli import main as cli_main
+from lens_evals.cli.app import main as cli_main
 
 LAYERS = [0, 1, 2, 3]  # every layer of the tiny Llama
 CHATS = [

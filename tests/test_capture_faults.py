@@ -24,7 +24,7 @@ from lens_evals.capture import runner as capture_runner
 from lens_evals.capture.inputs import read_prompts, source_sha256
 from lens_evals.capture.manifest import CaptureManifest, read_manifest, write_manifest
 from lens_evals.capture.runner import CaptureSettings
-from lens_evals.cli import main as cli_main
+from lens_evals.cli.app import main as cli_main
 
 LAYERS = [1, 2]
 ONE_PER_SHARD = CaptureSettings(batch_size=2, shard_rows=1)

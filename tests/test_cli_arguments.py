@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lens_evals.cli import build_parser, main
+from benchmarks.main import build_parser as build_bench_parser
+from lens_evals.cli.app import build_parser, main
 from lens_evals.probing.probe import Probe
 from lens_evals.probing.train import fit_pipeline
 from tests.test_probing import _card
@@ -51,8 +52,11 @@ from tests.test_probing import _card
     ],
 )
 def test_a_wrong_argument_exits_2_naming_it(argv: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    words = argv.split()
+    # `lens-evals bench` hands its arguments to the checkout's benchmarks/ parser
+    parser = build_bench_parser() if words[0] == "bench" else build_parser()
     with pytest.raises(SystemExit) as exit_info:
-        build_parser().parse_args(argv.split())
+        parser.parse_args(words[1:] if words[0] == "bench" else words)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 

@@ -16,13 +16,13 @@ from inspect_ai.log import read_eval_log
 from inspect_ai.model import ModelOutput
 
 from lens_evals.evals.coup import coup_task
-from lens_evals.evals.shared.turn_probe import message_text, plain_chat, tool_call_text
+from lens_evals.inspect_kit.provider.server import LensServer
+from lens_evals.inspect_kit.turn_probe import message_text, plain_chat, tool_call_text
 from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue
 from lens_evals.probing.extract import extract_features
 from lens_evals.probing.metrics import auroc
 from lens_evals.probing.train import train_probe
-from lens_evals.provider.server import LensServer
 from tests.conftest import make_llm
 from tests.tolerance import assert_dialogue_scores_close, dialogue_score_bound
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from lens_evals.cli import main
+from lens_evals.cli.app import main
 
 COMMANDS = {
     "demo": ["demo", "--model", "tiny-llama", "--layer", "1"],

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lens_evals import gguf_models
-from lens_evals.gguf_models import GgufModel, PartPin, UntrustedPartError
+from lens_evals.models import gguf as gguf_models
+from lens_evals.models.gguf import GgufModel, PartPin, UntrustedPartError
 
 N_LAYERS, HIDDEN = 3, 16
 

@@ -86,7 +86,7 @@ VLLM_PUBLIC = {("vllm", "LLM"), ("vllm", "SamplingParams"), ("vllm.lora.request"
 # modules outside compat that import vLLM internals, and why
 VLLM_EXCEPTIONS = {
     # the benchmark runs nnsight's own vLLM integration (its worker classes), not ours
-    "lens_evals.bench.nnsight_vllm": "nnsight's vLLM worker classes"
+    "benchmarks.nnsight_vllm": "nnsight's vLLM worker classes"
 }
 
 

@@ -11,6 +11,7 @@ from inspect_ai import eval as inspect_eval
 from inspect_ai.model import get_model
 
 from lens_evals.evals.roleplaying.multi_probe import roleplaying_probes_task
+from lens_evals.inspect_kit.provider.server import LensServer
 from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue
 from lens_evals.probing.extract import extract_features
@@ -25,7 +26,6 @@ from lens_evals.probing.multi import (
     scenario_key,
     threshold_interval,
 )
-from lens_evals.provider.server import LensServer
 from tests.conftest import make_llm
 from tests.tolerance import assert_dialogue_scores_close, score_bound
 
@@ -156,7 +156,7 @@ def test_three_readouts_in_one_request_equal_three_single_readout_requests(tiny_
     from vllm import SamplingParams
 
     from lens_evals.probing.dialogues import tokenize_dialogue
-    from lens_evals.spec import CAPTURE_KEY, PROBE_KEY
+    from lens_evals.request.spec import CAPTURE_KEY, PROBE_KEY
 
     path, dialogues = tiny_probe_set
     probes = load_probe_set(path)

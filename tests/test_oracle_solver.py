@@ -11,7 +11,7 @@ from inspect_ai import eval as inspect_eval
 from lens_evals.oracle.inference import OracleSettings, injection_vector, oracle_answers, oracle_prompt_ids
 from lens_evals.oracle.lora_training import OracleTrainConfig
 from lens_evals.oracle.prompt import placeholder_token_id
-from lens_evals.spec import CAPTURE_KEY, STEERING_KEY
+from lens_evals.request.spec import CAPTURE_KEY, STEERING_KEY
 from tests.conftest import capture, gpu_share, greedy, make_llm
 from tests.lora_helpers import assert_greedy_of, lora_dtype, random_adapter
 from tests.tolerance import assert_stream_close, token_relative_error

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
+from lens_evals.inspect_kit.provider.lora_args import lora_server_args
+from lens_evals.inspect_kit.provider.server import LensServer
 from lens_evals.oracle.adapters import RECIPES, SMALL_ORACLE, oracle_path, read_card
 from lens_evals.oracle.inference import OracleSettings
 from lens_evals.probing.probe import Probe
-from lens_evals.provider.lora_args import lora_server_args
-from lens_evals.provider.server import LensServer
 from tests.conftest import make_llm
 from tests.petri_reference import TOOL_TEMPLATE, capture_ids, offline_oracle, random_probe, turn_by_characters
 from tests.tolerance import assert_dialogue_scores_close

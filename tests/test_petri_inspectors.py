@@ -23,11 +23,11 @@ from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessag
 from inspect_ai.model._openai import messages_to_openai, openai_chat_tools
 from inspect_ai.tool import ToolCall, ToolError, ToolInfo, ToolParam, ToolParams
 
+from lens_evals.inspect_kit.provider.lora_args import lora_server_args
+from lens_evals.inspect_kit.provider.server import LensServer
 from lens_evals.integrations.petri import OracleInspector, ProbeInspector, inspect_turn
 from lens_evals.oracle.inference import OracleSettings
 from lens_evals.probing.probe import Probe
-from lens_evals.provider.lora_args import lora_server_args
-from lens_evals.provider.server import LensServer
 from tests.conftest import make_llm
 from tests.lora_helpers import lora_dtype, random_adapter
 from tests.petri_reference import TOOL_TEMPLATE, capture_ids, offline_oracle, random_probe, turn_by_characters

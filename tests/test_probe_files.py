@@ -17,8 +17,8 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from lens_evals import settings
-from lens_evals.cli import main
-from lens_evals.evals.shared.default_probes import default_probe, default_probe_set
+from lens_evals.cli.app import main
+from lens_evals.inspect_kit.default_probes import default_probe, default_probe_set
 from lens_evals.probing.probe import Probe, convert_probe, load_probe
 from tests.test_probing import _card
 

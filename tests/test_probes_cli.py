@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lens_evals.cli import build_parser, main
+from lens_evals.cli.app import build_parser, main
 
 
 @pytest.mark.parametrize(

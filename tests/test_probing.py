@@ -8,7 +8,7 @@ from inspect_ai.scorer import SampleScore, Score
 from sklearn.metrics import roc_auc_score
 from transformers import AutoTokenizer
 
-from lens_evals.evals.shared.probe_scorer import auroc, class_mean, flagged_count, recall_at_threshold
+from lens_evals.inspect_kit.probe_scorer import auroc, class_mean, flagged_count, recall_at_threshold
 from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue, scored_char_span, tokenize_dialogue
 from lens_evals.probing.metrics import threshold_at_fpr

@@ -23,11 +23,11 @@ from inspect_ai.scorer import match
 
 from lens_evals import SteeringVector
 from lens_evals.client import lens_xargs
-from lens_evals.evals.shared.lens_solvers import capture_activations, steer
-from lens_evals.hooks import Hook
-from lens_evals.provider.server import LensServer, free_port
-from lens_evals.provider.xargs import to_vllm_xargs
-from lens_evals.spec import HOOKS_KEY
+from lens_evals.inspect_kit.lens_solvers import capture_activations, steer
+from lens_evals.inspect_kit.provider.server import LensServer, free_port
+from lens_evals.inspect_kit.provider.xargs import to_vllm_xargs
+from lens_evals.request.hooks import Hook
+from lens_evals.request.spec import HOOKS_KEY
 from tests.conftest import capture, gpu_share, greedy, make_llm
 from tests.tolerance import assert_stream_close
 
@@ -85,8 +85,8 @@ def test_captures_reach_the_provider_as_binary_frames_equal_to_json(tiny_server)
     SDK parses only JSON): the arrays equal the same request's in the default JSON encoding, bit
     for bit, the hook results too, and a JSON encoding asked for explicitly still comes as JSON.
     The frame never reaches Inspect's log: its reference is taken out as the arrays are."""
-    from lens_evals.provider import frames
-    from lens_evals.spec import ENCODING_KEY
+    from lens_evals.inspect_kit.provider import frames
+    from lens_evals.request.spec import ENCODING_KEY
 
     model = tiny_model(tiny_server)
     hook = Hook("record_norm", [2])
@@ -255,7 +255,7 @@ def test_a_memoised_model_follows_the_base_url_variable_and_fails_fast_without_a
     once (Inspect would otherwise retry a refused connection for ever)."""
     import time
 
-    from lens_evals.provider.api import BASE_URL_ENV
+    from lens_evals.inspect_kit.provider.api import BASE_URL_ENV
 
     monkeypatch.setenv(BASE_URL_ENV, f"{tiny_server.url}/v1")
     model = get_model("vllm-lens/tiny-llama", memoize=False)

@@ -22,7 +22,7 @@ def test_a_bad_server_timeout_is_refused_naming_it(value: object) -> None:
 
 
 def test_a_model_directory_passes_the_name_check(tiny_path) -> None:
-    from lens_evals.provider.api import _own_server_spec
+    from lens_evals.inspect_kit.provider.api import _own_server_spec
 
     path, served, _, _ = _own_server_spec(str(tiny_path), {}, 60.0)
     assert (path, served) == (str(tiny_path), str(tiny_path))
@@ -41,7 +41,7 @@ def test_server_flags_say_false_with_no_rather_than_dropping_it() -> None:
     """``-M enable_prefix_caching=false`` used to vanish (a False flag was left out, and vLLM's
     default is on); vLLM's boolean engine arguments take ``--no-`` (tests/test_petri_inspectors.py
     starts a server with one)."""
-    from lens_evals.provider.server import server_flags
+    from lens_evals.inspect_kit.provider.server import server_flags
 
     flags = server_flags({"enforce_eager": True, "enable_prefix_caching": False, "max_model_len": 512, "seed": None, "api_key": ["a", "b"]})
     assert flags == ["--enforce-eager", "--no-enable-prefix-caching", "--max-model-len", "512", "--api-key", "a", "b"]

@@ -28,16 +28,17 @@ from sklearn.metrics import roc_auc_score, roc_curve
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from lens_evals import LinearProbe, SteeringVector, wire
-from lens_evals.cli import main as cli
+from lens_evals import LinearProbe, SteeringVector
+from lens_evals.cli.app import main as cli
 from lens_evals.evals.roleplaying import roleplaying_task
 from lens_evals.evals.roleplaying.multi_probe import roleplaying_probes_task
-from lens_evals.evals.shared.probe_reading import INFO_SOURCE
+from lens_evals.inspect_kit.probe_reading import INFO_SOURCE
+from lens_evals.inspect_kit.provider.logged_call import logged_extra_args, real_extra_args, split_xargs, wire_request
+from lens_evals.inspect_kit.provider.xargs import to_vllm_xargs
 from lens_evals.probing.multi import ProbeSet, Readout
 from lens_evals.probing.probe import Probe, ProbeCard, load_probe
-from lens_evals.provider.logged_call import logged_extra_args, real_extra_args, split_xargs, wire_request
-from lens_evals.provider.xargs import to_vllm_xargs
-from lens_evals.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY
+from lens_evals.request.spec import CAPTURE_KEY, PROBE_KEY, STEERING_KEY
+from lens_evals.wire import formats as wire
 from tests.conftest import on_gpu
 
 N_SAMPLES = 4  # two scenarios, honest and deceptive
@@ -368,7 +369,7 @@ def test_truncated_log_is_refused(tiny_logs, tmp_path, capsys) -> None:
 @pytest.mark.slow
 def test_main_job_report_of_288_samples(tmp_path) -> None:
     """The README's main job end to end: its log and the report it writes beside it."""
-    from lens_evals.evals.roleplaying.main_job import run_roleplaying
+    from lens_evals.cli.main_job import run_roleplaying
 
     assert run_roleplaying(log_dir=str(tmp_path)) == 0
     log_path = next(tmp_path.glob("*.eval"))

@@ -18,8 +18,8 @@ from inspect_ai.log import transcript
 from inspect_ai.scorer import Score, Scorer, Target, scorer
 from inspect_ai.solver import Generate, Solver, TaskState, solver
 
-from lens_evals.cli import main as cli
-from lens_evals.evals.shared.probe_reading import INFO_SOURCE
+from lens_evals.cli.app import main as cli
+from lens_evals.inspect_kit.probe_reading import INFO_SOURCE
 from lens_evals.report.page import page_html
 from lens_evals.report.reading import ProbeSection, ReportData, ScoredSample, Turn
 from lens_evals.report.style import CSS

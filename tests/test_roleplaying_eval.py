@@ -13,7 +13,7 @@ from inspect_ai.event import InfoEvent
 from inspect_ai.model import ModelOutput, ModelUsage, get_model
 
 from lens_evals.evals.roleplaying import roleplaying_task
-from lens_evals.evals.shared.probe_reading import INFO_SOURCE
+from lens_evals.inspect_kit.probe_reading import INFO_SOURCE
 from lens_evals.probing import datasets
 from lens_evals.probing.extract import extract_features
 from lens_evals.probing.metrics import auroc

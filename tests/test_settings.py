@@ -23,7 +23,9 @@ NAMES = {setting.name for setting in settings.ALL}
 
 
 def package_files() -> list[Path]:
-    return [path for path in sorted(PACKAGE.rglob("*.py")) if path != SETTINGS_FILE]
+    """The package's modules and the benchmarks' (a checkout's ``benchmarks/`` reads settings too)."""
+    paths = [*PACKAGE.rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
+    return [path for path in sorted(paths) if path != SETTINGS_FILE]
 
 
 def test_every_name_in_the_package_is_a_setting() -> None:

@@ -17,7 +17,7 @@ from inspect_ai import eval as inspect_eval
 from inspect_ai.log import read_eval_log
 from safetensors.numpy import load_file
 
-from lens_evals.cli import main as cli
+from lens_evals.cli.app import main as cli
 from lens_evals.evals.steering_effect import steering_effect_task
 from lens_evals.evals.steering_effect.concepts import Concept, Item, words
 from lens_evals.evals.steering_effect.measures import continuation_logprobs, perplexity, word_balance

@@ -19,8 +19,8 @@ import torch
 import zstandard
 
 import lens_evals
-from lens_evals import wire
-from lens_evals.hooks import Hook
+from lens_evals.request.hooks import Hook
+from lens_evals.wire import formats as wire
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPERS = [
@@ -195,7 +195,7 @@ def test_version_is_the_distributions() -> None:
 def test_the_inspect_provider_reads_their_form() -> None:
     """The provider's decoder for a response in vllm-lens's form: the server's default since #43,
     what a provider without the frame client gets (it read the form as a plain dict before)."""
-    from lens_evals.provider.outputs import decode_activations, decode_hook_results
+    from lens_evals.inspect_kit.provider.outputs import decode_activations, decode_hook_results
 
     stream, scores = TENSORS["bfloat16"], TENSORS["float32"]
     raw = {"residual_stream": their_tensor(stream), "probe_scores": {"p": their_tensor(scores)}}

@@ -15,9 +15,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lens_evals import wire
-from lens_evals import wire_codec as codec
 from lens_evals.engine.frontend.http_middleware import encode_activations
+from lens_evals.wire import codec
+from lens_evals.wire import formats as wire
 
 
 def test_base64_equals_the_standard_library() -> None:

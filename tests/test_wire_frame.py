@@ -1,4 +1,4 @@
-"""The binary response frame (``lens_evals.wire_frame``): a response framed and unframed decodes to
+"""The binary response frame (``lens_evals.wire.frame``): a response framed and unframed decodes to
 the tensors it was made of, bit for bit in their native dtypes, with the JSON around them as it
 was; a malformed frame (any truncation, any byte changed, a range outside the blob, a bad
 reference) is a ``WireError`` saying what is wrong, never another exception. Over HTTP:
@@ -14,9 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lens_evals import wire, wire_frame
 from lens_evals.client import decode_activations
 from lens_evals.engine.frontend.http_middleware import encode_activations
+from lens_evals.wire import formats as wire
+from lens_evals.wire import frame as wire_frame
 
 TEXT = 'a "quoted" \\ text, é, \u2028, \x01'
 

@@ -10,8 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from lens_evals import LinearProbe, SteeringVector, parse_lens_args, wire
-from lens_evals.spec import float32_array
+from lens_evals import LinearProbe, SteeringVector, parse_lens_args
+from lens_evals.request.spec import float32_array
+from lens_evals.wire import formats as wire
 
 
 def test_round_trip_preserves_values_and_dtype() -> None:

@@ -34,7 +34,7 @@ from lens_evals.capture.manifest import (
     write_manifest,
 )
 from lens_evals.capture.shards import ShardBuffer, check_shard_file, write_single_row
-from lens_evals.cli_checks import model_config
+from lens_evals.models.lookup import model_config
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def _layer_count(llm: Any) -> int | None:
 
 
 def _configured_layer_count(model: str) -> int | None:
-    """The model's layer count from its ``config.json`` (``cli_checks.model_config``: a multimodal
+    """The model's layer count from its ``config.json`` (``models.lookup.model_config``: a multimodal
     model's text config), before any engine starts; None where it cannot be read (the engine's
     count decides then)."""
     try:
@@ -276,7 +276,7 @@ def _capture(
     from vllm import SamplingParams
 
     from lens_evals.engine.frontend.offline import engine_for
-    from lens_evals.spec import CAPTURE_KEY
+    from lens_evals.request.spec import CAPTURE_KEY
 
     # an engine opened here is shut down when the capture ends (the caller's ``llm`` stays open)
     with engine_for(*engine_spec) as engine:

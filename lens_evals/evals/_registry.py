@@ -13,8 +13,8 @@ from lens_evals.evals.activation_oracle import (  # noqa: F401
 from lens_evals.evals.coup import coup_probe  # noqa: F401
 from lens_evals.evals.petri_audit import petri_audit  # noqa: F401
 from lens_evals.evals.roleplaying import roleplaying_probe  # noqa: F401
-from lens_evals.evals.shared.lens_solvers import capture_activations, steer  # noqa: F401
-from lens_evals.evals.shared.probe_scorer import probe_scorer  # noqa: F401
-from lens_evals.evals.shared.probe_solver import probe_scores  # noqa: F401
 from lens_evals.evals.steering_effect import steering_effect  # noqa: F401
-from lens_evals.provider.api import VLLMLensAPI  # noqa: F401
+from lens_evals.inspect_kit.lens_solvers import capture_activations, steer  # noqa: F401
+from lens_evals.inspect_kit.probe_scorer import probe_scorer  # noqa: F401
+from lens_evals.inspect_kit.probe_solver import probe_scores  # noqa: F401
+from lens_evals.inspect_kit.provider.api import VLLMLensAPI  # noqa: F401

@@ -32,7 +32,7 @@ from inspect_ai.model import get_model
 from inspect_ai.tool import Tool
 from pydantic import Field
 
-from lens_evals.evals.shared.turn_probe import message_text, plain_chat, probe_last_turn
+from lens_evals.inspect_kit.turn_probe import message_text, plain_chat, probe_last_turn
 from lens_evals.probing.datasets import coup_messages
 from lens_evals.probing.probe import Probe, load_probe
 

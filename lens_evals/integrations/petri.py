@@ -4,7 +4,7 @@ The target role is a ``vllm-lens/<model>`` model (a lens server reached with a b
 Python 3.12 venv needs only a client-only install of lens_evals). ``target_activations`` gives the
 auditor a tool that re-reads the target's conversation up to its last assistant turn on that
 server — as the target read it, tool calls, tool results and its tools included
-(:mod:`lens_evals.evals.shared.target_turn`) — and asks a :class:`TurnInspector` about it:
+(:mod:`lens_evals.inspect_kit.target_turn`) — and asks a :class:`TurnInspector` about it:
 
 * :class:`ProbeInspector`: a linear probe (e.g. the coup probe) answers its one fixed question;
 * :class:`OracleInspector`: an activation oracle (a LoRA served by the same lens server) is asked
@@ -31,9 +31,9 @@ from inspect_ai.model import ChatMessage, ChatMessageAssistant, Model, get_model
 from inspect_ai.tool import Tool, ToolDef, ToolError, ToolInfo
 from inspect_ai.util import store
 
-from lens_evals.evals.activation_oracle.oracle_solver import ask_oracle, check_serves
-from lens_evals.evals.shared.target_turn import TurnReadError, capture_turn, probe_turn, turn_tokens
-from lens_evals.evals.shared.turn_probe import TurnScore
+from lens_evals.inspect_kit.oracle_solver import ask_oracle, check_serves
+from lens_evals.inspect_kit.target_turn import TurnReadError, capture_turn, probe_turn, turn_tokens
+from lens_evals.inspect_kit.turn_probe import TurnScore
 from lens_evals.oracle.inference import OracleSettings
 from lens_evals.probing.probe import Probe, load_probe
 

@@ -49,7 +49,7 @@ def build_oracle(
     from transformers import AutoTokenizer
     from vllm.lora.request import LoRARequest
 
-    from lens_evals.models import resolve_model
+    from lens_evals.models.registry import resolve_model
     from lens_evals.oracle.evaluate import evaluate_offline
     from lens_evals.oracle.inference import capture_conversations
 

@@ -13,7 +13,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from lens_evals.probing.dialogues import Dialogue, TokenSelection, tokenize_dialogue
-from lens_evals.spec import CAPTURE_KEY
+from lens_evals.request.spec import CAPTURE_KEY
 
 
 def extract_features(

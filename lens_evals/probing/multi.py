@@ -50,7 +50,7 @@ class Readout:
         return np.array([float((np.asarray(f, np.float64) @ self.weights.astype(np.float64)).mean() + self.bias) for f in features])
 
     def linear_probe(self) -> Any:
-        from lens_evals.spec import LinearProbe
+        from lens_evals.request.spec import LinearProbe
 
         return LinearProbe(name=self.name, layer=self.layer, weights=self.weights, bias=self.bias)
 

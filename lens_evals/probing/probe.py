@@ -101,7 +101,7 @@ class Probe:
 
     def linear_probe(self) -> Any:
         """The probe as the engine's request object (scores computed on the worker)."""
-        from lens_evals.spec import LinearProbe
+        from lens_evals.request.spec import LinearProbe
 
         weights, bias = self.folded()
         return LinearProbe(name=self.card.name, layer=self.card.layer, weights=weights, bias=bias)

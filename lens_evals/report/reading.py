@@ -16,7 +16,7 @@ from typing import Any, TypedDict, cast
 from inspect_ai.event import InfoEvent
 from inspect_ai.log import EvalLog, EvalSample, read_eval_log
 
-from lens_evals.evals.shared.probe_reading import INFO_SOURCE
+from lens_evals.inspect_kit.probe_reading import INFO_SOURCE
 from lens_evals.report.steering import SteeringSection, is_steering_log, steering_section
 
 ORACLE_SCORERS = ("oracle_answer_match", "zero_vector_match")

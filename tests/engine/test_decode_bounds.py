@@ -19,9 +19,10 @@ import psutil
 import pytest
 import zstandard
 
-from lens_evals import wire, wire_codec
-from lens_evals.request_args import LensLimits, parse_lens_args
-from lens_evals.spec import HOOKS_KEY, PROBE_KEY, STEERING_KEY, LinearProbe
+from lens_evals.request.args import LensLimits, parse_lens_args
+from lens_evals.request.spec import HOOKS_KEY, PROBE_KEY, STEERING_KEY, LinearProbe
+from lens_evals.wire import codec as wire_codec
+from lens_evals.wire import formats as wire
 from tests.conftest import greedy
 
 PROMPT = "the cat reads a book."

@@ -18,7 +18,7 @@ import torch
 from lens_evals.client import activations_from_response, lens_xargs
 from lens_evals.engine import compat
 from lens_evals.engine.frontend.state import frontend_state
-from lens_evals.hooks import Hook
+from lens_evals.request.hooks import Hook
 from tests.conftest import TINY_PROMPTS, capture, greedy, lens_server
 from tests.tolerance import assert_stream_close
 

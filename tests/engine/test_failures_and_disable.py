@@ -137,7 +137,7 @@ def test_an_engine_vllm_would_start_without_the_plugin_is_refused_first(tiny_pat
     without the installed package (the GPU run of 2026-12-05 that met this) has no entry point."""
     from lens_evals.engine.frontend.offline import open_offline_engine
     from lens_evals.engine.plugin import PluginNotLoadable, installed_plugins, plugin_load_problem, require_plugin
-    from lens_evals.provider.server import LensServer
+    from lens_evals.inspect_kit.provider.server import LensServer
 
     others = "lora_filesystem_resolver"
     env = {**os.environ, "VLLM_PLUGINS": others, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}

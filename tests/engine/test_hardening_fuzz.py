@@ -16,9 +16,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lens_evals import wire
-from lens_evals.request_args import parse_lens_args
-from lens_evals.spec import LinearProbe, SteeringVector
+from lens_evals.request.args import parse_lens_args
+from lens_evals.request.spec import LinearProbe, SteeringVector
+from lens_evals.wire import formats as wire
 
 EXAMPLES = 150
 FUZZ_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)

@@ -19,9 +19,10 @@ import pytest
 import requests
 import torch
 
-from lens_evals import Hook, LinearProbe, SteeringVector, wire
+from lens_evals import Hook, LinearProbe, SteeringVector
 from lens_evals.client import activations_from_response, lens_xargs
-from lens_evals.provider.server import LensServer
+from lens_evals.inspect_kit.provider.server import LensServer
+from lens_evals.wire import formats as wire
 from tests.conftest import capture, greedy, lens_server, make_llm
 from tests.tolerance import assert_stream_close
 

@@ -22,7 +22,7 @@ import torch
 
 from lens_evals import LinearProbe, SteeringVector
 from lens_evals.client import activations_from_response, lens_xargs
-from lens_evals.provider.server import LensServer
+from lens_evals.inspect_kit.provider.server import LensServer
 from tests.conftest import engine_options, greedy, lens_server, make_llm
 from tests.tolerance import assert_scores_close, assert_stream_close
 

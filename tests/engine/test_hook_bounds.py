@@ -14,8 +14,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lens_evals import SteeringVector, hook_library
-from lens_evals.hooks import Hook
+from lens_evals import SteeringVector
+from lens_evals.request import hook_library
+from lens_evals.request.hooks import Hook
 from tests.conftest import TINY_PROMPTS, capture, greedy
 from tests.tolerance import assert_stream_close
 
@@ -70,7 +71,7 @@ def test_add_and_patch_equal_the_per_row_loop(dtype: torch.dtype, seed: int) -> 
 def test_a_module_hook_is_bounded_by_positions_not_by_the_hidden_size() -> None:
     """A ``module`` hook sees the module's rows (e.g. MLP neurons): their width is not the
     model's hidden size, so only its positions and structure are checked."""
-    from lens_evals.hooks import HookBounds, check_hook_args
+    from lens_evals.request.hooks import HookBounds, check_hook_args
 
     check_hook_args(Hook("ablate", [0], pre=True, module="mlp.down_proj", args={"indices": [300]}), HIDDEN, 10, 512)
     with pytest.raises(ValueError, match="index 300 out of range: the rows have 128 columns"):

@@ -8,8 +8,8 @@ import torch
 
 from lens_evals.engine.frontend.attach import LensRequestError
 from lens_evals.engine.frontend.hook_sets import register_hook_set
-from lens_evals.hook_library import append_rows
-from lens_evals.hooks import Hook
+from lens_evals.request.hook_library import append_rows
+from lens_evals.request.hooks import Hook
 from tests.conftest import greedy
 from tests.engine.test_hooks import record_rows
 from tests.tolerance import assert_values_close

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lens_evals.engine.frontend.attach import LensRequestError
-from lens_evals.hook_library import append_rows
-from lens_evals.hooks import Hook
+from lens_evals.request.hook_library import append_rows
+from lens_evals.request.hooks import Hook
 from tests.conftest import TINY_PROMPTS, capture, greedy
 from tests.hf_reference import HFReference
 from tests.tolerance import assert_stream_close, stream_bound, token_relative_error
@@ -208,7 +208,7 @@ def test_request_side_validation() -> None:
 def test_hooks_per_request_are_bounded() -> None:
     """Each hook runs in Python per layer and step, holding up the whole batch: a request (one
     HTTP body of ~60 bytes per hook) may carry at most 256 of them."""
-    from lens_evals.request_args import parse_lens_args
+    from lens_evals.request.args import parse_lens_args
 
     one = {"name": "record_norm", "layer_indices": [0, 1, 2, 3]}
     assert len(parse_lens_args({"apply_hooks": [one] * 256}).hooks) == 256

@@ -26,11 +26,12 @@ import requests
 import torch
 import zstandard
 
-from lens_evals import LinearProbe, wire
+from lens_evals import LinearProbe
 from lens_evals.client import activations_from_response, hook_set_body, lens_xargs
-from lens_evals.hooks import Hook
-from lens_evals.provider.server import LensServer
-from lens_evals.spec import HOOK_SET_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY
+from lens_evals.inspect_kit.provider.server import LensServer
+from lens_evals.request.hooks import Hook
+from lens_evals.request.spec import HOOK_SET_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY
+from lens_evals.wire import formats as wire
 from tests.conftest import engine_options
 from tests.engine.test_hardening_load import SPECS, completion_body, solo  # noqa: F401  (solo: the module's fixture, each request run alone)
 from tests.tolerance import assert_scores_close, assert_stream_close

@@ -13,8 +13,8 @@ import httpx
 import pytest
 import torch
 
-from lens_evals.provider.lora_args import lora_server_args
-from lens_evals.provider.server import LensServer
+from lens_evals.inspect_kit.provider.lora_args import lora_server_args
+from lens_evals.inspect_kit.provider.server import LensServer
 from tests.conftest import gpu_share, make_llm
 from tests.lora_helpers import assert_greedy_of, greedy_gaps, greedy_margin, lora_dtype, random_adapter
 

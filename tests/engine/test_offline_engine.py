@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 from lens_evals.engine.frontend.offline import offline_engine_args
-from lens_evals.models import model_path
+from lens_evals.models.registry import model_path
 from tests.conftest import gpu_share, on_gpu
 
 PACKAGE = Path(__file__).resolve().parents[2] / "lens_evals"

@@ -27,9 +27,9 @@ from lens_evals import LinearProbe, SteeringVector
 from lens_evals.client import activations_from_response, lens_xargs
 from lens_evals.engine import compat
 from lens_evals.engine.frontend.rows import result_tensors
-from lens_evals.hooks import Hook
-from lens_evals.models import model_path
-from lens_evals.provider.server import LensServer
+from lens_evals.inspect_kit.provider.server import LensServer
+from lens_evals.models.registry import model_path
+from lens_evals.request.hooks import Hook
 from tests.conftest import capture, greedy, make_llm, on_gpu
 from tests.tolerance import assert_scores_close, assert_stream_close, assert_values_close
 

@@ -9,8 +9,8 @@ import torch
 
 from lens_evals import SteeringVector
 from lens_evals.engine.worker.requests import WorkerLensRequest
-from lens_evals.hook_library import append_rows
-from lens_evals.hooks import Hook
+from lens_evals.request.hook_library import append_rows
+from lens_evals.request.hooks import Hook
 from tests.conftest import capture, greedy, make_llm, on_gpu
 from tests.hf_reference import HFReference
 from tests.tolerance import assert_stream_close, stream_bound

@@ -12,7 +12,7 @@ from lens_evals.engine.worker.planners import build_plan
 from lens_evals.engine.worker.requests import CACHED_STEERING_BYTES, WorkerLensRequest, WorkerSteering, _decode_steering, steering_digest
 from lens_evals.engine.worker.step_stores import StepStores
 from lens_evals.engine.worker.taps import StepContext, _apply_steering, read_step
-from lens_evals.spec import SteeringVector
+from lens_evals.request.spec import SteeringVector
 from tests.tolerance import assert_stream_close
 
 CPU = torch.device("cpu")

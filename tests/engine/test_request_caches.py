@@ -20,8 +20,8 @@ from lens_evals.engine import compat
 from lens_evals.engine.frontend import admit as frontend_admit
 from lens_evals.engine.transport.probe_cache import LRU, encode_probe, probe_digest
 from lens_evals.engine.worker.requests import decode_worker_request
-from lens_evals.request_args import parse_lens_args, remember_probes
-from lens_evals.spec import CAPTURE_KEY, INTERNAL_KEY, PROBE_KEY, LinearProbe
+from lens_evals.request.args import parse_lens_args, remember_probes
+from lens_evals.request.spec import CAPTURE_KEY, INTERNAL_KEY, PROBE_KEY, LinearProbe
 
 HIDDEN = 64
 

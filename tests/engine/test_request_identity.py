@@ -14,7 +14,7 @@ import requests
 import torch
 
 from lens_evals.client import activations_from_response, lens_xargs
-from lens_evals.wire import decode_array
+from lens_evals.wire.formats import decode_array
 from tests.conftest import TINY_PROMPTS, capture, greedy, lens_server, make_llm
 from tests.tolerance import assert_stream_close
 

@@ -13,7 +13,7 @@ import torch
 
 from lens_evals import LinearProbe, SteeringVector
 from lens_evals.client import activations_from_response, hook_results_from_response, hook_set_body, lens_xargs
-from lens_evals.hooks import Hook
+from lens_evals.request.hooks import Hook
 from tests.conftest import capture, greedy, lens_server, make_llm
 from tests.tolerance import assert_scores_close, assert_stream_close, assert_values_close
 

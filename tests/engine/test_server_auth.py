@@ -28,7 +28,7 @@ import requests
 from lens_evals.client import hook_results_from_response, hook_set_body, lens_xargs
 from lens_evals.engine.frontend.hook_routes import authorized
 from lens_evals.engine.frontend.http_middleware import LensResponseMiddleware
-from lens_evals.hooks import Hook
+from lens_evals.request.hooks import Hook
 from tests.conftest import engine_options
 from tests.operator_middleware import BLOCK_HEADER, SAW_HEADER
 
@@ -55,7 +55,7 @@ def auth(key: str = KEYS[0]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def server(tiny_path):
-    from lens_evals.provider.server import LensServer
+    from lens_evals.inspect_kit.provider.server import LensServer
 
     args = engine_options(api_key=KEYS, middleware=["tests.operator_middleware.OperatorMiddleware"], allowed_origins=f'["{GOOD_ORIGIN}"]')
     env = {

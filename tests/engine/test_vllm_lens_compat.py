@@ -20,7 +20,6 @@ import zstandard
 from safetensors.torch import load as safetensors_load
 
 import lens_evals
-from lens_evals import wire
 from lens_evals.client import (
     decode_activations,
     deserialize_hook_results,
@@ -30,9 +29,10 @@ from lens_evals.client import (
     serialize_tensor,
 )
 from lens_evals.engine import plugin
-from lens_evals.hooks import Hook
-from lens_evals.request_args import parse_lens_args
-from lens_evals.spec import SteeringVector
+from lens_evals.request.args import parse_lens_args
+from lens_evals.request.hooks import Hook
+from lens_evals.request.spec import SteeringVector
+from lens_evals.wire import formats as wire
 from tests.conftest import TINY_PROMPTS, capture, greedy
 from tests.tolerance import assert_stream_close
 
@@ -152,7 +152,7 @@ def test_client_decodes_without_torch() -> None:
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['vllm'] = None\n"
         "import json, numpy as np\n"
-        "from lens_evals import client, wire\n"
+        "from lens_evals import client\nfrom lens_evals.wire import formats as wire\n"
         "bits = np.array([0x3f80, 0xc040], dtype=np.uint16)  # bfloat16 1.0, -3.0\n"
         "payload = {'data': __import__('base64').b64encode(bits.tobytes()).decode(), 'dtype': 'int16', "
         "'original_dtype': 'torch.bfloat16', 'shape': [2]}\n"

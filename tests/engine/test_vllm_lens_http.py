@@ -18,11 +18,12 @@ import requests
 import torch
 import zstandard
 
-from lens_evals import wire, wire_frame
-from lens_evals.bench.checks import common_prefix
+from benchmarks.checks import common_prefix
 from lens_evals.client import LensClient, activations_from_response, decode_activations, lens_xargs, serialize_tensor
-from lens_evals.hooks import Hook
-from lens_evals.spec import SteeringVector
+from lens_evals.request.hooks import Hook
+from lens_evals.request.spec import SteeringVector
+from lens_evals.wire import formats as wire
+from lens_evals.wire import frame as wire_frame
 from tests.conftest import gpu_share
 from tests.test_vllm_lens_names import read_their_tensor
 from tests.tolerance import assert_stream_close
@@ -38,7 +39,7 @@ MIN_SAME_TOKENS = 8  # generated tokens that must agree with the request alone b
 
 @pytest.fixture(scope="module")
 def server(tiny_path):
-    from lens_evals.provider.server import LensServer
+    from lens_evals.inspect_kit.provider.server import LensServer
 
     args: dict[str, Any] = {"dtype": "bfloat16", "max_model_len": 1024, "seed": 0, "api_key": [KEY], **gpu_share()}
     proc = LensServer(str(tiny_path), served_name="test", server_args=args).start()

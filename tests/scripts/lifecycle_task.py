@@ -5,7 +5,7 @@ from inspect_ai.dataset import Sample
 from inspect_ai.model import GenerateConfig
 from inspect_ai.scorer import match
 
-from lens_evals.evals.shared.lens_solvers import capture_activations
+from lens_evals.inspect_kit.lens_solvers import capture_activations
 
 
 @task

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from lens_evals import LinearProbe, SteeringVector
-from lens_evals.hooks import Hook
+from lens_evals.request.hooks import Hook
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = ["the cat reads a book.", "a model finds the truth.", "1 2 3 4 5 6 7 8"]

@@ -27,8 +27,8 @@ def params(i: int):
         acts = np.random.default_rng(4).normal(size=(1, 128)).astype(np.float32)
         extra["apply_steering_vectors"] = [SteeringVector(activations=acts, layer_indices=[1], scale=3.0)]
     if i == 2:  # a module-level callable travels by import name; a registered hook by name
-        from lens_evals.hook_library import record_norm
-        from lens_evals.hooks import Hook
+        from lens_evals.request.hook_library import record_norm
+        from lens_evals.request.hooks import Hook
 
         extra["apply_hooks"] = [Hook(record_norm, [1, 3]), Hook("ablate", [2], args={"indices": [4]})]
     if i >= 1:
@@ -50,7 +50,7 @@ def offline(model: str) -> tuple[list, str, int]:
     from vllm import LLM, SamplingParams
 
     from lens_evals.engine.frontend.attach import LensRequestError
-    from lens_evals.hooks import Hook
+    from lens_evals.request.hooks import Hook
 
     llm = LLM(model, dtype="float32", max_model_len=512, seed=0, **gpu_options())
     outputs = llm.generate(PROMPTS, [params(i) for i in range(len(PROMPTS))])

@@ -26,9 +26,9 @@ from lens_evals.engine.transport.graph_layers import refusal
 from lens_evals.engine.transport.handoff import HandoffTarget
 from lens_evals.engine.transport.probe_cache import encode_probe
 from lens_evals.engine.transport.protocol import LensRequestWire
-from lens_evals.hooks import check_hook_args
-from lens_evals.request_args import LensLimits, parse_lens_args, refuse_misspelled_keys, remember_probes
-from lens_evals.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS, PROBE_KEY, LensRequest
+from lens_evals.request.args import LensLimits, parse_lens_args, refuse_misspelled_keys, remember_probes
+from lens_evals.request.hooks import check_hook_args
+from lens_evals.request.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS, PROBE_KEY, LensRequest
 
 _CALL: ContextVar[ServedCall | None] = ContextVar("lens_evals_served_call", default=None)
 

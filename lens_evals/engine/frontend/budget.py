@@ -19,8 +19,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from lens_evals import settings, wire
-from lens_evals.spec import LensRequest
+from lens_evals import settings
+from lens_evals.request.spec import LensRequest
+from lens_evals.wire import formats as wire
 
 PROBE_BYTES = 4  # probes run in float32
 

@@ -25,9 +25,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from lens_evals import wire
 from lens_evals.engine import compat
 from lens_evals.engine.frontend import hook_set_store, hook_sets
+from lens_evals.wire import formats as wire
 
 logger = logging.getLogger("lens_evals")
 # ASGI's callables, as Starlette hands them to a middleware

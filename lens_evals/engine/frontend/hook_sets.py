@@ -28,14 +28,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lens_evals import wire
 from lens_evals.engine import compat
 from lens_evals.engine.frontend.hook_set_store import MAX_HOOKS_PER_SET, SHARED_OWNER, HookSetLimit, HookSetRecord
 from lens_evals.engine.frontend.hooks import encode_hooks, forget_local, union_of
 from lens_evals.engine.frontend.state import frontend_state
 from lens_evals.engine.transport.protocol import CLEAR_SET_METHOD, REGISTER_SET_METHOD
-from lens_evals.hooks import Hook, check_hook_args
-from lens_evals.spec import HOOK_SET_KEY, LensRequest
+from lens_evals.request.hooks import Hook, check_hook_args
+from lens_evals.request.spec import HOOK_SET_KEY, LensRequest
+from lens_evals.wire import formats as wire
 
 
 def prepare(processor: Any, hooks: Sequence[Any]) -> tuple[str, HookSetRecord]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from lens_evals import wire
 from lens_evals.engine.transport.hook_refs import forget_local, hook_reference
 from lens_evals.engine.transport.protocol import HookWire
-from lens_evals.hooks import Hook
+from lens_evals.request.hooks import Hook
+from lens_evals.wire import formats as wire
 
 __all__ = ["encode_hooks", "forget_local", "union_of"]
 

@@ -1,7 +1,7 @@
 """OpenAI-compatible server: an ASGI middleware adds each request's activations (and hook results)
 to the JSON response, or as a final SSE chunk of a stream, in the encoding the request asked for
 (``lens_evals.wire``; native dtype; never pickle); ``safetensors-frame`` turns a JSON response into
-a binary frame (``lens_evals.wire_frame``; a stream's chunk stays JSON, base64). Bad lens input is rejected by the frontend
+a binary frame (``lens_evals.wire.frame``; a stream's chunk stays JSON, base64). Bad lens input is rejected by the frontend
 validation before the engine sees it (vLLM answers 400 with the reason)."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from lens_evals import wire, wire_frame
 from lens_evals.engine import compat
 from lens_evals.engine.frontend import budget as frontend_budget
 from lens_evals.engine.frontend import hook_set_store, self_check_run
@@ -34,7 +33,9 @@ from lens_evals.engine.frontend.hook_routes import (
     serve_hook_sets,
 )
 from lens_evals.engine.frontend.vllm_lens_api import HOOKS_PATH, serve_vllm_lens_hooks
-from lens_evals.wire_codec import Buffers
+from lens_evals.wire import formats as wire
+from lens_evals.wire import frame as wire_frame
+from lens_evals.wire.codec import Buffers
 
 logger = logging.getLogger("lens_evals")
 _TRAILING_INDEX = re.compile(r"-(\d+)$")

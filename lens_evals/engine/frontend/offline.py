@@ -34,7 +34,7 @@ def offline_engine_args(model: str, **overrides: Any) -> dict[str, Any]:
     directory, float32 for an embedded model (else the checkpoint's dtype), and
     :func:`engine_defaults`; ``overrides`` win. With ``enable_lora`` on a GPU, float32 becomes
     bfloat16 (:func:`lens_evals.engine.compat.lora.lora_engine_dtype`)."""
-    from lens_evals.models import PREPARERS, resolve_model
+    from lens_evals.models.registry import PREPARERS, resolve_model
 
     dtype = EMBEDDED_DTYPE if model in PREPARERS else "auto"
     args = {"model": resolve_model(model), **engine_defaults(**{"dtype": dtype, **overrides})}

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lens_evals import wire
 from lens_evals.engine.frontend import budget as frontend_budget
+from lens_evals.wire import formats as wire
 
 
 @dataclass(frozen=True)

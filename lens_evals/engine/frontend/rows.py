@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from lens_evals import wire
 from lens_evals.engine.transport.protocol import ROW_PARTS, FetchReply, FetchResult, PackedRows
+from lens_evals.wire import formats as wire
 
 
 def result_tensors(result: FetchResult | dict[str, Any]) -> dict[str, Any]:

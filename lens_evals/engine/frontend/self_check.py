@@ -44,8 +44,8 @@ import numpy as np
 import torch
 
 from lens_evals import settings
-from lens_evals.hooks import Hook
-from lens_evals.spec import SteeringVector
+from lens_evals.request.hooks import Hook
+from lens_evals.request.spec import SteeringVector
 
 logger = logging.getLogger("lens_evals")
 

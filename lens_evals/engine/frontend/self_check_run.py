@@ -18,7 +18,7 @@ from lens_evals.engine import compat
 from lens_evals.engine.frontend.self_check import PROMPT, LayerCheck, Plan, Request, SelfCheck, logger
 from lens_evals.engine.frontend.state import frontend_state
 from lens_evals.engine.transport.graph_layers import configured_layers
-from lens_evals.spec import LENS_KEYS
+from lens_evals.request.spec import LENS_KEYS
 
 _RUNNING: contextvars.ContextVar[bool] = contextvars.ContextVar("lens_evals_self_check_running", default=False)
 

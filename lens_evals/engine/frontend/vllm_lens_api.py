@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lens_evals import wire
 from lens_evals.engine import compat
 from lens_evals.engine.frontend import hook_set_store, hook_sets
 from lens_evals.engine.frontend.hook_routes import Receive, Send, error_body, read_body, reply
 from lens_evals.engine.frontend.state import frontend_state
-from lens_evals.hooks import Hook
+from lens_evals.request.hooks import Hook
+from lens_evals.wire import formats as wire
 
 HOOKS_PATH = "/v1/hooks"
 STATE_ATTR = "_lens_evals_persistent_hooks"

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from lens_evals.hooks import Hook, import_target, registered_hook
+from lens_evals.request.hooks import Hook, import_target, registered_hook
 
 logger = logging.getLogger("lens_evals")
 # Callables of in-process offline requests that cannot be imported by name (lambdas, closures).

@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from lens_evals.spec import LinearProbe
+from lens_evals.request.spec import LinearProbe
 
 K = TypeVar("K")
 V = TypeVar("V")

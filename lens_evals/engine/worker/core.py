@@ -1,6 +1,6 @@
 """The worker's data path without a model: the request ledger, the step planner with its plan
 cache, the step stores with their memory bound, and the fetch (``Fetch``). ``LensWorkerState`` (the model
-runner's side) drives it around each forward pass; ``lens_evals.bench.host_path`` and the tests
+runner's side) drives it around each forward pass; ``benchmarks.host_path`` and the tests
 drive it directly."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from lens_evals import settings, wire
+from lens_evals import settings
 from lens_evals.engine import compat
 from lens_evals.engine.transport import handoff, timing
 from lens_evals.engine.transport.protocol import FetchResult
@@ -26,6 +26,7 @@ from lens_evals.engine.worker.requests import WorkerLensRequest
 from lens_evals.engine.worker.results import RowPart, TakenResult, write_results
 from lens_evals.engine.worker.step_stores import StepStores
 from lens_evals.engine.worker.taps import StepContext
+from lens_evals.wire import formats as wire
 
 logger = logging.getLogger("lens_evals")
 

@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from lens_evals import wire
 from lens_evals.engine import compat
 from lens_evals.engine.transport.hook_refs import resolve
 from lens_evals.engine.transport.protocol import HookWire
 from lens_evals.engine.worker.transfer import to_device
+from lens_evals.wire import formats as wire
 
 logger = logging.getLogger("lens_evals")
 

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from lens_evals import wire
 from lens_evals.engine.transport.probe_cache import LRU, probe_digest
 from lens_evals.engine.transport.protocol import LensRequestWire
 from lens_evals.engine.worker.hooks import WorkerHook, decode_hooks
 from lens_evals.engine.worker.transfer import to_device
-from lens_evals.spec import INTERNAL_KEY, LinearProbe, SteeringVector
+from lens_evals.request.spec import INTERNAL_KEY, LinearProbe, SteeringVector
+from lens_evals.wire import formats as wire
 
 
 @dataclass

@@ -20,7 +20,7 @@ from lens_evals.engine.worker.graph_taps import GraphTaps, graph_refusal
 from lens_evals.engine.worker.hooks import HookCall, HookContext, ParameterCache, WorkerHook
 from lens_evals.engine.worker.requests import decode_worker_request
 from lens_evals.engine.worker.taps import ActiveStep, HookSites, StepContext, install_taps, read_step
-from lens_evals.spec import INTERNAL_KEY
+from lens_evals.request.spec import INTERNAL_KEY
 
 logger = logging.getLogger("lens_evals")
 STATE_ATTR = "_lens_evals_state"

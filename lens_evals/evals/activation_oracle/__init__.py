@@ -8,7 +8,7 @@ from lens_evals.evals.activation_oracle.activation_oracle import (
     secret_word_task,
 )
 from lens_evals.evals.activation_oracle.oracle_scorers import oracle_answer_match, zero_vector_match
-from lens_evals.evals.activation_oracle.oracle_solver import activation_oracle
+from lens_evals.inspect_kit.oracle_solver import activation_oracle
 
 __all__ = [
     "activation_oracle",

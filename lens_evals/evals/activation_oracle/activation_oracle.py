@@ -22,7 +22,7 @@ from inspect_ai.model import ChatMessageSystem, ChatMessageUser, GenerateConfig
 from inspect_ai.solver import Solver
 
 from lens_evals.evals.activation_oracle.oracle_scorers import oracle_answer_match, zero_vector_match
-from lens_evals.evals.activation_oracle.oracle_solver import QUESTION_METADATA_KEY, activation_oracle
+from lens_evals.inspect_kit.oracle_solver import QUESTION_METADATA_KEY, activation_oracle
 from lens_evals.oracle.qa_items import FAMILIES, QUESTIONS, all_items, sample_mix, taboo_prompt_sets, taboo_prompts
 
 TABOO_WORDS = (

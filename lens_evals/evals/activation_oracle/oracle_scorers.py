@@ -9,7 +9,7 @@ from typing import Any
 from inspect_ai.scorer import CORRECT, INCORRECT, Score, Scorer, Target, accuracy, grouped, scorer, stderr
 from inspect_ai.solver import TaskState
 
-from lens_evals.evals.activation_oracle.oracle_solver import ORACLE_STORE_KEY
+from lens_evals.inspect_kit.oracle_solver import ORACLE_STORE_KEY
 from lens_evals.oracle.qa_items import answer_matches
 
 

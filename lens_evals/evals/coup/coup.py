@@ -20,10 +20,10 @@ from inspect_ai import Task, task
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.model import ChatMessage, ChatMessageAssistant, ChatMessageSystem, ChatMessageUser
 
-from lens_evals.evals.shared.default_probes import default_probe
-from lens_evals.evals.shared.probe_reading import task_metadata
-from lens_evals.evals.shared.probe_scorer import probe_metrics, probe_scorer
-from lens_evals.evals.shared.probe_solver import probe_scores
+from lens_evals.inspect_kit.default_probes import default_probe
+from lens_evals.inspect_kit.probe_reading import task_metadata
+from lens_evals.inspect_kit.probe_scorer import probe_metrics, probe_scorer
+from lens_evals.inspect_kit.probe_solver import probe_scores
 from lens_evals.probing.datasets import coup_intents, coup_split
 from lens_evals.probing.dialogues import Dialogue
 from lens_evals.probing.probe import load_probe

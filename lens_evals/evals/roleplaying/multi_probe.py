@@ -23,14 +23,14 @@ from inspect_ai.scorer import Metric, SampleScore, Score, Scorer, Target, metric
 from inspect_ai.solver import Generate, Solver, TaskState, solver
 
 from lens_evals.evals.roleplaying.scenarios import roleplaying_samples
-from lens_evals.evals.shared.probe_reading import INFO_SOURCE
-from lens_evals.evals.shared.probe_solver import check_probe_model, given_turn_reading, send_given_turn, served_tokenizer, state_chat
+from lens_evals.inspect_kit.probe_reading import INFO_SOURCE
+from lens_evals.inspect_kit.probe_solver import check_probe_model, given_turn_reading, send_given_turn, served_tokenizer, state_chat
+from lens_evals.inspect_kit.provider.outputs import output_activations, output_token_ids
 from lens_evals.probing import metrics as detection
 from lens_evals.probing.datasets import load_roleplaying
 from lens_evals.probing.dialogues import Dialogue
 from lens_evals.probing.multi import ProbeSet, load_probe_set, scenario_key
-from lens_evals.provider.outputs import output_activations, output_token_ids
-from lens_evals.spec import PROBE_KEY
+from lens_evals.request.spec import PROBE_KEY
 
 PROBES_METADATA_KEY = "probes"
 

@@ -20,10 +20,10 @@ from inspect_ai.solver import TaskState
 
 from lens_evals.evals.roleplaying.multi_probe import roleplaying_probes_task
 from lens_evals.evals.roleplaying.scenarios import Mode, roleplaying_samples
-from lens_evals.evals.shared.default_probes import default_probe, default_probe_set
-from lens_evals.evals.shared.probe_reading import task_metadata
-from lens_evals.evals.shared.probe_scorer import LabelFn, probe_scorer
-from lens_evals.evals.shared.probe_solver import probe_scores
+from lens_evals.inspect_kit.default_probes import default_probe, default_probe_set
+from lens_evals.inspect_kit.probe_reading import task_metadata
+from lens_evals.inspect_kit.probe_scorer import LabelFn, probe_scorer
+from lens_evals.inspect_kit.probe_solver import probe_scores
 from lens_evals.probing.datasets import load_roleplaying
 from lens_evals.probing.probe import load_probe
 

@@ -20,9 +20,15 @@ from inspect_ai.solver import Generate, Solver, TaskState, solver
 from lens_evals.evals.steering_effect.concepts import Concept, Item
 from lens_evals.evals.steering_effect.measures import continuation_logprobs, perplexity, word_balance
 from lens_evals.evals.steering_effect.vectors import chat, mean_difference
-from lens_evals.provider.api import VLLMLensAPI
-from lens_evals.provider.outputs import NOT_A_LENS_MODEL, PROMPT_TOKEN_IDS_KEY, TOKEN_IDS_KEY, output_prompt_logprobs, output_token_ids
-from lens_evals.spec import STEERING_KEY, SteeringVector
+from lens_evals.inspect_kit.provider.api import VLLMLensAPI
+from lens_evals.inspect_kit.provider.outputs import (
+    NOT_A_LENS_MODEL,
+    PROMPT_TOKEN_IDS_KEY,
+    TOKEN_IDS_KEY,
+    output_prompt_logprobs,
+    output_token_ids,
+)
+from lens_evals.request.spec import STEERING_KEY, SteeringVector
 
 STEERING_METADATA_KEY = "steering"
 CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}

@@ -13,8 +13,8 @@ import numpy as np
 from inspect_ai.model import ChatMessage, ChatMessageAssistant, ChatMessageSystem, ChatMessageUser, GenerateConfig, Model
 
 from lens_evals.evals.steering_effect.concepts import Concept, Message
-from lens_evals.provider.outputs import output_activations, output_token_ids
-from lens_evals.spec import CAPTURE_KEY
+from lens_evals.inspect_kit.provider.outputs import output_activations, output_token_ids
+from lens_evals.request.spec import CAPTURE_KEY
 
 VECTOR_TENSOR = "vector"
 _CACHE: dict[tuple[str, str, tuple[int, ...]], np.ndarray] = {}

@@ -1,3 +1,0 @@
-"""``lens-evals bench``: the same generation work through pure vLLM, our plugin's features and the
-tools users would pick instead (HF transformers + hook, nnsight, TransformerLens), each system in
-its own process. See :mod:`lens_evals.bench.launcher` for the flow."""

