@@ -93,30 +93,30 @@ EXPECTED_GPU_SKIPS="two workers need 2 GPUs; this machine has 1"
 # one part; the GPU takes ~1.5-2x the 2-core CPU's time on these tiny models, each engine's
 # start-up being most of it). "solo": tests whose engines must have the device to themselves (the
 # bench's systems ask for 0.85 of it and profile its memory), never run in lanes.
-P1="tests/test_engine_tiny.py tests/test_positions.py tests/capture/test_capture_hf.py tests/test_hooks.py tests/test_hook_sets.py
-    tests/probing/test_probes.py tests/test_graph_mode.py tests/test_failures_and_disable.py tests/test_store.py tests/test_handoff.py tests/test_handoff_views.py
-    tests/request/test_wire_spec.py tests/test_engine_modes.py tests/test_steering_edges.py"
+P1="tests/engine/test_engine_tiny.py tests/engine/test_positions.py tests/capture/test_capture_hf.py tests/engine/test_hooks.py tests/engine/test_hook_sets.py
+    tests/probing/test_probes.py tests/engine/test_graph_mode.py tests/engine/test_failures_and_disable.py tests/engine/test_store.py tests/engine/test_handoff.py tests/engine/test_handoff_views.py
+    tests/request/test_wire_spec.py tests/engine/test_engine_modes.py tests/engine/test_steering_edges.py"
 # 2a and 2d: 493 s as one part among nine lanes (2026-12-05); on the 2-core CPU server 46 s, auth 20 s, provider 129 s
-P2A="tests/test_server.py tests/test_server_auth.py"
+P2A="tests/engine/test_server.py tests/engine/test_server_auth.py"
 P2D="tests/inspect_kit/test_provider.py"
-P2C="tests/test_hardening_inputs.py tests/test_hardening_fuzz.py tests/test_hardening_load.py"
-P2B="tests/test_lora_engine.py tests/inspect_kit/test_oracle_solver.py"
+P2C="tests/engine/test_hardening_inputs.py tests/engine/test_hardening_fuzz.py tests/engine/test_hardening_load.py"
+P2B="tests/engine/test_lora_engine.py tests/inspect_kit/test_oracle_solver.py"
 # 3a and 3f: the default matrix against HF (an engine and an HF model per architecture, in a
 # process of its own; 26-31 s each on the 2-core CPU), and the files without engines; 3e: the rest
 # of test_architectures.py (the refusals: engines in the test process). As one part (2026-12-05)
 # they ran past 540 s among nine lanes.
-P3A="tests/test_architectures.py::test_architecture_matches_hf[Qwen3ForCausalLM] tests/test_architectures.py::test_architecture_matches_hf[Qwen3MoeForCausalLM]
+P3A="tests/engine/test_architectures.py::test_architecture_matches_hf[Qwen3ForCausalLM] tests/engine/test_architectures.py::test_architecture_matches_hf[Qwen3MoeForCausalLM]
      tests/test_docs_links.py tests/models/test_gguf_models.py tests/test_layout.py"
-P3F="tests/test_architectures.py::test_architecture_matches_hf[GPT2LMHeadModel] tests/test_architectures.py::test_architecture_matches_hf[Olmo2ForCausalLM]
-     tests/test_architectures.py::test_architecture_matches_hf[StableLmForCausalLM]"
-P3E="tests/test_architectures.py::test_graph_mode_is_refused_where_unverified tests/test_architectures.py::test_default_matrix_covers_every_contract
-     tests/test_architectures.py::test_unverified_architecture_serves_plain_requests_and_refuses_lens_requests
-     tests/test_architectures.py::test_trusted_unverified_architecture_uses_the_guessed_contract
-     tests/test_architectures.py::test_worker_refuses_a_verified_name_built_with_another_layer_class
-     tests/test_architectures.py::test_model_runner_v2_serves_plain_requests_and_refuses_lens_requests
-     tests/test_architectures.py::test_speculative_decoding_serves_plain_requests_and_refuses_lens_requests"
+P3F="tests/engine/test_architectures.py::test_architecture_matches_hf[GPT2LMHeadModel] tests/engine/test_architectures.py::test_architecture_matches_hf[Olmo2ForCausalLM]
+     tests/engine/test_architectures.py::test_architecture_matches_hf[StableLmForCausalLM]"
+P3E="tests/engine/test_architectures.py::test_graph_mode_is_refused_where_unverified tests/engine/test_architectures.py::test_default_matrix_covers_every_contract
+     tests/engine/test_architectures.py::test_unverified_architecture_serves_plain_requests_and_refuses_lens_requests
+     tests/engine/test_architectures.py::test_trusted_unverified_architecture_uses_the_guessed_contract
+     tests/engine/test_architectures.py::test_worker_refuses_a_verified_name_built_with_another_layer_class
+     tests/engine/test_architectures.py::test_model_runner_v2_serves_plain_requests_and_refuses_lens_requests
+     tests/engine/test_architectures.py::test_speculative_decoding_serves_plain_requests_and_refuses_lens_requests"
 P3B="tests/capture/test_capture_cmd.py tests/capture/test_capture_faults.py tests/evals/test_coup.py"
-P3C="tests/evals/test_roleplaying_eval.py tests/evals/test_roleplaying_file.py tests/integrations/test_petri_inspectors.py tests/test_parallel.py
+P3C="tests/evals/test_roleplaying_eval.py tests/evals/test_roleplaying_file.py tests/integrations/test_petri_inspectors.py tests/engine/test_parallel.py
      tests/report/test_report.py tests/report/test_report_values.py"
 PSOLO="tests/benchmarks/test_bench.py"
 part_files() {  # part_files PART: its test files (3d: every file no other part names; new files land there)
@@ -134,7 +134,7 @@ part_files() {  # part_files PART: its test files (3d: every file no other part 
     solo) echo $PSOLO ;;
     # (a part that names test ids, tests/x.py::test_y, claims the file; tests/test_gpu_suite_parts.py
     # checks that the ids of a file split between parts cover its tests)
-    3d) ls tests/test_*.py tests/*/test_*.py | grep -vxF -f <(echo $P1 $P2A $P2B $P2C $P2D $P3A $P3B $P3C $P3E $P3F $PSOLO | tr ' ' '\n' | sed 's/::.*//') ;;
+    3d) find tests -name 'test_*.py' -not -path 'tests/scripts/*' | sort | grep -vxF -f <(echo $P1 $P2A $P2B $P2C $P2D $P3A $P3B $P3C $P3E $P3F $PSOLO | tr ' ' '\n' | sed 's/::.*//') ;;
     # a list of test files or test ids: FILES="tests/test_x.py tests/test_y.py::test_z"
     files) echo ${FILES:?FILES=...} ;;
     *) echo "unknown part $1" >&2; return 1 ;;
@@ -144,8 +144,8 @@ part_name() {  # part_name PART: the name its log, ledger and XML files take
   case $1 in ray|overlap) echo "$1" ;; *) echo "part$1" ;; esac
 }
 run_part() {  # run_part PART: one part, or Ray's gpu-marked tests (-s: their printed errors)
-  if [ "$1" = ray ]; then MARK=gpu run "$(part_name ray)" -s tests/test_ray_executor.py
-  elif [ "$1" = overlap ]; then MARK=gpu run "$(part_name overlap)" tests/test_copy_overlap.py
+  if [ "$1" = ray ]; then MARK=gpu run "$(part_name ray)" -s tests/engine/test_ray_executor.py
+  elif [ "$1" = overlap ]; then MARK=gpu run "$(part_name overlap)" tests/engine/test_copy_overlap.py
   else
     local files; files=$(part_files "$1") || return 1
     [ -n "$files" ] || { echo "part $1: no test files" >&2; return 1; }

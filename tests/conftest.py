@@ -10,7 +10,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the stream-contract self-check costs every engine 1-3 s here: on where a test asks for it
-# (tests/test_self_check.py, the architecture matrix, the SmolLM2 capture test)
+# (tests/engine/test_self_check.py, the architecture matrix, the SmolLM2 capture test)
 os.environ.setdefault("LENS_EVALS_SELF_CHECK", "0")
 
 from collections.abc import Iterator

@@ -1,4 +1,4 @@
-"""An operator's ``--middleware`` for tests/test_server_auth.py's server (imported by the server
+"""An operator's ``--middleware`` for tests/engine/test_server_auth.py's server (imported by the server
 process): it stamps every HTTP response with the path it saw (``x-operator-saw``) and answers
 403 itself to a request that carries ``x-operator-block``, before anything inside it runs."""
 

@@ -20,7 +20,7 @@ from lens_evals.cli.checks import (
     positive_int,
     probe_name,
 )
-from lens_evals.cli.recipes import (
+from lens_evals.cli.probe_recipes import (
     RECIPE_COMMANDS,
     add_recipe_commands,
     add_recipe_options,

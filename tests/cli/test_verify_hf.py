@@ -23,7 +23,7 @@ def verify(
     capsys: pytest.CaptureFixture[str], model: str | Path, engine_args: dict[str, Any], **options: Any
 ) -> tuple[int, dict[str, Any]]:
     """(exit status, the JSON printed) of ``lens-evals verify MODEL --json``, run in this process
-    (the CLI end to end: tests/test_self_check.py); the HF reference runs in a process of its own."""
+    (the CLI end to end: tests/engine/test_self_check.py); the HF reference runs in a process of its own."""
     status = run_verify(str(model), engine_args, as_json=True, **options)
     out = "\n" + capsys.readouterr().out  # vLLM may log to stdout before the JSON
     return status, json.loads(out[out.rindex("\n{\n") + 1 :])

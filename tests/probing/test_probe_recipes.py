@@ -224,7 +224,7 @@ def test_recipe_table_marks_the_dev_choice_and_the_cli_reads_recipe_options(tmp_
     import argparse
     import json
 
-    from lens_evals.cli.recipes import layer_list
+    from lens_evals.cli.probe_recipes import layer_list
     from lens_evals.probing.recipe_report import recipes_table
 
     row = {"layers": [7, 11], "aggregation": "max", "dev_auroc": 0.61, "test_auroc": 0.55, "test_auroc_95": [0.5, 0.6]}

@@ -1,4 +1,4 @@
-"""One vLLM engine with the Ray executor in a process of its own, for tests/test_ray_executor.py
+"""One vLLM engine with the Ray executor in a process of its own, for tests/engine/test_ray_executor.py
 (why a fresh process per Ray engine: that module's docstring). Runs the module's three lens
 requests (capture + probe, steering + capture + probe, hooks) or a mode's own check, writes what
 came back to OUT (safetensors) and OUT with the suffix .json (token ids, the engine's options,

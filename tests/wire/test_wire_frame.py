@@ -2,7 +2,7 @@
 the tensors it was made of, bit for bit in their native dtypes, with the JSON around them as it
 was; a malformed frame (any truncation, any byte changed, a range outside the blob, a bad
 reference) is a ``WireError`` saying what is wrong, never another exception. Over HTTP:
-tests/test_vllm_lens_http.py."""
+tests/engine/test_vllm_lens_http.py."""
 
 from __future__ import annotations
 

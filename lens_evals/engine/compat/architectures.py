@@ -5,7 +5,7 @@ the last layer: the input of the final norm). vLLM's decoder layers hand that st
 next layer in different ways, and nothing in a layer's output says which: a 2-tuple may be
 ``(hidden, residual)`` whose SUM is the stream, or ``(stream, something else)``. So the
 contract of each decoder-layer class is written down here, read off vLLM's own model file
-(cited per entry), and trusted only once the architecture matrix (tests/test_architectures.py)
+(cited per entry), and trusted only once the architecture matrix (tests/engine/test_architectures.py)
 has compared capture, steering, hooks and probes with HF transformers. A model whose
 architecture is not in ``VERIFIED`` serves plain requests as usual; its lens requests are
 refused with ``refusal_message`` unless ``LENS_EVALS_TRUST_ARCH=1``.
@@ -119,7 +119,7 @@ class Architecture:
     layer_class: str
     contract: StreamContract
     source: str
-    graph_mode: bool = False  # graph-mode taps verified (tests/test_architectures.py GRAPH, on the GPU)
+    graph_mode: bool = False  # graph-mode taps verified (tests/engine/test_architectures.py GRAPH, on the GPU)
 
 
 def _vllm(layer_class: str, contract: StreamContract, note: str = "", graph_mode: bool = False) -> Architecture:

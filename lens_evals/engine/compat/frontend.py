@@ -105,7 +105,7 @@ def give_engine_cores_their_teardown_time() -> None:
     4 s more after SIGTERM, and only then unlinks its executor's shared-memory ring; but the
     frontend's process manager kills the engine core after 5 s when no timeout is given (every
     ``shutdown()`` without one, and the finalizer of an ``LLM`` that is garbage-collected). On a
-    loaded host the workers take longer than that, so the ring leaked (tests/test_shm_cleanup.py).
+    loaded host the workers take longer than that, so the ring leaked (tests/engine/test_shm_cleanup.py).
     With no timeout given, the engine core now gets its own waits plus a margin (it is waited for
     only as long as it runs); an explicit timeout is kept."""
     from vllm import envs

@@ -1,4 +1,4 @@
-"""Put on PYTHONPATH of a server under test (tests/test_hardening_inputs.py): every call of
+"""Put on PYTHONPATH of a server under test (tests/engine/test_hardening_inputs.py): every call of
 pickle.loads / pickle.load in that process and its children that sees the tests' canary bytes is
 written to the file named by LENS_EVALS_PICKLE_CANARY_LOG. Unpickling itself goes on unchanged."""
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.device import gpu_share
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import os
 def main():

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from tests.conftest import engine_options
 from tests.tolerance import assert_values_close
 
-SCRIPT = Path(__file__).parent / "scripts" / "run_capture.py"
+SCRIPT = Path(__file__).parents[1] / "scripts" / "run_capture.py"
 
 
 def metadata(path: Path, name: str) -> str:
@@ -87,7 +87,7 @@ def test_a_loop_of_offline_calls_reuses_the_regions_of_dropped_outputs(tiny_path
     worker gives back the free regions' pages of every segment but the first."""
     import json
 
-    script = Path(__file__).parent / "scripts" / "pool_loop.py"
+    script = Path(__file__).parents[1] / "scripts" / "pool_loop.py"
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("LENS_EVALS_HANDOFF", None)
     env.pop("LENS_EVALS_HANDOFF_POOL_MIB", None)

@@ -1,9 +1,9 @@
 """The stream-contract self-check (lens_evals.engine.frontend.self_check) in graph mode and with tensor /
-pipeline parallelism (CPU here; engines started as tests/test_graph_mode.py and
-tests/test_parallel.py start them): it runs, passes on the tiny Llama, and fails when the
+pipeline parallelism (CPU here; engines started as tests/engine/test_graph_mode.py and
+tests/engine/test_parallel.py start them): it runs, passes on the tiny Llama, and fails when the
 contract is deliberately wrong (the tiny Llama's ``fused`` read as ``stream_first``: the layer's
 output without its residual taken for the stream, which only the steer check sees; swapped in
-this process and, through tests/contract_swap/sitecustomize.py, in the spawned workers). Lens
+this process and, through tests/engine/contract_swap/sitecustomize.py, in the spawned workers). Lens
 requests are then refused with the numbers, plain ones served."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.test_parallel import NEEDS_TWO_GPUS_ON_A_GPU, bind_two_workers  # noqa: F401 - a fixture
 
 from lens_evals.engine.compat import architectures
 from lens_evals.engine.frontend import self_check
 from tests.conftest import greedy, make_llm
-from tests.test_parallel import NEEDS_TWO_GPUS_ON_A_GPU, bind_two_workers  # noqa: F401 - a fixture
 
 PROMPT = "the cat reads a book."
 GRAPH = {"enforce_eager": False, "additional_config": {"lens_evals": {"graph_layers": "all"}}}

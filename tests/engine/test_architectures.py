@@ -3,7 +3,7 @@
 Default suite: one architecture per distinct stream contract (fused residual, the stream itself
 from a vLLM layer, the stream itself from a transformers layer (vLLM's Transformers backend), the
 stream as the first of a tuple, fused MoE). Every verified architecture that vLLM's CPU build
-runs: ``-m slow`` (``bash scripts/test.sh -m slow tests/test_architectures.py``). Set
+runs: ``-m slow`` (``bash scripts/test.sh -m slow tests/engine/test_architectures.py``). Set
 LENS_EVALS_MATRIX_RESULTS=FILE to collect the measurements for docs/model_support.md
 (``scripts/model_support_table.py``).
 """
@@ -177,14 +177,10 @@ def refusal_in_fresh_process(mode: str, path) -> str:
     import sys
     from pathlib import Path
 
-    script = Path(__file__).parent / "scripts" / "engine_refusal.py"
+    script = Path(__file__).parents[1] / "scripts" / "engine_refusal.py"
     # the script prints its stacks and exits after STACKS_AFTER_S (150 s); the timeout is the backstop
     completed = subprocess.run(
-        [sys.executable, str(script), mode, str(path)],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parent.parent,
-        timeout=200,
+        [sys.executable, str(script), mode, str(path)], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], timeout=200
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-6000:]
     return completed.stdout.strip().splitlines()[-1]

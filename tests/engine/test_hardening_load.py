@@ -35,7 +35,7 @@ WORDS = "the cat reads a book while a model finds the truth in small data".split
 RNG = np.random.default_rng(5)
 STEERS = [SteeringVector(activations=RNG.normal(size=(1, 128)).astype(np.float32), layer_indices=[layer], scale=5.0) for layer in (0, 2)]
 PROBES = [LinearProbe(name=f"p{layer}", layer=layer, weights=RNG.normal(size=128).astype(np.float32), bias=0.1) for layer in (1, 3)]
-SOAK_PATH = Path(__file__).resolve().parents[1] / "scripts" / "soak.py"
+SOAK_PATH = Path(__file__).resolve().parents[2] / "scripts" / "soak.py"
 
 
 def request_spec(index: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ per-key quota and an idle expiry that frees its worker half too.
 One server (two keys, LENS_EVALS_MAX_HOOK_SETS=3 and 2 per key, sets idle for 10 s expire, a
 64 KiB hook-set bound, an operator middleware (tests/operator_middleware.py), one allowed CORS
 origin) serves every over-HTTP check; the no-key behaviour of the middleware is checked
-in-process here, and over HTTP by tests/test_server.py::test_hook_set_endpoints (a server
+in-process here, and over HTTP by tests/engine/test_server.py::test_hook_set_endpoints (a server
 without --api-key)."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from lens_evals.request.hooks import Hook
 from tests.conftest import engine_options
 from tests.operator_middleware import BLOCK_HEADER, SAW_HEADER
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KEYS = ["lens-test-key", "second-key"]
 WRONG = [
     {},

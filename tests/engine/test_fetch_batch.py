@@ -1,6 +1,6 @@
 """Served fetches batched while one is in flight (``engine/fetch_batch.py``). The worker's call is
 replaced by one that waits for the test, so what is in flight when is certain; a real server's
-concurrent requests (each rows equal to its solo run) are tests/test_hardening_load.py's."""
+concurrent requests (each rows equal to its solo run) are tests/engine/test_hardening_load.py's."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from lens_evals.request.hooks import Hook
 from lens_evals.request.spec import HOOK_SET_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY
 from lens_evals.wire import formats as wire
 from tests.conftest import engine_options
-from tests.test_hardening_load import SPECS, completion_body, solo  # noqa: F401  (solo: the module's fixture, each request run alone)
+from tests.engine.test_hardening_load import SPECS, completion_body, solo  # noqa: F401  (solo: the module's fixture, each request run alone)
 from tests.tolerance import assert_scores_close, assert_stream_close
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
 """Imported at start by every Python process of a test that puts this folder on ``PYTHONPATH``
 (vLLM's CPU workers are spawned, not forked: a contract swapped in the test process alone would
 not reach them): swaps the decoder-layer contract named by ``LENS_TEST_SWAP_CONTRACT``
-(``Architecture=kind``) in lens_evals' table, as tests/test_self_check_modes.py does in its own
+(``Architecture=kind``) in lens_evals' table, as tests/engine/test_self_check_modes.py does in its own
 process."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from lens_evals.engine.frontend.offline import offline_engine_args
 from lens_evals.models.registry import model_path
 from tests.conftest import gpu_share, on_gpu
 
-PACKAGE = Path(__file__).resolve().parent.parent / "lens_evals"
+PACKAGE = Path(__file__).resolve().parents[2] / "lens_evals"
 
 
 def test_defaults_and_overrides(tmp_path: Path) -> None:

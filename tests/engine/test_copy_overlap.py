@@ -1,5 +1,5 @@
 """The step copy to the host on a CUDA side stream, overlapped with the next step (issue #21,
-``engine/host_copy.py``). GPU only: on CPU there is no copy (``tests/test_store.py`` checks that).
+``engine/host_copy.py``). GPU only: on CPU there is no copy (``tests/engine/test_store.py`` checks that).
 
 References: the rows the step computed, copied to the host synchronously (``.cpu()``) before the
 store; the same engine's captures with the overlap off (``lens_evals_copy``), bit for bit. The

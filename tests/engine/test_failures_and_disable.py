@@ -93,7 +93,7 @@ if __name__ == "__main__":
 
 
 def test_a_worker_without_the_plugin_fails_lens_requests_with_a_clear_error(llm, tiny_path) -> None:
-    """What a Ray node without lens-evals does (tests/test_ray_executor.py on the GPU), on CPU: the
+    """What a Ray node without lens-evals does (tests/engine/test_ray_executor.py on the GPU), on CPU: the
     worker's process lacks our methods. The lens request fails naming the plugin and the fix;
     plain requests before and after give the plugin's tokens."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}  # the worker in a process of its own

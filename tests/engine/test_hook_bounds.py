@@ -1,7 +1,7 @@
 """The built-in hooks' cost is bounded: ``add`` / ``patch`` are vectorised and equal the per-row
 loop they replace, ``logit_lens`` converts the weights to float32 once per worker, and their args
 are bounded at admission (the HTTP 400 / offline ValueError cases are in
-tests/test_hardening_inputs.py's table); on the tiny Llama ``add`` at positions equals a steering
+tests/engine/test_hardening_inputs.py's table); on the tiny Llama ``add`` at positions equals a steering
 vector at the same positions and ``patch`` puts states back."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from lens_evals import host_memory, settings
 from lens_evals.engine.frontend.rows import result_tensors
 from lens_evals.engine.transport.handoff import claim_all
 from tests.conftest import TINY_PROMPTS, capture, greedy, make_llm
-from tests.test_handoff import _core_with_rows, sent, target  # noqa: F401  (``target`` is a fixture)
+from tests.engine.test_handoff import _core_with_rows, sent, target  # noqa: F401  (``target`` is a fixture)
 
 LAYERS = [0, 1, 2, 3]
 BOUND_GIB = "0.00005"  # 53,687 bytes: 2 or 3 of these prompts' captures (4 layers x ~6-14 tokens x 128 x 4 B)

@@ -2,7 +2,7 @@
 requests when a decoder layer's contract is wrong, with the measured numbers, and serves plain
 requests. Each of the three contracts is swapped for another on a tiny zoo model of that
 contract (tests/arch_zoo.py); that it passes on every contract's zoo model is asserted by the
-architecture matrix (tests/test_architectures.py, same engines), on SmolLM2 by
+architecture matrix (tests/engine/test_architectures.py, same engines), on SmolLM2 by
 tests/capture/test_capture_hf.py. Without the check (LENS_EVALS_SELF_CHECK=0, as before it existed) the
 same engines serve the lens requests, silently wrong."""
 
@@ -147,7 +147,7 @@ def test_verify_prints_the_check_and_exits_by_its_outcome(tiny_path) -> None:
     out = "\n" + done.stdout
     check = json.loads(out[out.rindex("\n{\n") + 1 :])  # vLLM may log to stdout before it
     assert check["passed"] is True and len(check["layers"]) == 3
-    # and every layer against HF (tests/test_verify_hf.py)
+    # and every layer against HF (tests/cli/test_verify_hf.py)
     assert check["hf"]["passed"] is True and [row["layer"] for row in check["hf"]["rows"]] == [0, 1, 2, 3], check["hf"]
 
 

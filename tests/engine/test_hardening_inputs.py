@@ -61,7 +61,7 @@ def safetensors_raw(dtype: str, body: bytes, shape: list[int] | None = None, off
 
 VALID = wire.encode_array(np.ones((1, HIDDEN), np.float32))
 PICKLE = pickle.dumps({"canary": "lens-evals-pickle-canary"})  # tests/scripts/pickle_canary watches for it
-CANARY_DIR = Path(__file__).parent / "scripts" / "pickle_canary"
+CANARY_DIR = Path(__file__).parents[1] / "scripts" / "pickle_canary"
 
 # name -> (vllm_xargs, other body fields, expected substring in the message)
 BAD: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {

@@ -11,7 +11,7 @@ from lens_evals.engine.frontend.hook_sets import register_hook_set
 from lens_evals.request.hook_library import append_rows
 from lens_evals.request.hooks import Hook
 from tests.conftest import greedy
-from tests.test_hooks import record_rows
+from tests.engine.test_hooks import record_rows
 from tests.tolerance import assert_values_close
 
 PROMPTS = ["the cat reads a book.", "a model finds the truth.", "1 2 3 4 5 6 7 8", "my friend"]
