@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.test_parallel import NEEDS_TWO_GPUS_ON_A_GPU, bind_two_workers  # noqa: F401 - a fixture
+from tests.engine.test_parallel import NEEDS_TWO_GPUS_ON_A_GPU, bind_two_workers  # noqa: F401 - a fixture
 
 from lens_evals.engine.compat import architectures
 from lens_evals.engine.frontend import self_check
