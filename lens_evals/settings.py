@@ -235,7 +235,7 @@ HANDOFF_DIR = optional_path(
 # prefill workload's prompts are under 128 tokens (< 1 MiB), and its whole capture (1.37 GB) is
 # held twice by a caller that keeps one call's outputs while the next runs (H200, 2026-12-04:
 # a 1 MiB minimum and a 1 GiB pool sent 20 % of the bytes inline and, in the second call, every
-# block to a file of its own, all at the fetch: docs/benchmarks.md)
+# block to a file of its own, all at the fetch: benchmarks/results/NOTEBOOK.md)
 HANDOFF_MIN_BYTES = integer(
     "LENS_EVALS_HANDOFF_MIN_BYTES",
     2**16,

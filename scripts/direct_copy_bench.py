@@ -2,7 +2,7 @@
 
 Today a captured step goes device -> pinned arena (DMA), and each finished request's rows then go
 pinned arena -> shared pool (a host copy on the worker's writer thread); for 44 GB the pinning
-and the host copy, not the DMA, set the time (docs/benchmarks.md). The alternative: the pool's
+and the host copy, not the DMA, set the time (benchmarks/results/NOTEBOOK.md). The alternative: the pool's
 shared-memory segment registered with the CUDA driver (``cudaHostRegister``: pinned in place) and
 each request's rows copied device -> pool directly. This times, on one GPU, with torch only:
 

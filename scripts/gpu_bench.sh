@@ -54,11 +54,11 @@
 #     WORKLOAD=prefill bash scripts/gpu_bench.sh lens-mixed --repeats 6
 #   python3 -m benchmarks.phases /tmp/lens-evals-bench-prefill   (and /tmp/prefill-pool4g)
 # All 32 layers (H100 2026-12-05: 1,000 prompts = 43.9 GB in one call took > 34 s against 3.94 s
-# plain, and the engine core died in the second call; docs/benchmarks.md says why): the same
+# plain, and the engine core died in the second call; benchmarks/results/NOTEBOOK.md says why): the same
 # bytes per call as capture-8 with a quarter of the prompts, own BENCH_DIR (the prompts differ):
 #   BENCH_DIR=/tmp/prefill-250 LENS_EVALS_TIMING=1 WORKLOAD=prefill bash scripts/gpu_bench.sh \
 #     vllm-eager,lens-capture-all,lens-capture-8 --prompts 250
-# Would the step copies straight into the pool pay (the design in docs/benchmarks.md)? ~1 min,
+# Would the step copies straight into the pool pay (the design in benchmarks/results/NOTEBOOK.md)? ~1 min,
 # torch only, no vLLM needed:  python3 scripts/direct_copy_bench.py --gib 8
 # Every call needs the package installed where vLLM finds its plugin (this script does it; a bare
 # `python3 scripts/...` after `. .gpu/install.sh` does not: the engine starters now refuse):

@@ -1,5 +1,5 @@
 """The plugin's Python per request, without an engine (issue #21, item 4 of the plan in
-docs/benchmarks.md): the frontend's admission (``frontend_admit.on_request``: parse, validate,
+benchmarks/results/NOTEBOOK.md): the frontend's admission (``engine.frontend.admit.on_request``: parse, validate,
 normalise, encode) and the worker's decoding (``requests.decode_worker_request``), each timed
 with ``time.perf_counter`` over many calls of the same request, the best of several rounds.
 
