@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.engine.test_parallel import NEEDS_TWO_GPUS_ON_A_GPU, bind_two_workers  # noqa: F401 - a fixture
 
 from lens_evals.engine.compat import architectures
 from lens_evals.engine.frontend import self_check
 from tests.conftest import greedy, make_llm
+from tests.engine.test_parallel import NEEDS_TWO_GPUS_ON_A_GPU, bind_two_workers  # noqa: F401 - a fixture
 
 PROMPT = "the cat reads a book."
 GRAPH = {"enforce_eager": False, "additional_config": {"lens_evals": {"graph_layers": "all"}}}
