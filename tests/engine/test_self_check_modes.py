@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from lens_evals.engine.compat import architectures
-from lens_evals.engine.frontend import self_check
+from lens_evals.engine.frontend import self_check, self_check_run
 from tests.conftest import greedy, make_llm
 from tests.engine.test_parallel import NEEDS_TWO_GPUS_ON_A_GPU, bind_two_workers  # noqa: F401 - a fixture
 
@@ -42,7 +42,7 @@ def checked_engine(tiny_path: Any, mode: str, wrong: bool) -> tuple[self_check.S
     """(the check's result, a plain request's output, what a lens request raised or returned)."""
     with make_llm(tiny_path, max_model_len=512, enable_prefix_caching=False, **MODES[mode]) as llm:
         plain = llm.generate([PROMPT], greedy(4))[0]  # the process's first engine: checked as its first call starts
-        result = self_check.result_of(llm.llm_engine.input_processor)
+        result = self_check_run.result_of(llm.llm_engine.input_processor)
         try:
             lens: Any = llm.generate([PROMPT], greedy(2, output_residual_stream=[1]))[0]
         except ValueError as refused:
