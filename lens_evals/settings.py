@@ -147,9 +147,10 @@ GRAPH_LAYERS = text(
 SELF_CHECK = flag(
     "LENS_EVALS_SELF_CHECK",
     True,
-    "frontend",
+    "frontend, worker",
     "check the stream contract on the loaded model at engine start (offline) or at the first lens request "
-    "(AsyncLLM, server); a failure refuses lens requests. 0: start faster, unchecked",
+    "(AsyncLLM, server); a failure refuses lens requests. It also lets graph mode run on verified "
+    "architectures not yet verified in graph mode. 0: start faster, unchecked",
 )
 HOOKS = text("LENS_EVALS_HOOKS", "frontend, worker", "more registered hooks, `name=module:function,...` (after built-ins and entry points)")
 TIMING = flag(

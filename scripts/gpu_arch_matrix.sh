@@ -16,7 +16,7 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tm
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 LENS_EVALS_MODEL_DIR=${LENS_EVALS_MODEL_DIR:-$PWD/.lens-models}
 out=${OUT:-/tmp}
 python3 -c "import torch, vllm, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
-K=${K:-"(matches_hf and not graph_mode and (Qwen3Moe or GPT2 or Olmo2 or StableLm or DeepseekV2 or GptOss)) or graph_mode_matches or runner_v2 or speculative or unverified or worker_refuses or graph_mode_is_refused"}
+K=${K:-"(matches_hf and not graph_mode and (Qwen3Moe or GPT2 or Olmo2 or StableLm or DeepseekV2)) or graph_mode_matches or differs_from_hf or graph_mode_runs or runner_v2 or speculative or unverified or worker_refuses or graph_mode_is_refused"}
 LENS_EVALS_MATRIX_RESULTS=$out/gpu_matrix.json timeout ${LIMIT:-540} python3 -m pytest -p no:cacheprovider -q \
   --timeout 300 -m "gpu or slow or not slow" tests/engine/test_architectures.py -k "$K" > "$out/matrix.log" 2>&1
 grep -hE "^(FAILED|ERROR)|^E  |[0-9]+ (passed|failed)" "$out/matrix.log" | cut -c1-300 | head -40

@@ -29,7 +29,7 @@ mkdir -p "$joined_dir"
 import sys
 from pathlib import Path
 
-from lens_evals import gguf_models, models
+from lens_evals.models import gguf as gguf_models, registry as models
 
 name, joined_dir = sys.argv[1], Path(sys.argv[2])
 spec = gguf_models.GGUF_MODELS[name]

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lens_evals import settings
 from lens_evals.engine import compat
 from lens_evals.engine.transport.graph_layers import GRAPH_LAYERS_ENV
 
@@ -55,11 +56,22 @@ def _tap_stream_fake(hidden: torch.Tensor, residual: torch.Tensor | None, steer:
 
 
 def graph_refusal(support: Any) -> str | None:
-    """Graph mode relies on the architecture's contract inside a compiled graph: only
-    architectures verified in graph mode may use it (or any, with LENS_EVALS_TRUST_ARCH=1)."""
+    """Graph mode relies on the architecture's contract inside a compiled graph. It runs on an
+    architecture verified in graph mode (``graph_mode`` in the table), on any other verified one
+    while the self-check is on (it runs in graph mode on the loaded engine before the first lens
+    request and refuses lens requests if the contract does not hold there), or on any with
+    LENS_EVALS_TRUST_ARCH=1."""
     entry = compat.architectures.VERIFIED.get(support.architecture)
-    if (entry is not None and entry.graph_mode) or compat.architectures.trust_unverified():
+    if entry is not None and (entry.graph_mode or settings.SELF_CHECK.get()):
         return None
+    if compat.architectures.trust_unverified():
+        return None
+    if entry is not None:
+        return (
+            f"graph mode ({GRAPH_LAYERS_ENV}) is not verified on architecture {support.architecture} and the "
+            f"self-check that would verify it on this engine is off: start with {settings.SELF_CHECK.name}=1, "
+            f"or without graph mode (eager hooks), or set {compat.architectures.TRUST_ENV}=1 at your own risk"
+        )
     return (
         f"graph mode ({GRAPH_LAYERS_ENV}) is not verified on architecture {support.architecture}: start the "
         f"engine without it (eager hooks), or set {compat.architectures.TRUST_ENV}=1 at your own risk"
