@@ -62,7 +62,6 @@ def _engine_child(model: str, loading: str, dtype: str, gguf_dir: str, work: Pat
     started = time.monotonic()
     llm = LLM(target, **options)
     start_s = time.monotonic() - started
-    checked = self_check_run.result_of(llm.llm_engine.input_processor)
     params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"output_residual_stream": True})
     tokenizer = llm.get_tokenizer()
     token_ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
@@ -72,6 +71,7 @@ def _engine_child(model: str, loading: str, dtype: str, gguf_dir: str, work: Pat
         for i, (out, ids) in enumerate(zip(outputs, token_ids, strict=True))
     }
     np.savez(work / f"{model}-{loading}.npz", **arrays)
+    checked = self_check_run.result_of(llm.llm_engine.input_processor)  # run at the engine's first call
     summary = {
         "model": model,
         "loading": loading,
