@@ -278,12 +278,17 @@ def add_innermost_middleware(app: Any, middleware_class: Callable[[Any], Any]) -
     """Put ``middleware_class`` inside every middleware the app has or gets: Starlette builds
     its stack from ``user_middleware`` (index 0 outermost; ``add_middleware`` inserts there), so
     the last entry wraps only the router. The operator's ``--middleware``, vLLM's CORS and
-    authentication, and whatever is added later all run before it."""
+    authentication, and whatever is added later all run before it.
+
+    Starlette builds the stack at the first request, unless someone built it before: vLLM 0.26's
+    ``build_app`` ends with the SageMaker standards' bootstrap, which rebuilds it at once
+    (model_hosting_container_standards: ``app.middleware_stack = app.build_middleware_stack()``).
+    Then the stack is built again here, with this middleware in it."""
     from starlette.middleware import Middleware
 
-    if getattr(app, "middleware_stack", None) is not None:
-        raise RuntimeError("lens_evals: the app has started; its middleware can no longer change")
     app.user_middleware.append(Middleware(middleware_class))
+    if getattr(app, "middleware_stack", None) is not None:
+        app.middleware_stack = app.build_middleware_stack()
 
 
 def patch_http_app(middleware_class: Callable[[Any], Any]) -> None:
