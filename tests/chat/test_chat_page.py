@@ -35,7 +35,9 @@ from tests.tolerance import assert_scores_close
 
 MODEL = os.environ.get("LENS_EVALS_CHAT_TEST_MODEL", "tiny-llama")  # smollm2-135m-instruct: docs/chat.png
 PROMPT = "the cat reads a book." if MODEL == "tiny-llama" else "Name three animals that live in the sea."
-SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "chat.png"
+
+# a lens server's start and a dozen turns in a browser: minutes on the shared 2-core CPU machine
+pytestmark = pytest.mark.slow
 
 
 def chromium() -> str:
@@ -44,6 +46,40 @@ def chromium() -> str:
         pytest.skip("no chromium on the lent GPU machine (no network to install it); it runs on every CPU CI machine")
     assert path, "chromium is missing: scripts/setup.sh installs Debian's chromium"
     return path
+
+
+def random_sae(directory: Path, hidden: int, layer: int) -> Path:
+    """An SAE-Lens folder: a TopK SAE (k=4 of 64 latents) reading ``layer``, b_dec subtracted first."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(3)
+    folder = directory / "sae"
+    folder.mkdir()
+    tensors = {
+        "W_enc": rng.normal(size=(hidden, 64)).astype(np.float32),
+        "b_enc": rng.normal(size=64).astype(np.float32),
+        "W_dec": rng.normal(size=(64, hidden)).astype(np.float32),
+        "b_dec": rng.normal(size=hidden).astype(np.float32),
+    }
+    save_file(tensors, str(folder / "sae_weights.safetensors"))
+    cfg = {
+        "d_in": hidden,
+        "d_sae": 64,
+        "architecture": "topk",
+        "k": 4,
+        "hook_name": f"blocks.{layer}.hook_resid_post",
+        "apply_b_dec_to_input": True,
+    }
+    (folder / "cfg.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def sae_reference(folder: Path, stream: np.ndarray) -> list[dict[int, float]]:
+    """The SAE's positive latents per row, in torch (not the page's numpy code)."""
+    tensors = {k: torch.from_numpy(v).double() for k, v in load_file(str(folder / "sae_weights.safetensors")).items()}
+    pre = (torch.from_numpy(stream).double() - tensors["b_dec"]) @ tensors["W_enc"] + tensors["b_enc"]
+    values, ids = pre.topk(4, dim=-1)
+    return [{int(i): float(v) for i, v in zip(row_ids, row_values) if v > 0} for row_ids, row_values in zip(ids, values)]
 
 
 def planted_vector(model_dir: Path, directory: Path) -> tuple[Path, int]:
@@ -66,8 +102,9 @@ def page(tmp_path_factory) -> Iterator[dict[str, Any]]:
     hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
     probe = random_probe(directory) if hidden == 128 else random_probe_of(directory, hidden, layers // 2)
     vector, token = planted_vector(model_dir, directory)
+    sae = random_sae(directory, hidden, layers - 2)
     with lens_server(model_dir) as server:
-        backend = open_backend(ChatOptions(server=server.url, probes=[str(probe)], vectors=[str(vector)]))
+        backend = open_backend(ChatOptions(server=server.url, probes=[str(probe)], vectors=[str(vector)], sae=str(sae)))
         import uvicorn
 
         port = free_port()
@@ -80,7 +117,7 @@ def page(tmp_path_factory) -> Iterator[dict[str, Any]]:
         try:
             browser.goto(f"http://127.0.0.1:{port}/")
             yield {"browser": browser, "server": server, "url": f"http://127.0.0.1:{port}", "probe": probe, "token": token,
-                   "layers": layers, "chromium": browser_path, "backend": backend}  # fmt: skip
+                   "layers": layers, "chromium": browser_path, "backend": backend, "sae": sae}  # fmt: skip
         finally:
             browser.close()
             web.should_exit = True
@@ -147,7 +184,13 @@ def test_send_streams_colours_and_hovers(page) -> None:
         f"{server.url}/tokenize", json={"model": "test", "messages": [{"role": "user", "content": PROMPT}]}, timeout=60
     )
     ids = prompt_ids.json()["tokens"] + token_ids(reply)
-    body = {"model": "test", "prompt": ids, "max_tokens": 1, "temperature": 0, "vllm_xargs": {"output_residual_stream": [probe.layer]}}
+    body = {
+        "model": "test",
+        "prompt": ids,
+        "max_tokens": 1,
+        "temperature": 0,
+        "vllm_xargs": {"output_residual_stream": [probe.layer, page["layers"] - 2]},
+    }
     from lens_evals.client import activations_from_response
 
     captured = activations_from_response(requests.post(f"{server.url}/v1/completions", json=body, timeout=120).json())
@@ -165,6 +208,11 @@ def test_send_streams_colours_and_hovers(page) -> None:
         bias=bias,
     )
 
+    # the SAE's latents: its top latents on the capture of its layer, computed here in torch
+    for token, reference in zip(tokens, sae_reference(page["sae"], np.asarray(captured["residual_stream"][1], dtype=np.float32)[at])):
+        assert [i for i, _ in token["sae"]] == list(reference)
+        np.testing.assert_allclose([v for _, v in token["sae"]], list(reference.values()), rtol=1e-3, atol=1e-3)
+
     # hover: the lens at every layer; at the last layer greedy decoding's choice is its top-1
     last = page["layers"] - 1
     for index in range(min(len(tokens), 4)):
@@ -177,6 +225,7 @@ def test_send_streams_colours_and_hovers(page) -> None:
         top1 = tokens[index]["lens"][-1]["top"][0][0]
         assert tokens[index]["lens"][-1]["layer"] == last and top1 == chosen, (index, top1, chosen)
         assert rows[0].startswith(f"L{last}{json.dumps(chosen)}")
+        assert browser.js("document.querySelector('#detail-body .sae').textContent").startswith("SAE sae (layer")
     browser.screenshot(Path(os.environ.get("LENS_EVALS_CHAT_SCREENSHOT", page["browser"].profile / "chat.png")))
 
 
@@ -193,6 +242,19 @@ def test_steering_plants_the_vectors_token(page) -> None:
     assert token not in token_ids(plain), "the planted token was already in the plain reply: pick another"
     assert token_ids(steered) and all(i == token for i in token_ids(steered)), (token, token_ids(steered))
     assert "steered: planted at layer" in browser.js("document.querySelector('.msg.assistant .steer').textContent")
+
+    # a contrastive pair: the mean difference of the two prompts' streams at layer 1, scaled up
+    new_chat(browser)
+    browser.js(
+        "document.getElementById('steer-source').value = 'pair'; document.getElementById('steer-positive').value = 'the cat the cat';"
+        "document.getElementById('steer-negative').value = '1 2 3 4'; document.getElementById('steer-layer').value = 1;"
+        "document.getElementById('steer-scale').value = 8; 0"
+    )
+    paired = send(browser, PROMPT)
+    assert token_ids(paired) != token_ids(plain)
+    assert 'steered: "the cat the cat" - "1 2 3 4" at layer 1 x 8' in browser.js(
+        "document.querySelector('.msg.assistant .steer').textContent"
+    )
     new_chat(browser)
 
 
