@@ -24,17 +24,22 @@ from safetensors.numpy import load_file
 
 from lens_evals.chat.app import build_app
 from lens_evals.chat.setup import ChatOptions, open_backend
+from lens_evals.inspect_kit.provider.lora_args import lora_server_args
 from lens_evals.inspect_kit.provider.server import free_port
 from lens_evals.models.registry import model_path
+from lens_evals.oracle.inference import OracleSettings, injection_vector, oracle_prompt_ids
 from lens_evals.probing.probe import load_probe
 from tests.chat.browser import Browser, dump_dom
 from tests.conftest import lens_server
 from tests.device import on_gpu
+from tests.lora_helpers import lora_dtype, random_adapter
 from tests.report.test_report import random_probe
 from tests.tolerance import assert_scores_close
 
 MODEL = os.environ.get("LENS_EVALS_CHAT_TEST_MODEL", "tiny-llama")  # smollm2-135m-instruct: docs/chat.png
 PROMPT = "the cat reads a book." if MODEL == "tiny-llama" else "Name three animals that live in the sea."
+# the tiny tokenizer has " cat" as one token, not " ?" (tests/inspect_kit/test_oracle_solver.py)
+ORACLE = OracleSettings(target_layer=2, injection_layer=1, placeholder=" cat") if MODEL == "tiny-llama" else OracleSettings(target_layer=15)
 
 # a lens server's start and a dozen turns in a browser: minutes on the shared 2-core CPU machine
 pytestmark = pytest.mark.slow
@@ -103,8 +108,13 @@ def page(tmp_path_factory) -> Iterator[dict[str, Any]]:
     probe = random_probe(directory) if hidden == 128 else random_probe_of(directory, hidden, layers // 2)
     vector, token = planted_vector(model_dir, directory)
     sae = random_sae(directory, hidden, layers - 2)
-    with lens_server(model_dir) as server:
+    server_args = None
+    if MODEL == "tiny-llama":  # a random adapter served as the oracle: the box's whole request path runs
+        adapter = random_adapter(model_dir, directory / "oracle", 3, ["q_proj", "v_proj", "down_proj"])
+        server_args = lora_server_args({"lora_modules": f"oracle={adapter}", "dtype": lora_dtype()})
+    with lens_server(model_dir, server_args=server_args) as server:
         backend = open_backend(ChatOptions(server=server.url, probes=[str(probe)], vectors=[str(vector)], sae=str(sae)))
+        backend.oracle = ORACLE
         import uvicorn
 
         port = free_port()
@@ -272,13 +282,50 @@ def test_bad_input_is_shown_on_the_page(page) -> None:
     assert bad.status_code == 400 and "messages" in bad.json()["error"] and "max_tokens" in bad.json()["error"]
 
 
-def test_oracle_box_says_the_server_has_no_adapter(page) -> None:
-    browser = page["browser"]
+def ask_in_the_box(browser: Browser, question: str) -> str:
+    browser.js(
+        f"document.getElementById('oracle-question').value = {json.dumps(question)}; document.getElementById('oracle-ask').click(); 0"
+    )
+    answer: str = browser.wait_for("(t => t !== 'asking...' && t)(document.getElementById('oracle-answer').textContent)")
+    return answer
+
+
+def test_oracle_box(page) -> None:
+    """Without the adapter the box says so; with it, the answer equals one built here from the
+    HF tokenizer's oracle prompt, a capture and the injection sent to the adapter directly."""
+    browser, backend, server = page["browser"], page["backend"], page["server"]
     new_chat(browser)
     send(browser, PROMPT)
-    browser.js("document.getElementById('oracle-question').value = 'What is the topic?'; document.getElementById('oracle-ask').click(); 0")
-    answer = browser.wait_for("(t => t !== 'asking...' && t)(document.getElementById('oracle-answer').textContent)")
-    assert "serves no activation-oracle adapter named 'oracle'" in answer and "--lora-modules" in answer, answer
+    backend.oracle_lora = "absent"
+    try:
+        answer = ask_in_the_box(browser, "What is the topic?")
+    finally:
+        backend.oracle_lora = "oracle"
+    assert "serves no activation-oracle adapter named 'absent'" in answer and "--lora-modules" in answer, answer
+    if MODEL != "tiny-llama":
+        return
+    messages = browser.js("window.chatState.messages.map(m => ({role: m.role, content: m.content}))")
+    question = "which word is the text about?"
+    answer = ask_in_the_box(browser, question)
+    from transformers import AutoTokenizer
+
+    body = {
+        "model": "test",
+        "messages": messages,
+        "max_tokens": 1,
+        "temperature": 0,
+        "vllm_xargs": {"output_residual_stream": [ORACLE.target_layer]},
+    }
+    from lens_evals.client import activations_from_response, lens_xargs
+
+    acts = np.asarray(
+        activations_from_response(requests.post(f"{server.url}/v1/chat/completions", json=body, timeout=120).json())["residual_stream"][0]
+    )
+    ids, positions = oracle_prompt_ids(AutoTokenizer.from_pretrained(str(model_path(MODEL))), ORACLE, acts.shape[0], question)
+    vector = injection_vector(acts.astype(np.float32), positions, ORACLE)
+    direct = {"model": "oracle", "prompt": ids, "max_tokens": 24, "temperature": 0, "vllm_xargs": lens_xargs(steering=[vector])}
+    want = requests.post(f"{server.url}/v1/completions", json=direct, timeout=120).json()["choices"][0]["text"]
+    assert answer == f"oracle (layer 2, {len(positions)} positions): {want}", (answer, want)
 
 
 def test_export_is_one_file_that_opens_offline(page, tmp_path) -> None:
