@@ -31,6 +31,7 @@ from lens_evals.probing.dialogues import Dialogue
 logger = logging.getLogger(__name__)
 
 KNOWN_LIES = "known-lies"  # the training-set name (`probes train --dataset known-lies`, the study's "lies")
+MIN_LIE_PAIRS = 4  # fewer kept pairs train nothing (too few to fit and validate on)
 
 CAPITALS = (
     ("France", "Paris"),

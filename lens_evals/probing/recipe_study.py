@@ -31,7 +31,7 @@ from lens_evals.engine.frontend.offline import engine_for
 from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue
 from lens_evals.probing.extract import answer_requests
-from lens_evals.probing.known_lies import known_lie_dialogues
+from lens_evals.probing.known_lies import MIN_LIE_PAIRS, known_lie_dialogues
 from lens_evals.probing.metrics import auroc, recall_at_threshold, threshold_at_fpr
 from lens_evals.probing.multi import scenario_key
 from lens_evals.probing.recipe_train import capture_recipe_view, relative_layers, stacked
@@ -39,7 +39,6 @@ from lens_evals.probing.recipes import AGGREGATIONS, Aggregation, FollowUp, Reci
 from lens_evals.probing.train import DEFAULT_LAYERS, LayerFeatures, load_training_set
 
 DEV_SHARE = 3  # one scenario in three is development
-MIN_LIE_PAIRS = 4  # the on-policy lies train a recipe only with this many pairs or more
 FOLLOW_UP = FollowUp()
 
 

@@ -16,7 +16,7 @@ from lens_evals.engine.frontend.offline import engine_for
 from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue
 from lens_evals.probing.extract import answer_requests
-from lens_evals.probing.known_lies import KNOWN_LIES, known_lie_dialogues
+from lens_evals.probing.known_lies import KNOWN_LIES, MIN_LIE_PAIRS, known_lie_dialogues
 from lens_evals.probing.metrics import auroc
 from lens_evals.probing.probe import ProbeCard
 from lens_evals.probing.recipes import Aggregation, FollowUp, RecipeProbe, fit_recipe, with_follow_up
@@ -74,6 +74,11 @@ def train_recipe(
             raise ValueError(f"layers {layer_list}: {Path(model).name} has layers 0..{n_layers - 1}")
         if training_set == KNOWN_LIES:  # on-policy: the model's own answers, built with this engine
             dialogues = known_lie_dialogues(lambda: engine, None, model, limit)
+            if len(dialogues) < 2 * MIN_LIE_PAIRS:
+                raise ValueError(
+                    f"{Path(model).name} gave {len(dialogues) // 2} known-truth lie pairs (right when honest, a lie when told to lie); "
+                    f"a recipe needs {MIN_LIE_PAIRS} or more"
+                )
         else:
             dialogues = load_training_set(training_set, limit, seed)
         data = capture_recipe_view(engine, dialogues, layer_list, follow_up, desc=f"{training_set} layers {layer_list}")

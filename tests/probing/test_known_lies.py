@@ -91,3 +91,12 @@ def test_builder_keeps_the_right_answers_and_the_lies_told_on_tiny_llama(llm, tm
     assert [(d.messages, d.label, d.group) for d in again] == [(d.messages, d.label, d.group) for d in first]
     assert len(known_lie_dialogues(lambda: llm, tmp_path, "tiny-llama", limit=3)) == min(2, len(first))
     np.testing.assert_array_equal([d.label for d in first], [0, 1] * (len(first) // 2))
+
+
+def test_too_few_pairs_train_no_recipe(llm, tiny_path, tmp_path):
+    """tiny-llama answers none of the questions right: `probes train --dataset known-lies` refuses, saying so."""
+    from lens_evals.probing.recipe_train import train_recipe
+
+    with pytest.raises(ValueError, match=r"gave 0 known-truth lie pairs .* a recipe needs 4 or more"):
+        train_recipe(str(tiny_path), layers=[1], training_set="known-lies", llm=llm, out_dir=tmp_path)
+    assert not list(tmp_path.iterdir())
