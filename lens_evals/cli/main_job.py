@@ -89,7 +89,9 @@ def run_recipe(model: str, recipe: Path, limit: int | None, log_dir: str, datase
     print(f"  honest samples flagged        {metrics['flagged_honest']:.3f}")
     print(context_line(model, float(metrics["probe_auroc"])))
     print(f"log:    {log.location}")
-    print("report: not written (lens-evals report does not read recipe logs yet; --probe FILE.safetensors writes one)")
+    from lens_evals.report import write_report
+
+    print(f"report: {write_report(log.location)}")
     return 0
 
 

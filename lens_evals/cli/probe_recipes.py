@@ -80,6 +80,8 @@ def add_recipe_commands(probes_sub: Any) -> None:
     study.add_argument("--limit", type=positive_int, default=None, help="about this many training dialogues per set")
     study.add_argument("--control-limit", type=positive_int, default=300)
     study.add_argument("--control-max-tokens", type=positive_int, default=32)
+    study.add_argument("--roleplaying-limit", type=positive_int, default=None, help="first N Roleplaying dialogues (checks only)")
+    study.add_argument("--capture-only", action="store_true", help="fill the capture cache and stop (a later run fits without the engine)")
     add_engine_arg_option(study)
     report = probes_sub.add_parser("recipes-report", help="table (markdown) and plot from `probes recipes` JSON files")
     report.add_argument("results", nargs="+", type=Path)
@@ -98,8 +100,11 @@ def run_recipe_command(args: argparse.Namespace) -> int:
             control_max_tokens=args.control_max_tokens,
             ip_limit=args.limit,
             engine_args=parse_engine_args(args.engine_arg),
+            capture_only=args.capture_only,
+            roleplaying_limit=args.roleplaying_limit,
         )
-        print(json.dumps({k: result[k] for k in ("model", "dtype", "best_by_dev", "recipes", "total_s")}, indent=2))
+        shown = result if args.capture_only else {k: result[k] for k in ("model", "dtype", "best_by_dev", "recipes", "total_s")}
+        print(json.dumps(shown, indent=2))
         return 0
     from lens_evals.probing.recipe_report import plot_recipes, recipes_table
 

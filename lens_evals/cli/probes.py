@@ -37,7 +37,10 @@ def training_set(name: str) -> str:
     """A training set name that :func:`datasets.training_dialogues` knows (checked by name before an
     engine starts; the dialogues are read once, by the command)."""
     from lens_evals.probing import datasets
+    from lens_evals.probing.known_lies import KNOWN_LIES
 
+    if name == KNOWN_LIES:  # on-policy: built with the engine (probes train only, as a recipe)
+        return name
     try:
         datasets.check_training_set(name)
     except ValueError as exc:
@@ -64,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "--dataset",
             type=training_set,
             default="instructed-pairs",
-            help="instructed-pairs, geometry-of-truth, geometry-of-truth:SET[,SET], or coup",
+            help="instructed-pairs, varied-pairs, geometry-of-truth, geometry-of-truth:SET[,SET], coup, or known-lies (train: on-policy lies)",
         )
         command.add_argument("--C", type=positive_float, default=0.1, help="inverse L2 strength of the logistic regression")
         command.add_argument("--limit", type=positive_int, default=None, help="use about this many dialogues")
@@ -78,6 +81,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.probes_command in ("train", "train-set"):
         check_layer(parser, args.model, args.layer)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process: faster start for offline capture
+    if args.probes_command in ("train", "sweep") and args.dataset == "known-lies":
+        if args.probes_command == "sweep":
+            parser.error("--dataset known-lies is built with the model's own answers: `probes train` (a recipe) only")
+        return run_train_recipe(args)  # on-policy lies train a recipe card (one layer unless --layers / --ensemble)
     if args.probes_command == "train" and wants_recipe(args):
         return run_train_recipe(args)
     if args.probes_command in RECIPE_COMMANDS:

@@ -9,7 +9,9 @@ HELP = "one self-contained HTML page for an eval log (probe tasks, oracle tasks)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("log", help="an Inspect .eval log of roleplaying_probe, coup_probe or an activation-oracle task")
+    parser.add_argument(
+        "log", help="an Inspect .eval log of roleplaying_probe (a probe, several, a recipe), coup_probe, an oracle task or steering_effect"
+    )
     parser.add_argument("--out", default=None, help="HTML file to write (default: the log's path with .html)")
 
 

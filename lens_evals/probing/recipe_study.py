@@ -3,12 +3,15 @@ the model's own control answers, from one capture of each dataset (cached on dis
 
 - Roleplaying scenarios are split by a hash of their text: one in three is **development** (chooses
   layers and aggregation), the rest is **test** (reported). Nothing is trained on Roleplaying.
-- Training sets: Instructed-Pairs (``ip``), Varied-Pairs (``varied``), each with and without the
-  follow-up question. Layers: ``single`` (the best candidate layer by development AUROC), or the
+- Training sets: Instructed-Pairs (``ip``), Varied-Pairs (``varied``) and the model's own lies to
+  questions with known answers (``lies``, :mod:`lens_evals.probing.known_lies`), each with and
+  without the follow-up question. Layers: ``single`` (the best candidate layer by development AUROC), or the
   ``ensemble`` of 5 layers over 25-70 % of depth (fixed beforehand). Aggregations: mean, max, last.
 - ``apollo``: today's probe (Instructed-Pairs, the layer chosen on IP validation, mean).
 
 Writes ``OUT/recipes-MODEL-DTYPE.json``; :mod:`lens_evals.probing.recipe_report` draws the plot.
+The engine is opened only for what the cache lacks: ``capture_only`` stops after the captures, and a
+later run over a complete cache fits and evaluates without loading the model (two device calls).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ from lens_evals.engine.frontend.offline import engine_for
 from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue
 from lens_evals.probing.extract import answer_requests
+from lens_evals.probing.known_lies import MIN_LIE_PAIRS, known_lie_dialogues
 from lens_evals.probing.metrics import auroc, recall_at_threshold, threshold_at_fpr
 from lens_evals.probing.multi import scenario_key
 from lens_evals.probing.recipe_train import capture_recipe_view, relative_layers, stacked
@@ -52,26 +57,68 @@ def _fingerprint(model: str, layers: Sequence[int], dialogues: Sequence[Dialogue
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+class LazyEngine:
+    """The offline engine, opened on the first call (never when the cache holds everything)."""
+
+    def __init__(self, model: str, llm: Any = None, engine_args: dict[str, Any] | None = None) -> None:
+        self.model, self.llm, self.engine_args = model, llm, engine_args
+        self._stack = ExitStack()
+        self._engine: Any = None
+
+    def __call__(self) -> Any:
+        if self._engine is None:
+            self._engine = self._stack.enter_context(engine_for(self.model, self.llm, self.engine_args))
+        return self._engine
+
+    @property
+    def opened(self) -> bool:
+        return self._engine is not None
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+def model_facts(engine: Callable[[], Any], cache: Path) -> dict[str, Any]:
+    """The model's layer count and dtype, from ``cache/model.json`` or the engine (then kept there)."""
+    path = cache / "model.json"
+    if path.is_file():
+        return dict(json.loads(path.read_text(encoding="utf-8")))
+    config = engine().llm_engine.model_config
+    facts = {"n_layers": int(config.hf_config.num_hidden_layers), "dtype": str(config.dtype).removeprefix("torch.")}
+    cache.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(facts) + "\n", encoding="utf-8")
+    return facts
+
+
 def cached_capture(
-    engine: Any, cache: Path, key: str, model: str, dialogues: list[Dialogue], layers: Sequence[int], follow_up: FollowUp | None
+    engine: Callable[[], Any],
+    cache: Path,
+    key: str,
+    model: str,
+    dialogues: list[Dialogue],
+    layers: Sequence[int],
+    follow_up: FollowUp | None,
 ) -> LayerFeatures:
-    """Captured once per (model, layers, dialogues, follow-up), kept as float16 in ``cache/KEY.npz``."""
+    """Captured once per (model, layers, dialogues, follow-up), kept as float16 in ``cache/KEY.npz``;
+    ``engine()`` is called only on a miss."""
     stamp = _fingerprint(model, layers, dialogues, follow_up)
     path = cache / f"{key}-{stamp}.npz"
     if path.is_file():
         with np.load(path, allow_pickle=False) as arrays:
             return LayerFeatures(list(layers), dialogues, [arrays[str(i)].astype(np.float32) for i in range(len(dialogues))])
-    data = capture_recipe_view(engine, dialogues, layers, follow_up, desc=key)
+    data = capture_recipe_view(engine(), dialogues, layers, follow_up, desc=key)
     cache.mkdir(parents=True, exist_ok=True)
-    np.savez(path, allow_pickle=False, **{str(i): f.astype(np.float16) for i, f in enumerate(data.features)})
-    return LayerFeatures(list(layers), dialogues, data.features)
+    stored = [f.astype(np.float16) for f in data.features]
+    np.savez(path, allow_pickle=False, **{str(i): f for i, f in enumerate(stored)})
+    # as stored: a run's numbers do not depend on whether the cache was warm
+    return LayerFeatures(list(layers), dialogues, [f.astype(np.float32) for f in stored])
 
 
-def control_dialogues(engine: Any, cache: Path, model: str, limit: int, max_tokens: int) -> list[Dialogue]:
+def control_dialogues(engine: Callable[[], Any], cache: Path, model: str, limit: int, max_tokens: int) -> list[Dialogue]:
     path = cache / f"control-{Path(model).name}-{limit}x{max_tokens}.json"
     if path.is_file():
         return [Dialogue(messages=m, label=0, group=f"control-{i}") for i, m in enumerate(json.loads(path.read_text(encoding="utf-8")))]
-    dialogues = answer_requests(engine, datasets.control_requests()[:limit], max_tokens=max_tokens)
+    dialogues = answer_requests(engine(), datasets.control_requests()[:limit], max_tokens=max_tokens)
     cache.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([d.messages for d in dialogues]) + "\n", encoding="utf-8")
     return dialogues
@@ -152,19 +199,25 @@ def run_recipe_study(
     ip_limit: int | None = None,
     llm: Any = None,
     engine_args: dict[str, Any] | None = None,
+    capture_only: bool = False,
+    roleplaying_limit: int | None = None,
 ) -> dict[str, Any]:
     name = Path(model).name
     cache_dir = Path(cache) if cache else Path("probes") / "recipe_cache" / name
     start = time.perf_counter()
-    with engine_for(model, llm, engine_args) as engine:
-        config = engine.llm_engine.model_config
-        n_layers = int(config.hf_config.num_hidden_layers)
+    engine = LazyEngine(model, llm, engine_args)
+    try:
+        facts = model_facts(engine, cache_dir)
+        n_layers = int(facts["n_layers"])
         default_layer = DEFAULT_LAYERS.get(name, n_layers // 2)
         layers = sorted({*candidate_layers(n_layers), default_layer})
         ensemble = relative_layers(n_layers)
-        rp_dialogues = datasets.roleplaying_dialogues()
+        rp_dialogues = datasets.roleplaying_dialogues()[:roleplaying_limit]  # a limit: checks of the pipeline only
         control = control_dialogues(engine, cache_dir, model, control_limit, control_max_tokens)
         train = {"ip": load_training_set("instructed-pairs", ip_limit), "varied": load_training_set("varied-pairs", ip_limit)}
+        lies = known_lie_dialogues(engine, cache_dir, model, ip_limit)  # on-policy: the model's own answers
+        if len(lies) >= 2 * MIN_LIE_PAIRS:  # too few pairs to fit and validate on: the row is left out, the count kept
+            train["lies"] = lies
         views: dict[tuple[str, bool], tuple[LayerFeatures, LayerFeatures, LayerFeatures]] = {}
         for follow in (False, True):
             fu = FOLLOW_UP if follow else None
@@ -173,8 +226,12 @@ def run_recipe_study(
             ctl = cached_capture(engine, cache_dir, f"control{tag}", name, control, layers, fu)
             for key, dialogues in train.items():
                 views[(key, follow)] = (cached_capture(engine, cache_dir, f"{key}{tag}", name, dialogues, layers, fu), rp, ctl)
-        dtype = str(config.dtype).removeprefix("torch.")
+        dtype, engine_opened = str(facts["dtype"]), engine.opened
+    finally:
+        engine.close()
     capture_s = time.perf_counter() - start
+    if capture_only:
+        return {"model": name, "dtype": dtype, "cache": str(cache_dir), "engine_opened": engine_opened, "capture_s": round(capture_s, 1)}
 
     rp_truth = Truth(
         np.array([d.label for d in rp_dialogues], dtype=int),
@@ -209,6 +266,7 @@ def run_recipe_study(
         "ensemble_layers": ensemble,
         "follow_up": FOLLOW_UP.model_dump(),
         "n_train": {k: len(v) for k, v in train.items()},
+        "known_lie_pairs": len(lies) // 2,
         "n_roleplaying_dev": int(dev.sum()),
         "n_roleplaying_test": int((~dev).sum()),
         "n_control": len(control),
@@ -218,6 +276,7 @@ def run_recipe_study(
         "recipes": rows,
         "per_layer": per_layer,
         "capture_s": round(capture_s, 1),
+        "engine_opened": engine_opened,
         "total_s": round(time.perf_counter() - start, 1),
         "date": time.strftime("%Y-%m-%d"),
     }

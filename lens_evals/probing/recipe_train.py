@@ -16,6 +16,7 @@ from lens_evals.engine.frontend.offline import engine_for
 from lens_evals.probing import datasets
 from lens_evals.probing.dialogues import Dialogue
 from lens_evals.probing.extract import answer_requests
+from lens_evals.probing.known_lies import KNOWN_LIES, MIN_LIE_PAIRS, known_lie_dialogues
 from lens_evals.probing.metrics import auroc
 from lens_evals.probing.probe import ProbeCard
 from lens_evals.probing.recipes import Aggregation, FollowUp, RecipeProbe, fit_recipe, with_follow_up
@@ -71,7 +72,15 @@ def train_recipe(
         layer_list = list(layers) if layers else relative_layers(n_layers)
         if max(layer_list) >= n_layers:
             raise ValueError(f"layers {layer_list}: {Path(model).name} has layers 0..{n_layers - 1}")
-        dialogues = load_training_set(training_set, limit, seed)
+        if training_set == KNOWN_LIES:  # on-policy: the model's own answers, built with this engine
+            dialogues = known_lie_dialogues(lambda: engine, None, model, limit)
+            if len(dialogues) < 2 * MIN_LIE_PAIRS:
+                raise ValueError(
+                    f"{Path(model).name} gave {len(dialogues) // 2} known-truth lie pairs (right when honest, a lie when told to lie); "
+                    f"a recipe needs {MIN_LIE_PAIRS} or more"
+                )
+        else:
+            dialogues = load_training_set(training_set, limit, seed)
         data = capture_recipe_view(engine, dialogues, layer_list, follow_up, desc=f"{training_set} layers {layer_list}")
         features, labels = stacked(data, layer_list), np.array(data.labels)
         train_index, val_index = split_groups(dialogues, seed=seed)

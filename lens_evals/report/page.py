@@ -21,6 +21,9 @@ from lens_evals.report.transcripts import transcripts_html, turns_html
 CARD_FIELDS = (
     ("model", "model"),
     ("layer", "layer"),
+    ("layers", "layers"),
+    ("aggregation", "aggregation over tokens"),
+    ("follow_up", "follow-up"),
     ("training_set", "training data"),
     ("n_train_dialogues", "training dialogues"),
     ("validation_auroc", "validation AUROC"),
@@ -28,8 +31,18 @@ CARD_FIELDS = (
     ("threshold_fpr", "threshold FPR"),
     ("control_set", "control set"),
     ("n_control", "control answers"),
+    ("chosen_by", "chosen by"),
     ("score", "score"),
 )
+
+
+def _card_value(value: Any) -> Any:
+    """A card field as shown: a recipe's layers joined, its follow-up as question and answer."""
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return ", ".join(str(v) for v in value)
+    if isinstance(value, dict) and {"question", "answer"} <= value.keys():
+        return f"{value['question']} / {value['answer']}"
+    return "none" if value is None else value
 
 
 def _number(value: Any) -> str:
@@ -77,7 +90,8 @@ def section_metrics(section: ProbeSection) -> list[list[Any]]:
 
 def probe_html(section: ProbeSection, index: int) -> str:
     labels, scores = section.labelled()
-    card = [[title, section.card[key]] for key, title in CARD_FIELDS if key in section.card] or [["threshold", section.threshold]]
+    card = [[title, _card_value(section.card[key])] for key, title in CARD_FIELDS if key in section.card]
+    card = card or [["threshold", section.threshold]]
     figures = ""
     if len(set(labels)) == 2:
         control = section.card.get("control_scores") or []

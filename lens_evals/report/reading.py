@@ -1,9 +1,10 @@
 """Read an Inspect eval log into what the report shows.
 
-Two kinds of log are understood: probe tasks (Roleplaying, coup: samples scored by
-``probe_scores`` + ``probe_scorer``, one tab per probe) and activation-oracle tasks (scorers
-``oracle_answer_match`` / ``zero_vector_match``). Anything else is a :class:`ReportError` that
-says what the log is and what the report needs.
+Three kinds of log are understood: probe tasks (Roleplaying, coup: samples scored by
+``probe_scores`` + ``probe_scorer``, one tab per probe; Roleplaying scored by a recipe probe:
+``recipe_scores`` + ``probe_recipe``, the tab named after the recipe), activation-oracle tasks
+(scorers ``oracle_answer_match`` / ``zero_vector_match``) and the steering eval. Anything else is a
+:class:`ReportError` that says what the log is and what the report needs.
 """
 
 from __future__ import annotations
@@ -103,6 +104,22 @@ def _turns(sample: EvalSample, drop_last: bool) -> list[Turn]:
     return [Turn(role=m.role, text=m.text) for m in messages]
 
 
+def _follow_up_question(card: dict[str, Any]) -> str | None:
+    """A recipe card's follow-up question: the probe then read the answer to it, not the sample's last turn."""
+    follow_up = card.get("follow_up")
+    return str(follow_up["question"]) if isinstance(follow_up, dict) and "question" in follow_up else None
+
+
+def _matching_score(scores: list[Any], name: str) -> Any:
+    """The score of probe ``name``: the one naming it as its probe (``probe_scorer``, the multi-probe
+    scorers), else as its readout (``probe_recipe``, whose probe is the kind ``recipe``)."""
+    for key in ("probe", "readout"):
+        found = next((s for s in scores if (s.metadata or {}).get(key, name if key == "probe" else None) == name), None)
+        if found is not None:
+            return found
+    return None
+
+
 def _pair_key(sample: EvalSample) -> str | None:
     kind = (sample.metadata or {}).get("kind")
     sample_id = str(sample.id)
@@ -130,6 +147,7 @@ def _probe_samples(log: EvalLog) -> tuple[dict[str, list[ScoredSample]], dict[st
     """Samples per probe, and each probe's threshold (from the logged readings)."""
     by_probe: dict[str, list[ScoredSample]] = {}
     thresholds: dict[str, float] = {}
+    question = _follow_up_question((log.eval.metadata or {}).get("recipe") or {})
     for sample in log.samples or []:
         readings = [e.data for e in sample.events if isinstance(e, InfoEvent) and e.source == INFO_SOURCE]
         scores = list((sample.scores or {}).values())
@@ -139,14 +157,14 @@ def _probe_samples(log: EvalLog) -> tuple[dict[str, list[ScoredSample]], dict[st
             reading = cast(_Reading, data)  # as ProbeReading writes it; each value is converted below
             name = str(reading["probe"])
             thresholds[name] = float(reading["threshold"])
-            score = next((s for s in scores if (s.metadata or {}).get("probe", name) == name), None)
+            score = _matching_score(scores, name)
             if score is None:
                 continue  # read but not scored (the sample failed before its scorer ran)
             value, flagged = _score_and_flag(score)
             by_probe.setdefault(name, []).append(
                 ScoredSample(
                     id=str(sample.id),
-                    turns=_turns(sample, drop_last=True),
+                    turns=_turns(sample, drop_last=question is None) + ([Turn("user", question)] if question else []),
                     tokens=[str(row[0]) for row in reading["rows"]],
                     token_scores=[float(row[1]) for row in reading["rows"]],
                     scored=(int(reading["scored"][0]), int(reading["scored"][1])),
@@ -202,13 +220,15 @@ def report_data(path: str | Path) -> ReportData:
     log = read_log(path)
     task = log.eval.task
     scorers = [s.name for s in (log.results.scores if log.results else [])]
-    is_probe = "probe" in (log.eval.metadata or {}) or any(step.solver.endswith("probe_scores") for step in log.plan.steps)
+    is_probe = not {"probe", "recipe"}.isdisjoint(log.eval.metadata or {}) or any(
+        step.solver.endswith(("probe_scores", "recipe_scores")) for step in log.plan.steps
+    )
     is_oracle = any(name in ORACLE_SCORERS for name in scorers)
     is_steering = is_steering_log(log)
     if not (is_probe or is_oracle or is_steering):
         raise ReportError(
             f"{path}: a log of task {task!r}, which has no probe scores and no oracle answers (nor a steering sweep); the report "
-            "reads lens-evals probe tasks (roleplaying_probe, coup_probe), activation-oracle tasks and steering_effect"
+            "reads lens-evals probe tasks (roleplaying_probe with a probe, several or a recipe; coup_probe), activation-oracle tasks and steering_effect"
         )
     if not log.samples:
         raise ReportError(f"{path}: the log of {task!r} holds no samples (status {log.status}); run the eval with samples logged")
@@ -234,7 +254,7 @@ def report_data(path: str | Path) -> ReportData:
                 f"{path}: no probe scores in this log of {task!r} (no sample has a {INFO_SOURCE} event and "
                 "a probe score; logs written before lens-evals logged the response tokens lack them)"
             )
-        card, classes = data.metadata.get("probe", {}), _classes(log)
+        card, classes = data.metadata.get("probe") or data.metadata.get("recipe") or {}, _classes(log)
         data.probes = [
             ProbeSection(
                 name=name,

@@ -212,7 +212,7 @@ def check_detection(log, probe: str, index: int, dom: ReportDom) -> None:
     labels, values, flags, thresholds = [], [], [], set()
     for sample in log.samples:
         reading = next(e.data for e in sample.events if isinstance(e, InfoEvent) and e.source == INFO_SOURCE and e.data["probe"] == probe)
-        score = next(s for s in sample.scores.values() if s.metadata["probe"] == probe)
+        score = next(s for s in sample.scores.values() if probe in (s.metadata["probe"], s.metadata.get("readout")))  # readout: a recipe's
         labels.append({"honest": 0, "deceptive": 1}[sample.metadata["kind"]])
         values.append(score.value["score"] if isinstance(score.value, dict) else score.value)
         flags.append(score.value["flagged"] if isinstance(score.value, dict) else score.metadata["flagged"])
