@@ -16,7 +16,7 @@ SUBCOMMANDS = {
     "models": "models",
     "demo": "demo",
     "probes": "probes",
-    "roleplaying": "main_job",
+    "roleplaying": "roleplaying",
     "verify": "verify",
     "report": "report",
     "bench": "bench",

@@ -369,7 +369,7 @@ def test_truncated_log_is_refused(tiny_logs, tmp_path, capsys) -> None:
 @pytest.mark.slow
 def test_main_job_report_of_288_samples(tmp_path) -> None:
     """The README's main job end to end: its log and the report it writes beside it."""
-    from lens_evals.cli.main_job import run_roleplaying
+    from lens_evals.cli.roleplaying import run_roleplaying
 
     assert run_roleplaying(log_dir=str(tmp_path)) == 0
     log_path = next(tmp_path.glob("*.eval"))
