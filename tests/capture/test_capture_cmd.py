@@ -249,23 +249,25 @@ class PeakRss:
 
 
 MIB = 1 << 20
-RSS_BOUND = 32 * MIB  # shard buffer 4 MiB + one batch of 8 prompts (~3.8 MiB) + allocator slack
+# 3 shard images of 4 MiB (one filling, one per writer thread) + one batch of 8 prompts (~3.8 MiB)
+# + allocator slack
+RSS_BOUND = 40 * MIB
 
 
 def test_host_memory_stays_bounded(llm: Any, tmp_path: Path) -> None:
-    """~131 MiB of captures (4.1x the bound) written while peak RSS grows by less than the bound."""
+    """~164 MiB of captures (4.1x the bound) written while peak RSS grows by less than the bound."""
     n_tokens, vocab = 240, len(llm.get_tokenizer())
     settings = CaptureSettings(batch_size=8, shard_rows=64, shard_bytes=4 * MIB)
     warm = random_token_prompts(tmp_path / "warm.jsonl", 16, n_tokens, vocab, seed=1)
     run_capture(warm, "tiny-llama", LAYERS, tmp_path / "warm", llm=llm, settings=settings, show_progress=False)
-    prompts = random_token_prompts(tmp_path / "p.jsonl", 280, n_tokens, vocab)
+    prompts = random_token_prompts(tmp_path / "p.jsonl", 350, n_tokens, vocab)
     with PeakRss() as rss:
         manifest = run_capture(prompts, "tiny-llama", LAYERS, tmp_path / "out", llm=llm, settings=settings, show_progress=False)
     written = sum(shard.n_bytes for shard in manifest.shards)
     print(f"capture of {written / MIB:.1f} MiB in {len(manifest.shards)} shards: peak RSS growth {rss.growth / MIB:.1f} MiB")
     assert written > 4 * RSS_BOUND
     assert rss.growth < RSS_BOUND, f"peak RSS grew {rss.growth / MIB:.1f} MiB while writing {written / MIB:.1f} MiB"
-    assert len(manifest.rows) == 280
+    assert len(manifest.rows) == 350
 
 
 def test_datasets_file_gives_the_same_prompts(tmp_path: Path) -> None:
