@@ -2,7 +2,8 @@
 header length, the JSON header padded with spaces to a whole number of pages, then one tensor per
 layer, ``layer.{L}`` of shape ``(n_tokens, hidden)``, back to back. Rows are copied in once (into
 per-layer slots of the buffer's full capacity); at the write the layers are moved together in
-place and the file is written in large sequential writes straight from the buffer, with
+place (not even that where a row is a whole number of blocks) and the file is written in large
+sequential writes straight from the buffer, with
 ``O_DIRECT`` where the filesystem takes it (the page cache of a busy host writes several times
 slower than the disk, see docs/capture.md), hashed from memory (no read-back)."""
 
@@ -71,36 +72,64 @@ class ShardImage:
         self.used += n_tokens
         return offset
 
-    def file_view(self) -> memoryview:
-        """The shard file's bytes for the rows held: the layers moved together behind a padded
-        header (in place: the buffer's slots are no longer valid for :meth:`put` until :meth:`reset`)."""
+    def file_view(self) -> FileBytes:
+        """The shard file's bytes for the rows held, in file order: the padded header, then each
+        layer's rows. Where a row is a whole number of blocks (a 4,096-wide bf16 model) each layer
+        is written from its own slot; otherwise the layers are first moved together in place (the
+        slots are then no longer valid for :meth:`put` until :meth:`reset`)."""
         layer_bytes = self.used * self.row_bytes
-        base = self._address + self.data_start
-        for i in range(1, len(self.layers)):  # leftwards, in order: each source lies right of its destination
-            ctypes.memmove(base + i * layer_bytes, base + i * self.capacity * self.row_bytes, layer_bytes)
         header = _header(self.layers, self.dtype, self.used, self.hidden, self.element_size)
         padded = header + b" " * (self.data_start - 8 - len(header))
         self._map[0:8] = (len(padded)).to_bytes(8, "little")
         self._map[8 : self.data_start] = padded
-        return memoryview(self._map)[: self.data_start + len(self.layers) * layer_bytes]
+        slot_bytes = self.capacity * self.row_bytes
+        if self.row_bytes % ALIGN == 0:
+            spans = [(0, self.data_start)] + [(self.data_start + i * slot_bytes, layer_bytes) for i in range(len(self.layers))]
+        else:
+            base = self._address + self.data_start
+            for i in range(1, len(self.layers)):  # leftwards, in order: each source lies right of its destination
+                ctypes.memmove(base + i * layer_bytes, base + i * slot_bytes, layer_bytes)
+            spans = [(0, self.data_start + len(self.layers) * layer_bytes)]
+        return FileBytes(memoryview(self._map), spans)
 
     def reset(self) -> None:
         self.used = 0
 
 
-def _write_all(fd: int, data: memoryview) -> None:
-    done = 0
-    while done < len(data):
-        done += os.write(fd, data[done : done + WRITE_CHUNK])
+class FileBytes:
+    """A file's bytes as spans of one page-aligned mapping, in file order; every span but the
+    last is a whole number of blocks (so each can be written with ``O_DIRECT``)."""
+
+    def __init__(self, mapping: memoryview, spans: list[tuple[int, int]]) -> None:
+        self.mapping, self.spans = mapping, spans
+
+    def __len__(self) -> int:
+        return sum(length for _, length in self.spans)
+
+    def __bytes__(self) -> bytes:
+        return b"".join(bytes(part) for part in self.parts())
+
+    def parts(self, pad_last: bool = False) -> list[memoryview]:
+        """The spans as views; with ``pad_last`` the last is extended to a whole block (within the
+        mapping, whose length is a whole number of pages: the caller truncates the file after)."""
+        views = [self.mapping[start : start + length] for start, length in self.spans]
+        if pad_last:
+            start, length = self.spans[-1]
+            views[-1] = self.mapping[start : start + round_up(length)]
+        return views
+
+    def release(self) -> None:
+        self.mapping.release()
 
 
-def _padded(view: memoryview) -> memoryview:
-    """``view`` extended to a whole number of blocks within the aligned buffer it starts (an
-    :class:`ShardImage`'s mapping, whose length is a whole number of pages)."""
-    return memoryview(view.obj)[: round_up(len(view))]
+def _write_all(fd: int, parts: list[memoryview]) -> None:
+    for data in parts:
+        done = 0
+        while done < len(data):
+            done += os.write(fd, data[done : done + WRITE_CHUNK])
 
 
-def write_file(path: Path, view: memoryview, direct: bool) -> bool:
+def write_file(path: Path, view: FileBytes, direct: bool) -> bool:
     """Write ``view`` as ``path`` and fsync it; with ``direct`` through ``O_DIRECT`` if the
     filesystem takes it. Returns whether ``O_DIRECT`` was used (False: the filesystem refused it,
     e.g. tmpfs, and the page cache wrote it)."""
@@ -113,7 +142,7 @@ def write_file(path: Path, view: memoryview, direct: bool) -> bool:
                 raise
         else:
             try:
-                _write_all(fd, _padded(view))  # the last block padded: truncated below
+                _write_all(fd, view.parts(pad_last=True))  # the last block padded: truncated below
                 os.ftruncate(fd, len(view))
                 os.fsync(fd)
                 return True
@@ -124,16 +153,17 @@ def write_file(path: Path, view: memoryview, direct: bool) -> bool:
                 os.close(fd)
     fd = os.open(path, flags, 0o644)
     try:
-        _write_all(fd, view)
+        _write_all(fd, view.parts())
         os.fsync(fd)
     finally:
         os.close(fd)
     return False
 
 
-def sha256_of(view: memoryview) -> str:
-    """SHA-256 of the bytes in memory (hashlib releases the GIL on large updates)."""
+def sha256_of(view: FileBytes) -> str:
+    """SHA-256 of the file's bytes in memory (hashlib releases the GIL on large updates)."""
     digest = hashlib.sha256()
-    for begin in range(0, len(view), WRITE_CHUNK):
-        digest.update(view[begin : begin + WRITE_CHUNK])
+    for part in view.parts():
+        for begin in range(0, len(part), WRITE_CHUNK):
+            digest.update(part[begin : begin + WRITE_CHUNK])
     return digest.hexdigest()

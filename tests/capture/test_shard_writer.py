@@ -18,7 +18,7 @@ from safetensors import safe_open
 from lens_evals.capture import shard_file
 from lens_evals.capture import writer as writer_module
 from lens_evals.capture.manifest import RowRecord, ShardRecord, shard_name
-from lens_evals.capture.shard_file import ShardImage, sha256_of, write_file
+from lens_evals.capture.shard_file import FileBytes, ShardImage, sha256_of, write_file
 from lens_evals.capture.writer import PendingRow, ShardWriteError, ShardWriter
 
 LAYERS = [0, 3, 7]
@@ -34,10 +34,13 @@ def filled_image(dtype: torch.dtype, lengths: list[int], hidden: int = 37, capac
 
 
 @pytest.mark.parametrize("direct", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_image_file_reads_back_as_the_rows_put_in(tmp_path: Path, dtype: torch.dtype, direct: bool) -> None:
-    image, streams = filled_image(dtype, [10, 25, 1])
+@pytest.mark.parametrize("dtype, hidden", [(torch.float32, 37), (torch.bfloat16, 37), (torch.bfloat16, 4096)])
+def test_image_file_reads_back_as_the_rows_put_in(tmp_path: Path, dtype: torch.dtype, hidden: int, direct: bool) -> None:
+    """Rows of 37 values: the layers moved together; of 4,096 bf16 values (8 KiB, whole blocks):
+    each layer written from its own slot."""
+    image, streams = filled_image(dtype, [10, 25, 1], hidden)
     view = image.file_view()
+    assert len(view.spans) == (1 + len(LAYERS) if hidden == 4096 else 1)
     path = tmp_path / "shard.safetensors"
     write_file(path, view, direct)
     data = path.read_bytes()
@@ -90,7 +93,7 @@ def submit_shards(writer: ShardWriter, n: int) -> list[list[torch.Tensor]]:
 def test_shards_are_recorded_in_order_when_later_ones_finish_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_write, first = shard_file.write_file, threading.Event()
 
-    def slow_first(path: Path, view: memoryview, direct: bool) -> bool:
+    def slow_first(path: Path, view: FileBytes, direct: bool) -> bool:
         if path.name.startswith(shard_name(0)) and not first.is_set():
             first.set()
             time.sleep(0.3)  # shards 1.. are written meanwhile by the other threads
@@ -112,7 +115,7 @@ def test_shards_are_recorded_in_order_when_later_ones_finish_first(tmp_path: Pat
 def test_a_failed_shard_keeps_the_recorded_prefix_and_removes_later_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_write = shard_file.write_file
 
-    def full_at_two(path: Path, view: memoryview, direct: bool) -> bool:
+    def full_at_two(path: Path, view: FileBytes, direct: bool) -> bool:
         if path.name.startswith(shard_name(2)):
             time.sleep(0.2)  # shards 3 and 4 reach the disk first
             raise OSError(errno.ENOSPC, "No space left on device")
