@@ -140,6 +140,7 @@ def run(cfg: BenchConfig, out_dir: Path, label: str, batch_size: int, writers: i
     for mode, direct, work in (("writer", True, cfg), ("writer_buffered", False, some)):
         seconds, written = writer_alone(work, prompts, out_dir / "writer-alone", CaptureSettings(writers=writers, direct_io=direct))
         result[f"{mode}_s"], result[f"{mode}_Bps"] = seconds, written / seconds
+    print(f"[capture-disk] before the engine: {json.dumps(result)}", flush=True)  # kept if the run is cut
     result.update(engine_capture(cfg, prompts, out_dir / "capture", settings))
     result["capture_Bps"] = result["capture_bytes"] / result["capture_s"]
     (out_dir / "capture-disk.json").write_text(json.dumps(result, indent=1))

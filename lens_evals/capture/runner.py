@@ -184,6 +184,7 @@ class _ShardSink:
         self.buffer = ShardBuffer(manifest.layers, settings.shard_rows, settings.shard_bytes, settings.writers + 1)
         self.writer = ShardWriter(out_dir, len(manifest.shards), self._record, settings.writers, settings.direct_io)
         self.submitted_this_run = 0
+        self.closed = False
 
     def __enter__(self) -> _ShardSink:
         return self
@@ -192,6 +193,8 @@ class _ShardSink:
         if kind is None:
             self.flush()
             self.close()
+            return
+        if self.closed:  # the error is the writer's own, raised by close
             return
         try:
             self.writer.close()
@@ -221,6 +224,7 @@ class _ShardSink:
             self._submit(*self.buffer.take())
 
     def close(self) -> None:
+        self.closed = True
         try:
             self.writer.close()
         except ShardWriteError as exc:

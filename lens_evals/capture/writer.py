@@ -3,8 +3,9 @@
 threads, so the disk sees large writes back to back and hashing spreads over cores; shards are
 *recorded* (the caller's ``record``: the manifest rewritten) strictly in shard order, so the manifest
 on disk always lists a prefix of whole shards. Host memory is bounded by the image pool: a caller
-that fills images faster than the disk takes them waits for a free one. After a failure nothing
-more is recorded and every shard file not recorded is removed."""
+that fills images faster than the disk takes them waits for a free one. After shard k fails, the
+shards before it are still written and recorded, none after it; every shard file not recorded is
+removed. Of several failures (two writers out of disk at once) the lowest-numbered is reported."""
 
 from __future__ import annotations
 
@@ -60,8 +61,8 @@ class ImagePool:
 
 
 class ShardWriter:
-    """``submit`` filled images; ``close`` waits for every one and raises the first failure as
-    :class:`ShardWriteError` (its shard's name and cause)."""
+    """``submit`` filled images; ``close`` waits for every one and raises the lowest-numbered
+    failure as :class:`ShardWriteError` (its shard's name and cause)."""
 
     def __init__(self, out_dir: Path, first_number: int, record: Record, n_writers: int, direct: bool) -> None:
         self.out_dir, self.record, self.direct = out_dir, record, direct
@@ -69,7 +70,7 @@ class ShardWriter:
         self._submitted: list[str] = []
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._turn = threading.Condition()
-        self.failure: tuple[str, BaseException] | None = None
+        self._failed: tuple[int, str, BaseException] | None = None  # number, name, cause
         self._closed = False
         self.direct_used: bool | None = None  # whether the last shard went through O_DIRECT
         self._threads = [threading.Thread(target=self._work, name=f"shard-writer-{i}", daemon=True) for i in range(n_writers)]
@@ -85,9 +86,17 @@ class ShardWriter:
         self._jobs.put(_Job(self._next_number, name, image, rows, release))
         self._next_number += 1
 
+    @property
+    def failure(self) -> tuple[str, BaseException] | None:
+        return None if self._failed is None else self._failed[1:]
+
     def raise_failure(self) -> None:
-        if self.failure is not None:
-            raise ShardWriteError(*self.failure)
+        if self._failed is not None:
+            raise ShardWriteError(*self._failed[1:])
+
+    def _stopped_before(self, number: int) -> bool:
+        """Whether a shard before ``number`` failed (then ``number`` is neither written nor recorded)."""
+        return self._failed is not None and self._failed[0] < number
 
     def close(self) -> None:
         """Wait for every submitted shard; then raise the first failure, if any (after removing
@@ -98,7 +107,7 @@ class ShardWriter:
                 self._jobs.put(None)
             for thread in self._threads:
                 thread.join()
-        if self.failure is not None:
+        if self._failed is not None:
             for name in self._submitted[self._next_record - self._first :]:
                 for path in (self.out_dir / name, self.out_dir / (name + ".tmp")):
                     path.unlink(missing_ok=True)
@@ -107,12 +116,12 @@ class ShardWriter:
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
             try:
-                if self.failure is None:
+                if not self._stopped_before(job.number):
                     self._write_and_record(job)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread by close/submit
                 with self._turn:
-                    if self.failure is None:
-                        self.failure = (job.name, exc)
+                    if self._failed is None or job.number < self._failed[0]:
+                        self._failed = (job.number, job.name, exc)
                     self._turn.notify_all()
             finally:
                 if job.release is not None:
@@ -136,8 +145,8 @@ class ShardWriter:
         shard = ShardRecord(name=job.name, n_bytes=n_bytes, sha256=sha256, n_rows=len(job.rows), n_tokens=job.image.used)
         rows = [RowRecord(prompt_index=r.prompt_index, shard=job.name, offset=r.offset, token_ids=r.token_ids) for r in job.rows]
         with self._turn:
-            self._turn.wait_for(lambda: self.failure is not None or self._next_record == job.number)
-            if self.failure is not None:
+            self._turn.wait_for(lambda: self._stopped_before(job.number) or self._next_record == job.number)
+            if self._stopped_before(job.number):
                 path.unlink(missing_ok=True)
                 return
             try:

@@ -130,3 +130,26 @@ def test_a_failed_shard_keeps_the_recorded_prefix_and_removes_later_files(tmp_pa
     assert caught.value.name == shard_name(2) and isinstance(caught.value.cause, OSError)
     assert [s.name for s in record.shards] == [shard_name(0), shard_name(1)]
     assert sorted(p.name for p in tmp_path.iterdir()) == [shard_name(0), shard_name(1)]
+
+
+def test_shards_before_a_failed_one_are_still_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shard 1 fails while shard 0 is still being written: shard 0 is kept and recorded, and the
+    failure named is shard 1's (what a synchronous writer would have reported)."""
+    real_write = shard_file.write_file
+
+    def slow_zero_failing_one(path: Path, view: FileBytes, direct: bool) -> bool:
+        if path.name.startswith(shard_name(0)):
+            time.sleep(0.3)
+        if path.name.startswith(shard_name(1)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(path, view, direct)
+
+    monkeypatch.setattr(writer_module, "write_file", slow_zero_failing_one)
+    record = Recorder()
+    writer = ShardWriter(tmp_path, 0, record, n_writers=3, direct=True)
+    submit_shards(writer, 4)
+    with pytest.raises(ShardWriteError) as caught:
+        writer.close()
+    assert caught.value.name == shard_name(1)
+    assert [s.name for s in record.shards] == [shard_name(0)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [shard_name(0)]
