@@ -112,44 +112,38 @@ def test_shards_are_recorded_in_order_when_later_ones_finish_first(tmp_path: Pat
             assert torch.equal(handle.get_tensor("layer.7"), torch.cat([s[2] for s in streams]))
 
 
-def test_a_failed_shard_keeps_the_recorded_prefix_and_removes_later_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def run_with_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int, failing: int, slow: int, delay: float
+) -> tuple[str, list[str]]:
+    """``n`` shards on 3 writers; shard ``failing`` raises ENOSPC, shard ``slow`` first waits
+    ``delay`` s. Returns the failure's shard name and the names recorded (asserted on disk too)."""
     real_write = shard_file.write_file
 
-    def full_at_two(path: Path, view: FileBytes, direct: bool) -> bool:
-        if path.name.startswith(shard_name(2)):
-            time.sleep(0.2)  # shards 3 and 4 reach the disk first
+    def write(path: Path, view: FileBytes, direct: bool) -> bool:
+        if path.name.startswith(shard_name(slow)):
+            time.sleep(delay)
+        if path.name.startswith(shard_name(failing)):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(path, view, direct)
 
-    monkeypatch.setattr(writer_module, "write_file", full_at_two)
+    monkeypatch.setattr(writer_module, "write_file", write)
     record = Recorder()
     writer = ShardWriter(tmp_path, 0, record, n_writers=3, direct=True)
-    submit_shards(writer, 5)
+    submit_shards(writer, n)
     with pytest.raises(ShardWriteError) as caught:
         writer.close()
-    assert caught.value.name == shard_name(2) and isinstance(caught.value.cause, OSError)
-    assert [s.name for s in record.shards] == [shard_name(0), shard_name(1)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [shard_name(0), shard_name(1)]
+    assert isinstance(caught.value.cause, OSError)
+    recorded = [s.name for s in record.shards]
+    assert sorted(p.name for p in tmp_path.iterdir()) == recorded
+    return caught.value.name, recorded
+
+
+def test_a_failed_shard_keeps_the_recorded_prefix_and_removes_later_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shard 2 fails after shards 3 and 4 reached the disk: they are removed, 0 and 1 kept."""
+    assert run_with_failure(tmp_path, monkeypatch, 5, failing=2, slow=2, delay=0.2) == (shard_name(2), [shard_name(0), shard_name(1)])
 
 
 def test_shards_before_a_failed_one_are_still_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Shard 1 fails while shard 0 is still being written: shard 0 is kept and recorded, and the
     failure named is shard 1's (what a synchronous writer would have reported)."""
-    real_write = shard_file.write_file
-
-    def slow_zero_failing_one(path: Path, view: FileBytes, direct: bool) -> bool:
-        if path.name.startswith(shard_name(0)):
-            time.sleep(0.3)
-        if path.name.startswith(shard_name(1)):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(path, view, direct)
-
-    monkeypatch.setattr(writer_module, "write_file", slow_zero_failing_one)
-    record = Recorder()
-    writer = ShardWriter(tmp_path, 0, record, n_writers=3, direct=True)
-    submit_shards(writer, 4)
-    with pytest.raises(ShardWriteError) as caught:
-        writer.close()
-    assert caught.value.name == shard_name(1)
-    assert [s.name for s in record.shards] == [shard_name(0)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [shard_name(0)]
+    assert run_with_failure(tmp_path, monkeypatch, 4, failing=1, slow=0, delay=0.3) == (shard_name(1), [shard_name(0)])
