@@ -30,10 +30,11 @@ PREFILL_CPU_MODEL = "tiny-llama"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workload",
-        choices=("decode", "prefill"),
+        choices=("decode", "prefill", "capture-disk"),
         default="decode",
         help="decode: 8-64-token prompts, many new tokens; prefill: Alpaca-like 40-400-token prompts, "
-        "max_tokens=1, every token captured (issue #21)",
+        "max_tokens=1, every token captured (issue #21); capture-disk: `lens-evals capture` of the prefill "
+        "prompts at every layer against the disk's own bandwidth (benchmarks/capture_disk.py, issue #47)",
     )
     parser.add_argument(
         "--prompts", type=positive_int, default=None, help="number of prompts (decode: CPU 64, GPU 256; prefill: CPU 128, GPU 1000)"
@@ -169,6 +170,10 @@ def build_parser(prog: str = "python -m benchmarks") -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, prog: str = "python -m benchmarks") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    if args.workload == "capture-disk":
+        from benchmarks.capture_disk import run_from_args
+
+        return run_from_args(args)
     if not args.gpu:
         check_layer(parser, args.model or (PREFILL_CPU_MODEL if args.workload == "prefill" else CPU_MODEL), args.layer)
     return run_bench(args)

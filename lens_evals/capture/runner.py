@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from tqdm.auto import tqdm
@@ -33,7 +33,9 @@ from lens_evals.capture.manifest import (
     shard_name,
     write_manifest,
 )
-from lens_evals.capture.shards import ShardBuffer, check_shard_file, write_single_row
+from lens_evals.capture.shard_file import ShardImage
+from lens_evals.capture.shards import ShardBuffer, check_shard_file, single_row_image
+from lens_evals.capture.writer import PendingRow, ShardWriteError, ShardWriter
 from lens_evals.models.lookup import model_config
 
 logger = logging.getLogger(__name__)
@@ -51,9 +53,11 @@ class CaptureSettings:
     shard_rows: int = 256  # prompts per shard at most
     shard_bytes: int = 256 << 20  # capture bytes per shard at most (the shard buffer's size)
     max_shards: int | None = None  # stop (CaptureStopped) after writing this many shards in this run
+    writers: int = 2  # writer threads: shards written (and hashed) while the engine runs the next batch
+    direct_io: bool = True  # O_DIRECT where the filesystem takes it (the page cache where not)
 
     def __post_init__(self) -> None:
-        counts = {"batch_size": self.batch_size, "shard_rows": self.shard_rows, "shard_bytes": self.shard_bytes}
+        counts = {"batch_size": self.batch_size, "shard_rows": self.shard_rows, "shard_bytes": self.shard_bytes, "writers": self.writers}
         if self.max_shards is not None:
             counts["max_shards"] = self.max_shards
         bad = [f"{name} {value}" for name, value in counts.items() if value < 1]
@@ -171,12 +175,31 @@ def _tokenize(llm: Any, items: Sequence[PromptItem], layers: list[int]) -> list[
 
 
 class _ShardSink:
-    """Writes shards and records them; turns a full disk into a clear error that says what was kept."""
+    """Fills shards and hands them to the writer threads, which record them in order; turns a full
+    disk into a clear error that says what was kept. A context manager: leaving it waits for every
+    shard handed over (on an error too: what was written whole is kept)."""
 
     def __init__(self, out_dir: Path, manifest: CaptureManifest, settings: CaptureSettings, progress: tqdm) -> None:
         self.out_dir, self.manifest, self.settings, self.progress = out_dir, manifest, settings, progress
-        self.buffer = ShardBuffer(manifest.layers, settings.shard_rows, settings.shard_bytes)
-        self.written_this_run = 0
+        self.buffer = ShardBuffer(manifest.layers, settings.shard_rows, settings.shard_bytes, settings.writers + 1)
+        self.writer = ShardWriter(out_dir, len(manifest.shards), self._record, settings.writers, settings.direct_io)
+        self.submitted_this_run = 0
+        self.closed = False
+
+    def __enter__(self) -> _ShardSink:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if kind is None:
+            self.flush()
+            self.close()
+            return
+        if self.closed:  # the error is the writer's own, raised by close
+            return
+        try:
+            self.writer.close()
+        except ShardWriteError as exc:  # the caller's own error goes on; this one is logged
+            logger.error("while stopping on an error, shard %s also failed: %s", exc.name, exc.cause)
 
     def add(self, prompt_index: int, token_ids: list[int], stream: torch.Tensor) -> None:
         dtype, hidden = str(stream.dtype).removeprefix("torch."), int(stream.shape[-1])
@@ -190,7 +213,7 @@ class _ShardSink:
         if not self.buffer.fits(stream) and self.buffer.rows:
             self.flush()
         if not self.buffer.fits(stream):  # larger than a whole shard buffer: a shard of its own
-            self._record(lambda name: write_single_row(self.out_dir, name, self.manifest.layers, prompt_index, token_ids, stream))
+            self._submit(single_row_image(self.manifest.layers, stream), [PendingRow(prompt_index, token_ids, 0)], None)
             return
         self.buffer.add(prompt_index, token_ids, stream)
         if self.buffer.full:
@@ -198,34 +221,51 @@ class _ShardSink:
 
     def flush(self) -> None:
         if self.buffer.rows:
-            self._record(lambda name: self.buffer.write(self.out_dir, name))
+            self._submit(*self.buffer.take())
 
-    def _record(self, write: Callable[[str], tuple[ShardRecord, list[RowRecord]]]) -> None:
-        name = shard_name(len(self.manifest.shards))
+    def close(self) -> None:
+        self.closed = True
         try:
-            shard, rows = write(name)
-            self.manifest.shards.append(shard)
-            self.manifest.rows.extend(rows)
-            write_manifest(self.out_dir, self.manifest)
-        except Exception as exc:  # OSError, or safetensors' error that carries ENOSPC as text
-            if not is_disk_full(exc):
-                raise
-            (self.out_dir / name).unlink(missing_ok=True)  # written but not recorded: not kept
-            kept = read_manifest(self.out_dir)
-            n_shards, n_rows = (len(kept.shards), len(kept.rows)) if kept else (0, 0)
-            raise CaptureError(
-                f"disk full in {self.out_dir} while writing {name}: kept {n_shards} complete shards "
-                f"({n_rows} of {self.manifest.n_prompts} prompts) recorded in {manifest_path(self.out_dir)}; "
-                "free space and rerun the same command to resume"
-            ) from None
-        self.written_this_run += 1
-        self.progress.set_postfix(shards=len(self.manifest.shards), refresh=False)
-        self.progress.update(shard.n_rows)
-        if self.settings.max_shards is not None and self.written_this_run >= self.settings.max_shards:
+            self.writer.close()
+        except ShardWriteError as exc:
+            self._raise(exc)
+
+    def _submit(self, image: ShardImage, rows: list[PendingRow], release: Callable[[ShardImage], None] | None) -> None:
+        if self.writer.failure is not None:  # a shard before this one failed: stop, saying what was kept
+            self.close()
+        self.writer.submit(shard_name, image, rows, release)
+        self.submitted_this_run += 1
+        if self.settings.max_shards is not None and self.submitted_this_run >= self.settings.max_shards:
+            self.close()
             raise CaptureStopped(
-                f"stopped after {self.written_this_run} shards as asked; "
+                f"stopped after {self.submitted_this_run} shards as asked; "
                 f"{len(self.manifest.rows)} of {self.manifest.n_prompts} prompts are in {self.out_dir}"
             )
+
+    def _record(self, shard: ShardRecord, rows: list[RowRecord]) -> None:
+        """On a writer thread, in shard order: the manifest rewritten with this shard."""
+        self.manifest.shards.append(shard)
+        self.manifest.rows.extend(rows)
+        try:
+            write_manifest(self.out_dir, self.manifest)
+        except BaseException:
+            del self.manifest.shards[-1], self.manifest.rows[-len(rows) :]
+            raise
+        self.progress.set_postfix(shards=len(self.manifest.shards), refresh=False)
+        self.progress.update(shard.n_rows)
+
+    def _raise(self, exc: ShardWriteError) -> NoReturn:
+        """The writer's failure as the caller sees it: a full disk as a :class:`CaptureError` that
+        says what was kept, anything else as it was raised."""
+        if not is_disk_full(exc.cause):  # OSError, or safetensors' error that carries ENOSPC as text
+            raise exc.cause
+        kept = read_manifest(self.out_dir)
+        n_shards, n_rows = (len(kept.shards), len(kept.rows)) if kept else (0, 0)
+        raise CaptureError(
+            f"disk full in {self.out_dir} while writing {exc.name}: kept {n_shards} complete shards "
+            f"({n_rows} of {self.manifest.n_prompts} prompts) recorded in {manifest_path(self.out_dir)}; "
+            "free space and rerun the same command to resume"
+        ) from None
 
 
 def run_capture(
@@ -284,18 +324,17 @@ def _capture(
         params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={CAPTURE_KEY: manifest.layers})
         bar = {"desc": f"capture -> {out_dir}", "unit": "prompt", "disable": not show_progress}
         with tqdm(total=manifest.n_prompts, initial=len(manifest.rows), **bar) as progress:
-            sink = _ShardSink(out_dir, manifest, settings, progress)
-            for begin in range(0, len(todo), settings.batch_size):
-                batch = todo[begin : begin + settings.batch_size]
-                batch_ids = token_ids[begin : begin + settings.batch_size]
-                outputs = engine.generate([{"prompt_token_ids": ids} for ids in batch_ids], params, use_tqdm=False)
-                for item, ids, output in zip(batch, batch_ids, outputs):
-                    stream = output.activations["residual_stream"]
-                    if stream.shape[1] != len(ids):
-                        raise CaptureError(f"prompt {item.index}: captured {stream.shape[1]} rows for {len(ids)} tokens")
-                    sink.add(item.index, ids, stream)
-                del outputs
-            sink.flush()
+            with _ShardSink(out_dir, manifest, settings, progress) as sink:
+                for begin in range(0, len(todo), settings.batch_size):
+                    batch = todo[begin : begin + settings.batch_size]
+                    batch_ids = token_ids[begin : begin + settings.batch_size]
+                    outputs = engine.generate([{"prompt_token_ids": ids} for ids in batch_ids], params, use_tqdm=False)
+                    for item, ids, output in zip(batch, batch_ids, outputs):
+                        stream = output.activations["residual_stream"]
+                        if stream.shape[1] != len(ids):
+                            raise CaptureError(f"prompt {item.index}: captured {stream.shape[1]} rows for {len(ids)} tokens")
+                        sink.add(item.index, ids, stream)
+                    del outputs
 
 
 def _mark_complete(out_dir: Path, manifest: CaptureManifest) -> None:

@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shard-rows", type=int, default=256, help="prompts per shard at most")
     parser.add_argument("--shard-mib", type=float, default=256, help="capture MiB per shard at most (the shard buffer)")
     parser.add_argument("--max-shards", type=int, default=None, help="stop after this many shards (resume later)")
+    parser.add_argument("--writers", type=int, default=2, help="writer threads: shards written while the engine runs")
+    parser.add_argument("--no-direct-io", dest="direct_io", action="store_false", help="write through the page cache, not O_DIRECT")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--dtype", default=None, help="engine dtype (default: float32 for embedded models, else the model's)")
     add_engine_arg_option(parser)
@@ -46,7 +48,12 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     engine_args = {**({"dtype": args.dtype} if args.dtype else {}), **parse_engine_args(args.engine_arg)}
     try:
         settings = CaptureSettings(
-            batch_size=args.batch_size, shard_rows=args.shard_rows, shard_bytes=int(args.shard_mib * MIB), max_shards=args.max_shards
+            batch_size=args.batch_size,
+            shard_rows=args.shard_rows,
+            shard_bytes=int(args.shard_mib * MIB),
+            max_shards=args.max_shards,
+            writers=args.writers,
+            direct_io=args.direct_io,
         )
         manifest = run_capture(
             args.prompts, args.model, args.layers, args.out, settings=settings, max_model_len=args.max_model_len, engine_args=engine_args

@@ -213,7 +213,11 @@ def test_disk_full_keeps_what_was_written(llm: Any, tmp_path: Path) -> None:
             match=rf"disk full in {out} while writing shard-00002\.safetensors: "
             r"kept 2 complete shards \(2 of 5 prompts\) recorded in .*manifest\.json; free space",
         ):
-            run_capture(prompts, "tiny-llama", LAYERS, out, llm=llm, settings=CaptureSettings(shard_rows=1), show_progress=False)
+            # one writer: with two, two shards' temporary files compete for the last free space and
+            # the run may keep one shard fewer (the message says how many; the writer's own tests
+            # cover failures with several writers)
+            settings = CaptureSettings(shard_rows=1, writers=1)
+            run_capture(prompts, "tiny-llama", LAYERS, out, llm=llm, settings=settings, show_progress=False)
         reader = CaptureReader(out)
         reader.verify_all()
         assert [row.prompt_index for row in reader.rows()] == [0, 1]
@@ -249,23 +253,25 @@ class PeakRss:
 
 
 MIB = 1 << 20
-RSS_BOUND = 32 * MIB  # shard buffer 4 MiB + one batch of 8 prompts (~3.8 MiB) + allocator slack
+# 3 shard images of 4 MiB (one filling, one per writer thread) + one batch of 8 prompts (~3.8 MiB)
+# + allocator slack
+RSS_BOUND = 40 * MIB
 
 
 def test_host_memory_stays_bounded(llm: Any, tmp_path: Path) -> None:
-    """~131 MiB of captures (4.1x the bound) written while peak RSS grows by less than the bound."""
+    """~164 MiB of captures (4.1x the bound) written while peak RSS grows by less than the bound."""
     n_tokens, vocab = 240, len(llm.get_tokenizer())
     settings = CaptureSettings(batch_size=8, shard_rows=64, shard_bytes=4 * MIB)
     warm = random_token_prompts(tmp_path / "warm.jsonl", 16, n_tokens, vocab, seed=1)
     run_capture(warm, "tiny-llama", LAYERS, tmp_path / "warm", llm=llm, settings=settings, show_progress=False)
-    prompts = random_token_prompts(tmp_path / "p.jsonl", 280, n_tokens, vocab)
+    prompts = random_token_prompts(tmp_path / "p.jsonl", 350, n_tokens, vocab)
     with PeakRss() as rss:
         manifest = run_capture(prompts, "tiny-llama", LAYERS, tmp_path / "out", llm=llm, settings=settings, show_progress=False)
     written = sum(shard.n_bytes for shard in manifest.shards)
     print(f"capture of {written / MIB:.1f} MiB in {len(manifest.shards)} shards: peak RSS growth {rss.growth / MIB:.1f} MiB")
     assert written > 4 * RSS_BOUND
     assert rss.growth < RSS_BOUND, f"peak RSS grew {rss.growth / MIB:.1f} MiB while writing {written / MIB:.1f} MiB"
-    assert len(manifest.rows) == 280
+    assert len(manifest.rows) == 350
 
 
 def test_datasets_file_gives_the_same_prompts(tmp_path: Path) -> None:

@@ -250,7 +250,11 @@ def test_input_encoding_and_token_ids(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "options, message",
-    [(["--layers", ""], "name at least one layer"), (["--layers", "1", "--batch-size", "0"], "must be at least 1: batch_size 0")],
+    [
+        (["--layers", ""], "name at least one layer"),
+        (["--layers", "1", "--batch-size", "0"], "must be at least 1: batch_size 0"),
+        (["--layers", "1", "--writers", "0"], "must be at least 1: writers 0"),
+    ],
 )
 def test_bad_command_options_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], message: str) -> None:
     """Exit 2 with a message, no engine (before: a traceback from vLLM, or from ``range``)."""
