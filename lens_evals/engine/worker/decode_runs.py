@@ -71,7 +71,8 @@ class DecodeRun:
         if segment is None:
             step_bytes = step.numel() * step.element_size()
             capacity = min(MAX_SEGMENT_STEPS, SEGMENT_BYTES // max(step_bytes, 1))
-            if capacity < 2:
+            most = self.copier.segment_step_bytes
+            if capacity < 2 or (most is not None and step_bytes > most):
                 return False
             data, chunk = self.copier.host_segment((capacity, *step.shape), step.dtype, self.store.arena)
             segment = self.store.new_buffer(data, None, units, chunk, segment=True)  # one step filled, counted held

@@ -154,6 +154,10 @@ class PlainCopy:
     def set_overlap(self, on: bool) -> bool:
         return False  # nothing to overlap on the host
 
+    # On CPU a decode run's segment costs a copy of each step's rows (the step's tensor is kept as
+    # it is otherwise): segments only for small steps (probe scores), not for captured rows
+    segment_step_bytes: int | None = 64 * 2**10
+
     def host_segment(self, shape: tuple[int, ...], dtype: torch.dtype, arena: PinnedArena) -> tuple[torch.Tensor, Any]:
         """Host memory for several steps' copies (a decode run's segment): (tensor, arena chunk or None)."""
         return torch.empty(shape, dtype=dtype), None
@@ -168,6 +172,8 @@ class PlainCopy:
 class StreamCopy(PlainCopy):
     """CUDA: one asynchronous copy into pinned memory from the arena, on a side stream
     (``overlap``) or on the compute stream."""
+
+    segment_step_bytes = None  # the device-to-host copy is made anyway: a segment costs nothing more
 
     def __init__(self, device: torch.device, overlap: bool) -> None:
         super().__init__()
