@@ -156,7 +156,7 @@ class PlainCopy:
 
     # On CPU a decode run's segment costs a copy of each step's rows (the step's tensor is kept as
     # it is otherwise): segments only for small steps (probe scores), not for captured rows
-    segment_step_bytes: int | None = 64 * 2**10
+    segment_step_bytes: int | None = 4 * 2**10
 
     def host_segment(self, shape: tuple[int, ...], dtype: torch.dtype, arena: PinnedArena) -> tuple[torch.Tensor, Any]:
         """Host memory for several steps' copies (a decode run's segment): (tensor, arena chunk or None)."""
