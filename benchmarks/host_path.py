@@ -27,15 +27,16 @@ from lens_evals.engine.worker.taps import run_layer
 GPU_EAGER_STEP_MS = 12.0
 
 
-def _request(feature: str, index: int, layer: int, hidden: int, dtype: torch.dtype) -> WorkerLensRequest:
+def _request(feature: str, index: int, layer: int, hidden: int, dtype: torch.dtype, probes: int = 1) -> WorkerLensRequest:
     key = f"key-{index}"
     if feature == "capture":
         return WorkerLensRequest(key=key, capture_layers=[layer])
     if feature == "steer":
         vector = torch.randn(1, hidden).to(dtype)
         return WorkerLensRequest(key=key, capture_layers=[], steering=[WorkerSteering({layer: vector}, None, 0.0, False)])
-    weights = torch.randn(hidden) / hidden**0.5
-    return WorkerLensRequest(key=key, capture_layers=[], probes=[WorkerProbe(0, layer, "probe", weights, 0.5)])
+    generator = torch.Generator().manual_seed(0)  # every request the same probes, as the bench sends them
+    weights = [torch.randn(hidden, generator=generator) / hidden**0.5 for _ in range(probes)]
+    return WorkerLensRequest(key=key, capture_layers=[], probes=[WorkerProbe(i, layer, f"probe{i}", w, 0.5) for i, w in enumerate(weights)])
 
 
 def measure(
@@ -47,10 +48,14 @@ def measure(
     layer: int = 16,
     sink: handoff.Sink = handoff.inline,
     threads: int = 1,
+    probes: int = 1,
+    old: bool = False,
 ) -> dict[str, float]:
+    """``old``: the worker's pre-#47 paths (a piece per request per step, probe pairs gathered)."""
     core = WorkerCore(torch.device("cpu"), dtype, set(range(32)))
+    core.decode_runs = core.planner.probe_matrix = not old
     for index in range(requests):
-        core.ledger.track(f"req-{index}", _request(feature, index, layer, hidden, dtype))
+        core.ledger.track(f"req-{index}", _request(feature, index, layer, hidden, dtype, probes))
     hidden_rows = torch.randn(requests, hidden).to(dtype)
     residual_rows = torch.randn(requests, hidden).to(dtype)
     plan_s = ops_s = store_s = 0.0
@@ -88,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--probes", type=int, default=1, help="probes per request of the probe feature")
+    parser.add_argument("--compare-old", type=int, default=0, metavar="ROUNDS", help="only: the pre-#47 paths against now, paired rounds")
     args = parser.parse_args(argv)
+    if args.compare_old:
+        return compare_old(args)
     torch.manual_seed(0)
     np.random.seed(0)
     print(f"{args.requests} requests x {args.steps} decode steps, hidden {args.hidden}, bfloat16, one hooked layer")
@@ -111,6 +120,38 @@ def main(argv: list[str] | None = None) -> int:
         )
         if m["held_bytes_after"]:
             raise RuntimeError(f"{feature}: {m['held_bytes_after']:.0f} bytes still held after every fetch")
+    return 0
+
+
+def compare_old(args: argparse.Namespace) -> int:
+    """Plan + store (host work on any device) and the layer ops (here on the CPU; device work
+    on a GPU) per step, and the fetch of every request: the pre-#47 paths against now, in
+    alternating order, ``--compare-old`` rounds: medians and the median paired ratio. On CPU a
+    decode run's store copies the step's rows into its segment (on a GPU the copy is the
+    device-to-host copy made anyway)."""
+    import statistics
+
+    print(f"{args.requests} requests x {args.steps} decode steps, hidden {args.hidden}, bf16, {args.probes} probe(s); now / before, paired")
+    print(
+        "| feature | plan+store ms/step, before | now | now/before | layer ops ms/step (CPU), before | now "
+        "| now/before | fetch all ms, before | now | now/before |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for feature in ("capture", "probe"):
+        runs: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+        for round_index in range(args.compare_old):
+            for old in (True, False) if round_index % 2 == 0 else (False, True):
+                runs[old].append(measure(feature, args.requests, args.steps, args.hidden, torch.bfloat16, probes=args.probes, old=old))
+
+        def host_ms(m: dict[str, float]) -> float:
+            return m["plan_ms"] + m["store_ms"]
+
+        cells = []
+        for value in (host_ms, lambda m: m["ops_ms"], lambda m: m["fetch_all_ms"]):
+            before, now = [value(m) for m in runs[True]], [value(m) for m in runs[False]]
+            ratio = statistics.median(n / b for n, b in zip(now, before))
+            cells += [f"{statistics.median(before):.3f}", f"{statistics.median(now):.3f}", f"{ratio:.2f}x"]
+        print(f"| {feature} | " + " | ".join(cells) + " |")
     return 0
 
 

@@ -22,6 +22,7 @@ from lens_evals.engine.frontend.hooks import encode_hooks
 from lens_evals.engine.frontend.pending import PendingLensRequest, ServedCall
 from lens_evals.engine.frontend.self_check_run import refusal_of
 from lens_evals.engine.frontend.state import frontend_state, max_capture_bytes
+from lens_evals.engine.transport import timing
 from lens_evals.engine.transport.graph_layers import refusal
 from lens_evals.engine.transport.handoff import HandoffTarget
 from lens_evals.engine.transport.probe_cache import encode_probe
@@ -72,6 +73,11 @@ def on_assigned(processor: Any, request: Any) -> None:
 
 def on_request(processor: Any, request_id: str, request: Any) -> None:
     """Validate and normalise one request's lens keys (raises ValueError -> HTTP 400)."""
+    with timing.phase("admit: frontend"):
+        _on_request(processor, request_id, request)
+
+
+def _on_request(processor: Any, request_id: str, request: Any) -> None:
     params = compat.admission.request_sampling_params(request)
     if params is not None and (auto_set := frontend_state(processor).hook_sets.auto_set) is not None:
         params.extra_args = {HOOK_SET_KEY: auto_set, **(params.extra_args or {})}  # offline LLM.register_hooks

@@ -17,6 +17,7 @@ ENABLED = settings.TIMING.get()  # read once, when the process imports the engin
 _seconds: dict[str, float] = defaultdict(float)
 _calls: dict[str, int] = defaultdict(int)
 _lock = threading.Lock()  # the worker's early writes are timed on a thread of their own
+_collecting = False  # a caller in this process reads the totals (``collect``): no log at fetch
 
 
 _OFF = nullcontext()
@@ -39,8 +40,24 @@ def _timed(name: str) -> Iterator[None]:
             _calls[name] += 1
 
 
+def collect() -> None:
+    """Time every phase from now on and keep the totals for :func:`take` (the worker must run in
+    this process: an in-process engine); fetches then log nothing."""
+    global ENABLED, _collecting
+    ENABLED = _collecting = True
+
+
+def take() -> dict[str, tuple[float, int]]:
+    """The totals since the last ``take`` (name -> (seconds, calls)), and start again from zero."""
+    with _lock:
+        totals = {name: (_seconds[name], _calls[name]) for name in _seconds}
+        _seconds.clear()
+        _calls.clear()
+    return totals
+
+
 def log_and_reset(where: str) -> None:
-    if not ENABLED:
+    if not ENABLED or _collecting:
         return
     with _lock:
         if not _seconds:

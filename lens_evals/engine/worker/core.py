@@ -102,6 +102,7 @@ class WorkerCore:
         max_saved_chars = settings.MAX_SAVED_MIB.in_bytes()
         self.device_budget = settings.DEVICE_BUDGET_MIB.in_bytes()
         self.fetch = Fetch(self.ledger, self.stores, capture_here, local_layers, max_saved_chars)
+        self.decode_runs = True  # a decode run's steps kept as one piece per request (``decode_runs``); off: one per step
         self.early = EarlyWrites(self.stores)
 
     @property
@@ -118,7 +119,8 @@ class WorkerCore:
         """The step's plan (None: no lens request in it), reused from the last step when it can be."""
         requests = self.ledger.requests
         hooked = False
-        for req_id, num_rows, first_position in zip(layout.req_ids, layout.num_rows, layout.start_positions):
+        rows_of_requests = zip(layout.req_ids, layout.num_rows, layout.start_positions) if self.ledger.hooked else ()
+        for req_id, num_rows, first_position in rows_of_requests:  # a decode step without hooks: no loop over its requests
             req = requests.get(req_id)
             if req is not None and num_rows and (req.hooks or req.set_hooks):
                 hooked = True
@@ -158,7 +160,14 @@ class WorkerCore:
         """One device-to-host copy for the step's captures and one for its probe scores; each
         request keeps a Piece (where its rows are), nothing is cut per request here."""
         with timing.phase("store"):
-            self.stores.store(step.plan, step.captures, step.scores, self.ledger.keeps, step.capture_block)
+            self.stores.store(
+                step.plan,
+                step.captures,
+                step.scores,
+                self.ledger.keeps,
+                step.capture_block,
+                self.ledger.version if self.decode_runs else -1,
+            )
             self._enforce_memory_bound()
 
     def _enforce_memory_bound(self) -> None:

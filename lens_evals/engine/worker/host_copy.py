@@ -25,6 +25,7 @@ mode (``set_overlap``, the bench's paired rounds) waits for the copies queued so
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -153,10 +154,26 @@ class PlainCopy:
     def set_overlap(self, on: bool) -> bool:
         return False  # nothing to overlap on the host
 
+    # On CPU a decode run's segment costs a copy of each step's rows (the step's tensor is kept as
+    # it is otherwise): segments only for small steps (probe scores), not for captured rows
+    segment_step_bytes: int | None = 4 * 2**10
+
+    def host_segment(self, shape: tuple[int, ...], dtype: torch.dtype, arena: PinnedArena) -> tuple[torch.Tensor, Any]:
+        """Host memory for several steps' copies (a decode run's segment): (tensor, arena chunk or None)."""
+        return torch.empty(shape, dtype=dtype), None
+
+    def copy_into(self, tensor: torch.Tensor, host: torch.Tensor) -> Any:
+        """Copy one step's tensor into ``host`` (part of a segment): the copy's event, or None."""
+        self.copies += 1
+        host.copy_(tensor)
+        return None
+
 
 class StreamCopy(PlainCopy):
     """CUDA: one asynchronous copy into pinned memory from the arena, on a side stream
     (``overlap``) or on the compute stream."""
+
+    segment_step_bytes = None  # the device-to-host copy is made anyway: a segment costs nothing more
 
     def __init__(self, device: torch.device, overlap: bool) -> None:
         super().__init__()
@@ -170,14 +187,20 @@ class StreamCopy(PlainCopy):
         return self._side
 
     def to_host(self, tensor: torch.Tensor, arena: PinnedArena) -> tuple[torch.Tensor, Any, Any]:
-        region, chunk = arena.take(tensor.numel() * tensor.element_size())
-        host = region.view(tensor.dtype).view(tensor.shape)
+        host, chunk = self.host_segment(tuple(tensor.shape), tensor.dtype, arena)
+        return host, self.copy_into(tensor, host), chunk
+
+    def host_segment(self, shape: tuple[int, ...], dtype: torch.dtype, arena: PinnedArena) -> tuple[torch.Tensor, Any]:
+        region, chunk = arena.take(math.prod(shape) * dtype.itemsize)
+        return region.view(dtype).view(shape), chunk
+
+    def copy_into(self, tensor: torch.Tensor, host: torch.Tensor) -> Any:
         ready = torch.cuda.Event()
         self.copies += 1
         if not self.overlap:
             host.copy_(tensor, non_blocking=True)
             ready.record()
-            return host, ready, chunk
+            return ready
         side = self.side_stream()
         side.wait_stream(torch.cuda.current_stream(self.device))  # the gathers that made ``tensor``
         with torch.cuda.stream(side):
@@ -185,7 +208,7 @@ class StreamCopy(PlainCopy):
             ready.record(side)
         tensor.record_stream(side)  # its memory is reused only once the side stream has read it
         self.overlapped += 1
-        return host, ready, chunk
+        return ready
 
     def set_overlap(self, on: bool) -> bool:
         if on != self.overlap:

@@ -32,14 +32,21 @@ COMPACT_BELOW = 0.25
 class StepBuffer:
     """One step's captures ``(n_layers, n_rows, hidden)`` or probe scores ``(n_pairs,)`` on the
     host. ``ready`` is the CUDA event of the copy (None on CPU or once waited for); ``chunk``
-    the arena chunk its pinned memory belongs to (None: memory of its own)."""
+    the arena chunk its pinned memory belongs to (None: memory of its own).
 
-    __slots__ = ("data", "ready", "units", "live_units", "live_pieces", "holds", "pieces", "_array", "chunk")
+    A run segment (``segment``): the steps of one decode run (the same requests, one plan, each
+    request one step further every step) one after another, ``(capacity, ...)`` of the above;
+    ``steps`` are filled, each request keeps ONE piece for all of them (``Piece.steps``), and
+    ``ready`` is the event of the last step's copy (copies on one stream complete in order)."""
 
-    def __init__(self, data: torch.Tensor, ready: Any, units: int, chunk: Any = None) -> None:
+    __slots__ = ("data", "ready", "units", "live_units", "live_pieces", "holds", "pieces", "_array", "chunk", "segment", "steps")
+
+    def __init__(self, data: torch.Tensor, ready: Any, units: int, chunk: Any = None, segment: bool = False) -> None:
         self.data = data
         self.ready = ready
         self.chunk = chunk
+        self.segment = segment
+        self.steps = 1 if segment else 0
         self.units = units
         self.live_units = 0
         self.live_pieces = 0
@@ -49,15 +56,19 @@ class StepBuffer:
 
     @property
     def nbytes(self) -> int:
+        """The bytes held: a segment's filled steps only (the memory bound counts rows, not room)."""
+        if self.segment:
+            return self.data[0].numel() * self.data.element_size() * self.steps
         return self.data.numel() * self.data.element_size()
 
     def array(self) -> np.ndarray:
         """The host data as numpy (bfloat16 viewed as int16: numpy has no bfloat16)."""
-        if self._array is None:
-            ready = self.ready  # read once: a writer thread may read the same buffer
-            if ready is not None:
-                ready.synchronize()
+        ready = self.ready  # read once: a writer thread may read the same buffer
+        if ready is not None:
+            ready.synchronize()
+            if not self.segment:  # a segment's next step sets a new event: waiting again costs nothing
                 self.ready = None
+        if self._array is None:
             data = self.data.view(torch.int16) if self.data.dtype == torch.bfloat16 else self.data
             self._array = data.numpy()
         return self._array
@@ -68,30 +79,48 @@ class Piece:
     buffer's layer entries ``slots`` (None: all of them, in order). Scores: ``num_rows`` scores
     from each flat offset in ``slots`` (one per probe)."""
 
-    __slots__ = ("buffer", "start", "num_rows", "first_position", "slots", "alive", "units")
+    __slots__ = ("buffer", "start", "num_rows", "first_position", "slots", "alive", "units", "steps", "step_rows")
 
     def __init__(self, buffer: StepBuffer, start: int, num_rows: int, first_position: int, slots: tuple[int, ...] | None) -> None:
         self.buffer = buffer
         self.start = start
-        self.num_rows = num_rows
+        self.num_rows = num_rows  # every step's rows together (a run piece: steps x step_rows)
         self.first_position = first_position
         self.slots = slots
         self.alive = True
-        self.units = num_rows if slots is None or buffer.data.dim() > 1 else num_rows * len(slots)
+        self.steps = 1  # in a run segment: the segment's first ``steps`` steps, ``step_rows`` rows each
+        self.step_rows = num_rows
+        self.units = num_rows if slots is None or self._captures else num_rows * len(slots)
+
+    @property
+    def _captures(self) -> bool:
+        return self.buffer.data.dim() > (2 if self.buffer.segment else 1)
 
     @property
     def nbytes(self) -> int:
         """The bytes of this piece's rows (read from nothing: no wait for the step's copy)."""
         data = self.buffer.data
-        if data.dim() > 1:
-            ids = data.shape[0] if self.slots is None else len(self.slots)
-            return ids * self.num_rows * math.prod(data.shape[2:]) * data.element_size()
+        if self._captures:
+            layer_axis = 1 if self.buffer.segment else 0
+            ids = data.shape[layer_axis] if self.slots is None else len(self.slots)
+            return ids * self.num_rows * math.prod(data.shape[layer_axis + 2 :]) * data.element_size()
         return self.units * data.element_size()
+
+    def extend_to(self, steps: int) -> int:
+        """Cover the first ``steps`` steps of its run segment (each request's rows follow its
+        rows of the step before): the units added."""
+        added = (steps - self.steps) * (self.step_rows if self.slots is None or self._captures else self.step_rows * len(self.slots))
+        self.steps = steps
+        self.num_rows = steps * self.step_rows
+        self.units += added
+        return added
 
     def rows(self) -> np.ndarray:
         """Captures ``(n_layers, num_rows, hidden)``; scores ``(n_probes, num_rows)``."""
         buffer = self.buffer
-        data = buffer._array if buffer._array is not None else buffer.array()
+        data = buffer.array()
+        if buffer.segment:
+            return self._segment_rows(data)
         n = self.num_rows
         if data.ndim > 1:
             if self.slots is None:
@@ -103,6 +132,17 @@ class Piece:
             return data[None, offset : offset + n]
         return np.stack([data[offset : offset + n] for offset in self.slots])
 
+    def _segment_rows(self, data: np.ndarray) -> np.ndarray:
+        """Rows of a run segment ``(steps, ...)``: step after step, so each layer's or probe's
+        rows are one strided read (a copy) instead of one piece per step."""
+        k, n = self.steps, self.step_rows
+        if data.ndim > 2:  # (steps, n_layers, rows, hidden)
+            ids: Any = slice(None) if self.slots is None else list(self.slots)
+            part = data[:k, ids, self.start : self.start + n]  # (k, ids, n, hidden)
+            return part.transpose(1, 0, 2, 3).reshape(part.shape[1], k * n, part.shape[3])
+        assert self.slots is not None
+        return np.stack([data[:k, offset : offset + n].reshape(k * n) for offset in self.slots])
+
 
 class PieceStore:
     """Pieces per request key, with the host bytes their buffers keep alive."""
@@ -113,8 +153,8 @@ class PieceStore:
         self._sparse: dict[int, StepBuffer] = {}  # buffers to compact at the next step
         self.arena = PinnedArena(arena_chunk_bytes)  # pins memory only for device tensors (``host_copy``)
 
-    def new_buffer(self, data: torch.Tensor, ready: Any, units: int, chunk: Any = None) -> StepBuffer:
-        buffer = StepBuffer(data, ready, units, chunk)
+    def new_buffer(self, data: torch.Tensor, ready: Any, units: int, chunk: Any = None, segment: bool = False) -> StepBuffer:
+        buffer = StepBuffer(data, ready, units, chunk, segment)
         self.held_bytes += buffer.nbytes
         return buffer
 
@@ -186,13 +226,14 @@ class PieceStore:
         for piece in buffer.pieces:
             if not piece.alive:
                 continue
+            captures = piece._captures
             rows = np.ascontiguousarray(piece.rows())
-            data = torch.from_numpy(rows if buffer.data.dim() > 1 else rows.reshape(-1))
+            data = torch.from_numpy(rows if captures else rows.reshape(-1))
             if buffer.data.dtype == torch.bfloat16:
                 data = data.view(torch.bfloat16)
             own = self.new_buffer(data, None, piece.units)
-            piece.buffer, piece.start = own, 0
-            piece.slots = None if data.dim() > 1 else tuple(range(0, rows.size, piece.num_rows))
+            piece.buffer, piece.start, piece.steps, piece.step_rows = own, 0, 1, piece.num_rows
+            piece.slots = None if captures else tuple(range(0, rows.size, piece.num_rows))
             own.pieces.append(piece)
             own.live_units, own.live_pieces = piece.units, 1
         buffer.live_pieces = 0

@@ -21,6 +21,8 @@ class RequestLedger:
         self.fetched: set[str] = set()  # fetched before vLLM finished them
         self.finished_unfetched: OrderedDict[str, float] = OrderedDict()  # key -> when it finished
         self.dropped: OrderedDict[str, str] = OrderedDict()  # key -> why its rows were dropped unfetched
+        self.hooked: set[str] = set()  # vLLM request ids with generic hooks (a step checks their bounds)
+        self.version = 0  # changes whenever ``keeps`` may answer otherwise (a failure, a fetch)
 
     def known(self, req_id: str) -> bool:
         return req_id in self.requests
@@ -36,16 +38,20 @@ class RequestLedger:
         if req is not None:
             self.req_keys[req_id] = req.key
             self.by_key[req.key] = req
+            if req.hooks or req.set_hooks:
+                self.hooked.add(req_id)
         elif failed_key is not None:
             self.req_keys[req_id] = failed_key
 
     def refuse(self, req_id: str, key: str, message: str) -> None:
         """A lens request that fails before it runs (not decodable, or refused by this worker)."""
         self.errors[key] = message
+        self.version += 1
         self.track(req_id, None, key)
 
     def fail_key(self, key: str, message: str) -> None:
         self.errors.setdefault(key, message)
+        self.version += 1
 
     def fail_keys(self, keys: list[str], message: str) -> None:
         for key in keys:
@@ -62,6 +68,7 @@ class RequestLedger:
         """vLLM finished the request: its key when it was fetched already (drop it now), else
         None (a lens request's rows wait for the fetch)."""
         self.requests.pop(req_id, None)
+        self.hooked.discard(req_id)
         key = self.req_keys.pop(req_id, None)
         if key is None:
             return None
@@ -90,6 +97,7 @@ class RequestLedger:
     def take(self, key: str) -> tuple[WorkerLensRequest | None, str | None]:
         """A fetch of ``key``: its request (None if unknown here) and its error; a request still
         running is remembered as fetched (its later rows are not kept)."""
+        self.version += 1
         dropped = self.dropped.pop(key, None)
         if dropped is not None:
             return None, dropped

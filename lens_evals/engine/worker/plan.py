@@ -46,7 +46,9 @@ class LayerProbes:
     pair_rows: torch.Tensor  # (m,) index into ``rows``
     pair_probes: torch.Tensor  # (m,) index into ``weights``
     span: tuple[int, int] | None = None  # the rows as a slice, when they are contiguous
-    one_pair_per_row: bool = False  # one distinct probe and each row once: no pair gather
+    # every (row, distinct probe) score, probe-major ``(n_probes, n_rows)``, in one matmul-add and
+    # copied as it is: no gather of pairs (the pairs asked for are most of them)
+    matrix: bool = False
 
 
 @dataclass

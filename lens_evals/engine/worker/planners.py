@@ -72,8 +72,8 @@ class CapturePlanner:
 class ProbePlanner:
     """Collects one step's probe rows per layer; distinct probes (by digest) are stacked once."""
 
-    def __init__(self, local_layers: set[int], device: torch.device) -> None:
-        self.local_layers, self.device = local_layers, device
+    def __init__(self, local_layers: set[int], device: torch.device, matrix: bool = True) -> None:
+        self.local_layers, self.device, self.matrix = local_layers, device, matrix
         self.spans: dict[int, list[tuple[int, int]]] = {}
         self.num_rows: dict[int, int] = {}
         self.distinct: dict[int, dict[str, tuple[int, WorkerProbe]]] = {}
@@ -81,6 +81,7 @@ class ProbePlanner:
         self.pair_probes: dict[int, list[tuple[int, int]]] = {}  # (probe slot, count)
         self.num_pairs: dict[int, int] = {}
         self.slots: list[ScoreSlot] = []
+        self.matrix_at: list[tuple[int, int]] = []  # per entry of the slots, in order: (probe slot, first row in the layer's gather)
 
     def add(self, rows: RequestRows) -> None:
         if not rows.req.probes:
@@ -103,6 +104,7 @@ class ProbePlanner:
             self.pair_probes.setdefault(layer, []).append((probe_slot, n))
             self.num_pairs[layer] = offset + n
             entries.append((probe.index, layer, offset))
+            self.matrix_at.append((probe_slot, local_start[layer]))
         if entries:
             self.slots.append(ScoreSlot(rows.req.key, n, rows.index, entries))
 
@@ -110,26 +112,37 @@ class ProbePlanner:
         plan.probes = self._layers()
         plan.score_slots = self.slots
         layer_offset, total = {}, 0
-        for layer in plan.probes:  # the step's scores are copied as one flat tensor, layer after layer
-            layer_offset[layer], total = total, total + self.num_pairs[layer]
+        for layer, probes in plan.probes.items():  # the step's scores are copied as one flat tensor, layer after layer
+            size = probes.weights.shape[0] * self.num_rows[layer] if probes.matrix else self.num_pairs[layer]
+            layer_offset[layer], total = total, total + size
+        matrix_at = iter(self.matrix_at)
         for slot in plan.score_slots:
-            slot.flat_offsets = tuple(layer_offset[layer] + offset for _, layer, offset in slot.entries)
+            offsets = []
+            for _, layer, offset in slot.entries:
+                probe_slot, local_start = next(matrix_at)
+                if plan.probes[layer].matrix:  # probe-major: probe ``slot``'s scores of every row of the layer
+                    offset = probe_slot * self.num_rows[layer] + local_start
+                offsets.append(layer_offset[layer] + offset)
+            slot.flat_offsets = tuple(offsets)
 
     def _layers(self) -> dict[int, LayerProbes]:
         device, out = self.device, {}
         for layer, spans in self.spans.items():
             probes = [probe for _, probe in self.distinct[layer].values()]
+            # every (row, distinct probe) score is at most twice the pairs asked for (the usual
+            # case: every request of the step has the same probes): score them all with one
+            # matmul-add, no gather of pairs (``LayerProbes.matrix``)
+            matrix = self.matrix and len(probes) * self.num_rows[layer] <= 2 * self.num_pairs[layer]
             slots = self.pair_probes[layer]
             pair_probes = np.repeat(np.array([slot for slot, _ in slots], dtype=np.int64), [n for _, n in slots])
-            pair_rows = rows_of(self.pair_spans[layer])
             out[layer] = LayerProbes(
                 rows=to_device(rows_of(spans), device),
                 weights=torch.stack([p.weights for p in probes]),
                 bias=to_device(np.array([p.bias for p in probes], dtype=np.float32), device),
-                pair_rows=to_device(pair_rows, device),
+                pair_rows=to_device(rows_of(self.pair_spans[layer]), device),
                 pair_probes=to_device(pair_probes, device),
                 span=span_of(spans),
-                one_pair_per_row=len(probes) == 1 and np.array_equal(pair_rows, np.arange(self.num_rows[layer])),
+                matrix=matrix,
             )
         return out
 
@@ -291,12 +304,14 @@ def build_plan(
     local_layers: set[int],
     input_ids: torch.Tensor | None = None,
     failed: set[str] | frozenset[str] = frozenset(),
+    probe_matrix: bool = True,
 ) -> StepPlan | None:
     """Plan one step (None: no lens request in it). ``capture_here`` is False on ranks that do
-    not keep captures (TP > 0): no capture or probe rows there."""
+    not keep captures (TP > 0): no capture or probe rows there. ``probe_matrix`` False: probe
+    scores always by pairs (``LayerProbes.matrix`` never; the profile's comparison)."""
     planners: list[CapturePlanner | ProbePlanner | SteeringPlanner | HookPlanner] = []
     if capture_here:
-        planners += [CapturePlanner(local_layers, device), ProbePlanner(local_layers, device)]
+        planners += [CapturePlanner(local_layers, device), ProbePlanner(local_layers, device, probe_matrix)]
     planners += [HookPlanner(local_layers, device, input_ids, failed), SteeringPlanner(local_layers, device, dtype)]
     keys: list[str] = []
     row_start = 0
@@ -322,6 +337,7 @@ class StepPlanner:
     def __init__(self, device: torch.device, dtype: torch.dtype, capture_here: bool, local_layers: set[int]) -> None:
         self.device, self.dtype, self.capture_here, self.local_layers = device, dtype, capture_here, local_layers
         self._last: tuple[tuple[list[str], list[int]], StepPlan] | None = None
+        self.probe_matrix = True  # see ``build_plan``
 
     def plan(
         self, layout: BatchLayout, requests: dict[str, WorkerLensRequest | None], input_ids: torch.Tensor | None, failed: set[str]
@@ -333,6 +349,8 @@ class StepPlanner:
             reused = self._last[1]
             reused.start_positions = layout.start_positions
             return reused
-        plan = build_plan(layout, requests, self.device, self.dtype, self.capture_here, self.local_layers, input_ids, failed)
+        plan = build_plan(
+            layout, requests, self.device, self.dtype, self.capture_here, self.local_layers, input_ids, failed, self.probe_matrix
+        )
         self._last = (signature, plan) if plan is not None and plan.reusable else None
         return plan

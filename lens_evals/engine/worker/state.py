@@ -68,19 +68,21 @@ class LensWorkerState:
 
     # ----------------------------------------------------------------- step lifecycle
     def on_step_start(self, scheduler_output: Any) -> None:
-        for req_id in compat.worker.finished_request_ids(scheduler_output):
-            self.core.finish(req_id)
-        self._step_scheduled = compat.worker.step_num_scheduled(scheduler_output)
+        with timing.phase("step start (finished requests)"):
+            for req_id in compat.worker.finished_request_ids(scheduler_output):
+                self.core.finish(req_id)
+            self._step_scheduled = compat.worker.step_num_scheduled(scheduler_output)
 
     def around_forward(self, run: Callable[[], Any], input_ids: torch.Tensor | None = None) -> Any:
         scheduled, self._step_scheduled = self._step_scheduled, None
         if scheduled is None:  # profiling / dummy run
             return run()
-        layout = compat.worker.batch_layout(self.runner, scheduled)
-        ledger = self.core.ledger
-        for req_id in layout.req_ids:
-            if not ledger.known(req_id):
-                self._admit(req_id)
+        with timing.phase("layout and admission"):
+            layout = compat.worker.batch_layout(self.runner, scheduled)
+            ledger = self.core.ledger
+            for req_id in layout.req_ids:
+                if not ledger.known(req_id):
+                    self._admit(req_id)
         with timing.phase("plan"):
             plan = self.core.plan_step(layout, input_ids) if ledger.any_lens_request else None  # no lens request: nothing more
         step = self.core.begin_step(plan, self.hook_context) if plan is not None else None
@@ -107,8 +109,9 @@ class LensWorkerState:
             output = run()
         if step is not None:
             try:
-                for layer in step.plan.hooked_layers:
-                    read_step(step, layer, self.graph.stream(layer, num_rows))
+                with timing.phase("graph read rows (queued)"):
+                    for layer in step.plan.hooked_layers:
+                        read_step(step, layer, self.graph.stream(layer, num_rows))
             except Exception as exc:  # noqa: BLE001 - reported to every lens request of the step
                 logger.exception("lens_evals: reading the graph-mode buffers failed")
                 step.fail_keys(step.plan.keys, f"graph-mode read failed: {type(exc).__name__}: {exc}")

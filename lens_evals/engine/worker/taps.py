@@ -188,12 +188,20 @@ def _apply_steering(hidden: torch.Tensor, residual: torch.Tensor | None, steer: 
 
 
 def _probe_scores(hidden: torch.Tensor, residual: torch.Tensor | None, probes: LayerProbes) -> torch.Tensor:
-    """score = w . h + b (float32) for every (row, probe) pair the step's requests asked for."""
-    stream = _gather_stream(hidden, residual, probes.span, probes.rows)
-    every_pair = stream.float() @ probes.weights.T  # (n_rows, n_distinct_probes)
-    if probes.one_pair_per_row:
-        return every_pair[:, 0] + probes.bias[0]
+    """score = w . h + b (float32) for every (row, probe) pair the step's requests asked for
+    (``probes.matrix``: for every row and distinct probe, probe-major, flattened)."""
+    stream = _stream_rows(hidden, residual, probes.span, probes.rows).float()
+    if probes.matrix:
+        return torch.addmm(probes.bias.unsqueeze(1), probes.weights, stream.T).reshape(-1)
+    every_pair = stream @ probes.weights.T  # (n_rows, n_distinct_probes)
     return every_pair[probes.pair_rows, probes.pair_probes] + probes.bias[probes.pair_probes]
+
+
+def _stream_rows(hidden: torch.Tensor, residual: torch.Tensor | None, span: tuple[int, int] | None, rows: torch.Tensor) -> torch.Tensor:
+    """The stream of some rows to read at once (a view of ``hidden`` when it can be: no copy)."""
+    if span is not None and residual is None:
+        return hidden[span[0] : span[1]]
+    return _gather_stream(hidden, residual, span, rows)
 
 
 def _capture(step: StepContext, layer_index: int, hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
