@@ -7,6 +7,7 @@ steered in, and weights sent once are found again by their digest."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +199,45 @@ def test_gemma2_logit_lens_uses_its_offset_norm_and_soft_cap(tmp_path_factory) -
     assert_topk_close(got["token_ids"], got["logprobs"], ref, bound, "gemma2")
     unnormed = torch.log_softmax(head[0](out.activations["residual_stream"]) @ head[1].T, dim=-1)  # soft-cap left out
     assert (unnormed.topk(5).values - got["logprobs"]).abs().max() > 1e-2, "soft-capping should matter on this model"
+
+
+def test_readouts_over_http_equal_offline_and_bad_ones_get_400(tiny_path: Path, llm) -> None:
+    """Through the server (LensClient, wire-encoded arrays) the same readouts as offline; a
+    bad readout is a 400 naming its reason, for that request alone."""
+    from lens_evals.client import LensClient, lens_xargs
+    from lens_evals.inspect_kit.provider.xargs import to_vllm_xargs
+    from tests.conftest import lens_server
+
+    rng = np.random.default_rng(4)
+    sae = SaeReadout(
+        name="s", layer=1, top_k=3, sae=SaeEncoder(W_enc=rng.normal(size=(HIDDEN, 24)).astype(np.float32), b_enc=np.zeros(24, np.float32))
+    )
+    readouts = [LensReadout(name="logit", layers=[0, 3], top_k=4), sae]
+    (offline,) = llm.generate([PROMPTS[0]], greedy(5, output_readouts=readouts), use_tqdm=False)
+    bad = {
+        "layer out of range": ({"kind": "lens", "name": "x", "layers": [9]}, "out of range"),
+        "top_k too large": ({"kind": "lens", "name": "x", "layers": [0], "top_k": 65}, "less than or equal to 64"),
+        "SAE width": ({"kind": "sae", "name": "x", "layer": 0, "sae": {"W_enc": [[1.0]] * 64, "b_enc": [0.0]}}, "W_enc has 64 rows"),
+        "unknown digest": ({"kind": "sae", "name": "x", "layer": 0, "sae": {"digest": "f" * 64}}, "unknown SAE encoder digest"),
+        "name clash": ({"kind": "lens", "name": "s", "layers": [0]}, "unique across probes and readouts"),
+        "unknown kind": ({"kind": "tuned", "name": "x"}, "kind must be 'lens' or 'sae'"),
+    }
+    with lens_server(tiny_path) as server:
+        client = LensClient(server.url, "test")
+        got = client.generate(PROMPTS[0], max_tokens=5, ignore_eos=True, readouts=readouts).activations["readouts"]
+        # the Inspect provider's encoding of the same objects is what the client sends
+        assert to_vllm_xargs({"output_readouts": readouts})["output_readouts"] == lens_xargs(readouts=readouts)["output_readouts"]
+        failures = []
+        for name, (readout, message) in bad.items():
+            try:
+                client.generate(PROMPTS[0], max_tokens=2, vllm_xargs={"output_readouts": [sae.to_json(), json.dumps(readout)]})
+                failures.append(f"{name}: accepted")
+            except RuntimeError as exc:
+                if "HTTP 400" not in str(exc) or message not in str(exc):
+                    failures.append(f"{name}: {exc}")
+        assert not failures, "\n".join(failures)
+    want = offline.activations["readouts"]
+    assert got["logit"]["layers"] == [0, 3] and got["s"]["layer"] == 1
+    for name, fields in (("logit", ("token_ids", "logprobs")), ("s", ("latent_ids", "values"))):
+        for field in fields:
+            assert torch.equal(torch.as_tensor(got[name][field]), want[name][field]), f"{name}.{field} over HTTP vs offline"
