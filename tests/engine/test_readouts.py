@@ -184,23 +184,6 @@ def test_weights_are_sent_once_and_found_by_digest(llm) -> None:
         llm.generate([PROMPTS[1]], greedy(2, output_readouts=[unknown]), use_tqdm=False)
 
 
-def test_gemma2_logit_lens_uses_its_offset_norm_and_soft_cap(tmp_path_factory) -> None:
-    """Gemma 2: RMSNorm scaled by (1 + w), tied unembedding, final logit soft-capping; the
-    readout must follow the model's own head, not Llama's."""
-    from tests.arch_zoo import build
-
-    path = build("Gemma2ForCausalLM")
-    head = hf_head(path)
-    assert head[2], "the zoo's Gemma 2 should soft-cap its logits"
-    with make_llm(path) as engine:
-        (out,) = capture_and_read(engine, [{"kind": "lens", "name": "l", "layers": "all", "top_k": 5}], prompts=PROMPTS[:1])
-    got = out.activations["readouts"]["l"]
-    ref, bound = reference_logprobs(out.activations["residual_stream"], head)
-    assert_topk_close(got["token_ids"], got["logprobs"], ref, bound, "gemma2")
-    unnormed = torch.log_softmax(head[0](out.activations["residual_stream"]) @ head[1].T, dim=-1)  # soft-cap left out
-    assert (unnormed.topk(5).values - got["logprobs"]).abs().max() > 1e-2, "soft-capping should matter on this model"
-
-
 def test_readouts_over_http_equal_offline_and_bad_ones_get_400(tiny_path: Path, llm) -> None:
     """Through the server (LensClient, wire-encoded arrays) the same readouts as offline; a
     bad readout is a 400 naming its reason, for that request alone."""
@@ -241,3 +224,43 @@ def test_readouts_over_http_equal_offline_and_bad_ones_get_400(tiny_path: Path, 
     for name, fields in (("logit", ("token_ids", "logprobs")), ("s", ("latent_ids", "values"))):
         for field in fields:
             assert torch.equal(torch.as_tensor(got[name][field]), want[name][field]), f"{name}.{field} over HTTP vs offline"
+
+
+def test_readouts_of_a_mixed_batch_equal_each_request_alone(llm) -> None:
+    """Requests 0 and 2 share the logit lens (one group per layer, rows not contiguous: request 1
+    between them reads only an SAE); each equals its run alone."""
+    rng = np.random.default_rng(8)
+    sae = SaeReadout(
+        name="s", layer=0, top_k=2, sae=SaeEncoder(W_enc=rng.normal(size=(HIDDEN, 8)).astype(np.float32), b_enc=np.zeros(8, np.float32))
+    )
+    lens = LensReadout(name="l", layers=[1, 3], top_k=3)
+    params = [greedy(4, output_readouts=[lens]), greedy(3, output_readouts=[sae]), greedy(5, output_readouts=[lens, sae])]
+    together = llm.generate(PROMPTS, params, use_tqdm=False)
+    for i, (prompt, p) in enumerate(zip(PROMPTS, params)):
+        (alone,) = llm.generate([prompt], p, use_tqdm=False)
+        assert together[i].outputs[0].token_ids == alone.outputs[0].token_ids
+        for name, got in together[i].activations["readouts"].items():
+            want = alone.activations["readouts"][name]
+            for field, value in got.items():
+                if isinstance(value, torch.Tensor) and value.dtype == torch.int32:
+                    assert torch.equal(value, want[field]), f"request {i} {name}.{field}"
+                elif isinstance(value, torch.Tensor):
+                    assert torch.allclose(value, want[field], atol=1e-4), f"request {i} {name}.{field}"
+
+
+def test_gemma2_logit_lens_uses_its_offset_norm_and_soft_cap(tmp_path_factory) -> None:
+    """Gemma 2: RMSNorm scaled by (1 + w), tied unembedding, final logit soft-capping; the
+    readout must follow the model's own head, not Llama's. Last in the module: a second engine
+    in this process leaves the module's engine without its parallel state."""
+    from tests.arch_zoo import build
+
+    path = build("Gemma2ForCausalLM")
+    head = hf_head(path)
+    assert head[2], "the zoo's Gemma 2 should soft-cap its logits"
+    with make_llm(path) as engine:
+        (out,) = capture_and_read(engine, [{"kind": "lens", "name": "l", "layers": "all", "top_k": 5}], prompts=PROMPTS[:1])
+    got = out.activations["readouts"]["l"]
+    ref, bound = reference_logprobs(out.activations["residual_stream"], head)
+    assert_topk_close(got["token_ids"], got["logprobs"], ref, bound, "gemma2")
+    unnormed = torch.log_softmax(head[0](out.activations["residual_stream"]) @ head[1].T, dim=-1)  # soft-cap left out
+    assert (unnormed.topk(5).values - got["logprobs"]).abs().max() > 1e-2, "soft-capping should matter on this model"

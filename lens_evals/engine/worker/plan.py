@@ -82,7 +82,7 @@ class StepPlan:
 
     def finish(self) -> StepPlan:
         post_hooks = {layer for layer, module, pre in self.hook_calls if module is None and not pre}
-        readout_layers = set(self.readouts.jobs) if self.readouts is not None else set()
+        readout_layers = set(self.readouts.groups) if self.readouts is not None else set()
         self.hooked_layers = set(self.capture_layers) | set(self.steer) | set(self.probes) | post_hooks | readout_layers
         return self
 

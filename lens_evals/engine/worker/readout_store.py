@@ -46,8 +46,8 @@ class ReadoutStore:
     def store(self, step: StepReadouts, results: list[torch.Tensor], start_positions: list[int], keeps: Callable[[str], bool]) -> None:
         """The step's results (flat, in job order) to the host in one copy; a piece per job kept."""
         self.pieces.compact()
-        stored = [job for layer in sorted(step.jobs) for job in step.jobs[layer] if job.stored]
-        if not stored or len(results) != len(stored):
+        stored = step.stored_jobs()
+        if not stored or sum(r.numel() for r in results) != step.total:
             return
         flat = results[0] if len(results) == 1 else torch.cat(results)
         data, ready, chunk = self.copier.to_host(flat, self.pieces.arena)

@@ -1,8 +1,8 @@
 """Readouts on the worker (``output_readouts``, request/readouts.py): lens readouts through the
 model's own final norm and logits (``compat.worker.readout_head``) and SAE encoders, computed in
 the step on the requests' rows after steering and hooks, like probes. Each (request, readout,
-layer) of a step is one job: one gather of its rows, one matmul (per layer for a lens; the
-logits of several requests' rows of the same lens are one matmul), top-k on the device; only
+layer) of a step is a job; the jobs of a layer that read the same way (kind, weights, top_k) are
+one group: one gather of their rows, one head or encoder matmul, one top-k on the device; only
 the ids and values of the top-k leave it, as one float32 block per step
 ``[ids as float32 | values]`` (ids are exact in float32 below 2**24, checked at admission).
 
@@ -24,7 +24,7 @@ from lens_evals.engine.worker.transfer import to_device
 from lens_evals.request.readouts import AffineLens, LensReadout, SaeEncoder, SaeReadout, parse_readout
 
 Head = Callable[[torch.Tensor], torch.Tensor | None]  # stream rows -> the model's logits (None: on a TP rank > 0)
-LOGIT_CHUNK_ROWS = 512  # rows whose full-vocabulary logits are made at once
+LOGIT_CHUNK_ROWS = 256  # rows whose full-vocabulary logits are made at once (256 x 152k vocab x 4 B = 156 MiB)
 
 
 @dataclass(frozen=True)
@@ -194,35 +194,51 @@ def sae_topk(stream: torch.Tensor, sae: WorkerSae, k: int) -> torch.Tensor:
 # ----------------------------------------------------------------- one step's plan
 @dataclass
 class ReadoutJob:
-    """One readout of one request on one layer in a step: its rows, its place in the step's
-    flat result (``offset``, ``num_rows * width`` floats), and what it belongs to."""
+    """One readout of one request on one layer in a step: its place in the step's flat result
+    (``offset``, ``num_rows * width`` floats) and what it belongs to."""
 
     key: str
     readout: WorkerReadout
     layer: int
-    rows: torch.Tensor | None  # (n,) rows of the token batch, or ...
-    span: tuple[int, int] | None  # ... the rows as a slice
     num_rows: int
     batch_index: int
     offset: int = 0
-    stored: bool = True  # False on tensor-parallel ranks > 0: computed (the gather needs every rank), not kept
+
+
+@dataclass
+class ReadoutGroup:
+    """The jobs of one layer that read the same way (kind, weights, top_k): one gather of their
+    rows (a slice when contiguous), one head / encoder call, one top-k. ``stored``: False on
+    tensor-parallel ranks > 0 (lens groups run there for the head's collective, nothing kept)."""
+
+    readout: WorkerReadout
+    layer: int
+    jobs: list[ReadoutJob]
+    spans: list[tuple[int, int]]  # (first row, rows) of each job, in order
+    stored: bool
+    rows: torch.Tensor | None = None
+    span: tuple[int, int] | None = None
 
 
 @dataclass
 class StepReadouts:
-    """Per layer the step's readout jobs; the flat size of the step's results."""
+    """Per layer the step's readout groups; the flat size of the step's results (stored groups'
+    jobs, layer after layer, group after group)."""
 
-    jobs: dict[int, list[ReadoutJob]] = field(default_factory=dict)
+    groups: dict[int, list[ReadoutGroup]] = field(default_factory=dict)
     total: int = 0
+
+    def stored_jobs(self) -> list[ReadoutJob]:
+        return [job for layer in sorted(self.groups) for group in self.groups[layer] if group.stored for job in group.jobs]
 
 
 def plan_readouts(
     entries: list[tuple[Any, int, int, int]], device: torch.device, keep_here: bool, local_layers: set[int]
 ) -> StepReadouts | None:
-    """The step's readout jobs from (request, batch index, first row, rows) of each request
-    with readouts; ``keep_here``: this rank keeps results (else only lens jobs run, for the
+    """The step's readout groups from (request, batch index, first row, rows) of each request
+    with readouts; ``keep_here``: this rank keeps results (else only lens groups run, for the
     collective inside the head)."""
-    step = StepReadouts()
+    by_layer: dict[int, dict[tuple[str, str, int], ReadoutGroup]] = {}
     for req, batch_index, start, n in entries:
         for readout in req.readouts:
             if readout.kind == "sae" and not keep_here:
@@ -230,34 +246,60 @@ def plan_readouts(
             for layer in readout.layers:
                 if layer not in local_layers:
                     continue
-                job = ReadoutJob(req.key, readout, layer, None, (start, start + n), n, batch_index, stored=keep_here)
-                step.jobs.setdefault(layer, []).append(job)
-    if not step.jobs:
+                groups = by_layer.setdefault(layer, {})
+                sig = (readout.kind, readout.digest, readout.top_k)
+                if sig not in groups:
+                    groups[sig] = ReadoutGroup(readout, layer, [], [], keep_here)
+                group = groups[sig]
+                group.jobs.append(ReadoutJob(req.key, readout, layer, n, batch_index))
+                group.spans.append((start, n))
+    if not by_layer:
         return None
-    for layer in sorted(step.jobs):  # the flat result is laid out layer after layer, as the taps run
-        for job in step.jobs[layer]:
-            if job.stored:
-                job.offset, step.total = step.total, step.total + job.num_rows * job.readout.width
+    step = StepReadouts({layer: list(by_layer[layer].values()) for layer in sorted(by_layer)})
+    for layer_groups in step.groups.values():  # the flat result is laid out as the taps run
+        for group in layer_groups:
+            group.span = _contiguous(group.spans)
+            if group.span is None:
+                rows = np.concatenate([np.arange(s, s + n, dtype=np.int64) for s, n in group.spans])
+                group.rows = to_device(rows, device)
+            if group.stored:
+                for job in group.jobs:
+                    job.offset, step.total = step.total, step.total + job.num_rows * job.readout.width
     return step
 
 
+def _contiguous(spans: list[tuple[int, int]]) -> tuple[int, int] | None:
+    expected = spans[0][0]
+    for start, n in spans:
+        if start != expected:
+            return None
+        expected += n
+    return spans[0][0], expected
+
+
 def run_layer_readouts(
-    jobs: list[ReadoutJob], hidden: torch.Tensor, residual: torch.Tensor | None, head: Head | None
+    groups: list[ReadoutGroup], hidden: torch.Tensor, residual: torch.Tensor | None, head: Head | None
 ) -> list[torch.Tensor]:
-    """The results of one layer's jobs (flattened, stored jobs only, in order)."""
+    """The results of one layer's groups (flattened, stored groups only, in order: each group's
+    rows are its jobs' rows one after another)."""
     out = []
-    for job in jobs:
-        assert job.span is not None
-        start, stop = job.span
-        stream = hidden[start:stop] + residual[start:stop] if residual is not None else hidden[start:stop]
-        readout = job.readout
+    for group in groups:
+        if group.span is not None:
+            start, stop = group.span
+            stream = hidden[start:stop] + residual[start:stop] if residual is not None else hidden[start:stop]
+        else:
+            assert group.rows is not None
+            stream = hidden.index_select(0, group.rows)
+            if residual is not None:
+                stream = stream + residual.index_select(0, group.rows)
+        readout = group.readout
         if readout.kind == "lens":
             if head is None:
                 raise RuntimeError("lens readouts need the model's final norm and logits, not found on this model")
-            result = lens_topk(stream, head, readout.lens, job.layer, readout.top_k)
+            result = lens_topk(stream, head, readout.lens, group.layer, readout.top_k)
         else:
             assert readout.sae is not None
             result = sae_topk(stream, readout.sae, readout.top_k)
-        if job.stored and result is not None:
+        if group.stored and result is not None:
             out.append(result.reshape(-1))
     return out

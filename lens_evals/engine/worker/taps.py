@@ -172,9 +172,9 @@ def read_step(step: StepContext, layer_index: int, hidden: torch.Tensor, residua
     probes = plan.probes.get(layer_index)
     if probes is not None:
         step.scores[layer_index] = _probe_scores(hidden, residual, probes)
-    jobs = plan.readouts.jobs.get(layer_index) if plan.readouts is not None else None
-    if jobs:
-        step.readout_results += run_layer_readouts(jobs, hidden, residual, step.head)
+    groups = plan.readouts.groups.get(layer_index) if plan.readouts is not None else None
+    if groups:
+        step.readout_results += run_layer_readouts(groups, hidden, residual, step.head)
 
 
 def _apply_steering(hidden: torch.Tensor, residual: torch.Tensor | None, steer: LayerSteer) -> None:
