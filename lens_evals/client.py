@@ -18,7 +18,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lens_evals.request.hooks import Hook
-from lens_evals.request.spec import CAPTURE_KEY, ENCODING_KEY, HOOK_SET_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
+from lens_evals.request.readouts import LensReadout, SaeReadout, parse_readout
+from lens_evals.request.spec import (
+    CAPTURE_KEY,
+    ENCODING_KEY,
+    HOOK_SET_KEY,
+    HOOKS_KEY,
+    PROBE_KEY,
+    READOUTS_KEY,
+    STEERING_KEY,
+    LinearProbe,
+    SteeringVector,
+)
 from lens_evals.vllm_lens_helpers import (
     as_object,
     decode_activations,
@@ -78,6 +89,7 @@ def lens_xargs(
     hooks: Sequence[Hook] | None = None,
     hook_set: str | None = None,
     encoding: str | None = None,
+    readouts: Sequence[LensReadout | SaeReadout | Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The ``vllm_xargs`` body field for a request (steering vectors, probes and registered
     hooks as JSON strings, since vLLM's ``vllm_xargs`` only carries strings and numbers).
@@ -98,6 +110,8 @@ def lens_xargs(
         xargs[HOOK_SET_KEY] = hook_set
     if encoding:
         xargs[ENCODING_KEY] = encoding
+    if readouts:  # lens / SAE readouts (request/readouts.py): objects or wire dicts
+        xargs[READOUTS_KEY] = [parse_readout(readout).to_json() for readout in readouts]
     return xargs
 
 
@@ -187,8 +201,8 @@ class LensClient:
             raise RuntimeError(f"HTTP {response.status}: {error.get('message', error) if isinstance(error, dict) else error}")
         return data
 
-    def _xargs(self, hooks: Any, capture_layers: Any, steering_vectors: Any, probes: Any) -> dict[str, Any]:
-        return lens_xargs(capture_layers, steering_vectors, probes, hooks, self.hook_set, self.encoding)
+    def _xargs(self, hooks: Any, capture_layers: Any, steering_vectors: Any, probes: Any, readouts: Any = None) -> dict[str, Any]:
+        return lens_xargs(capture_layers, steering_vectors, probes, hooks, self.hook_set, self.encoding, readouts)
 
     def _post(self, path: str, body: dict[str, Any], xargs: dict[str, Any]) -> GenerateOutput:
         if xargs:
@@ -218,6 +232,7 @@ class LensClient:
         capture_layers: Sequence[int] | bool | None = None,
         steering_vectors: Sequence[SteeringVector] | None = None,
         probes: Sequence[LinearProbe] | None = None,
+        readouts: Sequence[LensReadout | SaeReadout | Mapping[str, Any]] | None = None,
         logprobs: int | None = None,
         echo: bool = False,
         **kwargs: Any,
@@ -235,7 +250,7 @@ class LensClient:
             body["logprobs"] = logprobs
         if echo:
             body["echo"] = True
-        return self._post("/v1/completions", body, self._xargs(hooks, capture_layers, steering_vectors, probes))
+        return self._post("/v1/completions", body, self._xargs(hooks, capture_layers, steering_vectors, probes, readouts))
 
     def chat(
         self,
@@ -247,6 +262,7 @@ class LensClient:
         capture_layers: Sequence[int] | bool | None = None,
         steering_vectors: Sequence[SteeringVector] | None = None,
         probes: Sequence[LinearProbe] | None = None,
+        readouts: Sequence[LensReadout | SaeReadout | Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> GenerateOutput:
         body = {
@@ -257,7 +273,7 @@ class LensClient:
             "return_token_ids": True,
             **kwargs,
         }
-        return self._post("/v1/chat/completions", body, self._xargs(hooks, capture_layers, steering_vectors, probes))
+        return self._post("/v1/chat/completions", body, self._xargs(hooks, capture_layers, steering_vectors, probes, readouts))
 
     # persistent hooks
     def register_hooks(self, hooks: Sequence[Hook], prefetch_params: Sequence[str] | None = None) -> str:

@@ -62,7 +62,7 @@ def decode_item(
     for name, encoded in as_object(item, "activations").items():
         if name == "probe_scores":
             out[name] = {probe: array(scores) for probe, scores in as_object(encoded, "probe_scores").items()}
-        elif name == "saved":
+        elif name in ("saved", "readouts"):  # hook results; lens / SAE readouts (name -> {field: array or list})
             out[name] = tree(encoded)
         else:
             out[name] = array(encoded)

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from lens_evals import settings
 from lens_evals.request.hooks import Hook
+from lens_evals.request.readouts import LensReadout, SaeReadout, parse_readout, readout_bounds
 from lens_evals.request.spec import (
     CAPTURE_KEY,
     ENCODING_KEY,
@@ -30,6 +31,7 @@ from lens_evals.request.spec import (
     LENS_KEYS,
     MAX_LAYERS_PER_REQUEST,
     PROBE_KEY,
+    READOUTS_KEY,
     STEERING_KEY,
     LensRequest,
     LinearProbe,
@@ -82,6 +84,7 @@ def parse_lens_args(extra_args: Mapping[str, Any] | None, limits: LensLimits | N
     steering = _parse_items(extra_args.get(STEERING_KEY), SteeringVector, STEERING_KEY, "steering vectors", steer_bound)
     probes = _parse_probes(extra_args.get(PROBE_KEY), probe_bound)
     hooks = _parse_items(extra_args.get(HOOKS_KEY), Hook, HOOKS_KEY, "hooks", hook_bound)
+    readouts = _parse_readouts(extra_args.get(READOUTS_KEY), limits)
     hook_set = extra_args.get(HOOK_SET_KEY)
     if hook_set is not None and not isinstance(hook_set, str):
         raise ValueError(f"{HOOK_SET_KEY} must be the id (a string) of a registered hook set")
@@ -94,9 +97,25 @@ def parse_lens_args(extra_args: Mapping[str, Any] | None, limits: LensLimits | N
             hooks=hooks,
             hook_set=hook_set,
             encoding=encoding,
+            readouts=readouts,
         )
     except ValidationError as exc:
         raise ValueError("; ".join(str(err["msg"]).removeprefix("Value error, ") for err in exc.errors())) from None
+
+
+class _AnyReadout:
+    """``_parse_items``'s model for readouts: the kind picks the class (``parse_readout``)."""
+
+    from_wire = staticmethod(parse_readout)
+
+
+def _parse_readouts(raw: Any, limits: LensLimits | None) -> list[Any]:
+    """Readouts (``request/readouts.py``) from their objects, wire dicts, JSON strings, or ONE
+    JSON string of the list; arrays bounded by the model when ``limits`` are given."""
+    bounds: Any = (wire.UNBOUNDED, wire.UNBOUNDED)
+    if limits is not None:
+        bounds = readout_bounds(limits.num_layers, limits.hidden_size, wire.Budget(limits.total_bytes))
+    return _parse_items([raw] if isinstance(raw, (LensReadout, SaeReadout)) else raw, _AnyReadout, READOUTS_KEY, "readouts", bounds)
 
 
 def refuse_misspelled_keys(extra_args: Mapping[str, Any]) -> None:

@@ -8,6 +8,7 @@ A request asks for features through ``SamplingParams.extra_args`` (offline) or
      "output_probe_scores": [LinearProbe(...) or its wire dict],
      "apply_hooks": [Hook(...) or a registered hook's wire dict],
      "use_hook_set": "<id of a registered persistent hook set>",
+     "output_readouts": [LensReadout(...) / SaeReadout(...) or their wire dicts] (request/readouts.py),
      "activations_encoding": "vllm-lens" (absent: the same) | "safetensors" | "safetensors-zstd"
                              | "safetensors-frame"}
 
@@ -36,7 +37,8 @@ PROBE_KEY = "output_probe_scores"
 HOOKS_KEY = "apply_hooks"
 HOOK_SET_KEY = "use_hook_set"
 ENCODING_KEY = "activations_encoding"
-LENS_KEYS = (CAPTURE_KEY, STEERING_KEY, PROBE_KEY, HOOKS_KEY, HOOK_SET_KEY, ENCODING_KEY)
+READOUTS_KEY = "output_readouts"  # lens and SAE readouts: lens_evals/request/readouts.py
+LENS_KEYS = (CAPTURE_KEY, STEERING_KEY, PROBE_KEY, HOOKS_KEY, HOOK_SET_KEY, ENCODING_KEY, READOUTS_KEY)
 # Key the frontend adds so worker results can be fetched; never set by users.
 INTERNAL_KEY = "_lens_evals"
 MAX_LAYERS_PER_REQUEST = 4096
@@ -288,6 +290,7 @@ class LensRequest(BaseModel):
     hooks: list[Hook] = Field(default_factory=list)
     hook_set: str | None = None
     encoding: str = wire.DEFAULT_RESPONSE_ENCODING
+    readouts: list[Any] = Field(default_factory=list)  # readouts.LensReadout / SaeReadout, checked there
 
     @field_validator("encoding")
     @classmethod
@@ -316,7 +319,7 @@ class LensRequest(BaseModel):
 
     @property
     def active(self) -> bool:
-        return bool(self.capture_layers or self.capture_all or self.steering or self.probes or self.hooks or self.hook_set)
+        return bool(self.capture_layers or self.capture_all or self.steering or self.probes or self.hooks or self.hook_set or self.readouts)
 
     def for_model(self, num_layers: int) -> LensRequest:
         """This request with ``capture_all`` resolved to the model's layers."""

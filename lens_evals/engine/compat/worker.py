@@ -26,6 +26,7 @@ __all__ = [
     "num_layers_of",
     "parallel_ranks",
     "patch_model_runner",
+    "readout_head",
     "request_extra_args",
     "reserve_lens_memory",
     "runner_device",
@@ -139,6 +140,48 @@ def runner_device(runner: Any) -> torch.device:
 def runner_model(runner: Any) -> nn.Module:
     model: nn.Module = runner.get_model() if hasattr(runner, "get_model") else runner.model
     return model
+
+
+# Where vLLM's model files keep the final norm (the module between the last decoder layer and
+# the logits), by the attribute path of the *ForCausalLM class.
+FINAL_NORM_PATHS = (
+    "model.norm",
+    "model.final_layernorm",
+    "model.ln_f",
+    "transformer.ln_f",
+    "transformer.norm_f",
+    "gpt_neox.final_layer_norm",
+    "model.decoder.final_layer_norm",
+    "backbone.norm_f",
+)
+
+
+def readout_head(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor | None] | None:
+    """The model's own path from a layer's residual stream to logits, for lens readouts: its
+    final norm, then its ``compute_logits`` (unembedding, tied or not, logit scale and soft-cap,
+    the vocabulary-parallel gather: None on tensor-parallel ranks it does not reach, so every
+    rank must call it with the same rows). None: no final norm found, or not the last pipeline
+    stage (then lens readouts are refused)."""
+    compute_logits = getattr(model, "compute_logits", None)
+    if compute_logits is None:
+        return None
+    for path in FINAL_NORM_PATHS:
+        try:
+            norm = model.get_submodule(path)
+        except AttributeError:
+            continue
+        if type(norm).__name__ == "PPMissingLayer":
+            return None
+
+        def head(stream: torch.Tensor, norm: nn.Module = norm) -> torch.Tensor | None:
+            normed = norm(stream)
+            if isinstance(normed, tuple):
+                normed = normed[0]
+            logits: torch.Tensor | None = compute_logits(normed)
+            return logits
+
+        return head
+    return None
 
 
 def runner_from_worker(worker: Any) -> Any:

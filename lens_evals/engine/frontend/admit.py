@@ -27,8 +27,10 @@ from lens_evals.engine.transport.graph_layers import refusal
 from lens_evals.engine.transport.handoff import HandoffTarget
 from lens_evals.engine.transport.probe_cache import encode_probe
 from lens_evals.engine.transport.protocol import LensRequestWire
+from lens_evals.engine.transport.readout_cache import normalise as normalise_readouts
 from lens_evals.request.args import LensLimits, parse_lens_args, refuse_misspelled_keys, remember_probes
 from lens_evals.request.hooks import check_hook_args
+from lens_evals.request.readouts import check_readouts
 from lens_evals.request.spec import HOOK_SET_KEY, INTERNAL_KEY, LENS_KEYS, PROBE_KEY, LensRequest
 
 _CALL: ContextVar[ServedCall | None] = ContextVar("lens_evals_served_call", default=None)
@@ -112,6 +114,8 @@ def _on_request(processor: Any, request_id: str, request: Any) -> None:
         raise ValueError(reason)
     for hook in lens.hooks:
         check_hook_args(hook, shape.hidden_size, max(max_positions, 1), shape.vocab_size)
+    readouts = normalise_readouts(lens.readouts, shape.num_layers)  # digests resolved: unknown -> 400
+    check_readouts([readout for readout, _ in readouts], shape.num_layers, shape.hidden_size, {probe.name for probe in lens.probes})
     if lens.hook_set is not None:
         try:
             state.hook_sets.record(lens.hook_set, CALLER.get())  # only its owner's requests find it
@@ -124,13 +128,20 @@ def _on_request(processor: Any, request_id: str, request: Any) -> None:
     charge = frontend_budget.charge_of(lens, max(max_positions, 1), facts.step)
     registry.budget.admit(charge)  # 400 if it never fits, 429 if not now; released by take()
     try:
-        registry.admit(_normalise(request, params, extra, lens, charge))
+        registry.admit(_normalise(request, params, extra, lens, charge, readouts))
     except BaseException:
         registry.budget.release(charge)
         raise
 
 
-def _normalise(request: Any, params: Any, extra: dict[str, Any], lens: LensRequest, charge: frontend_budget.Charge) -> PendingLensRequest:
+def _normalise(
+    request: Any,
+    params: Any,
+    extra: dict[str, Any],
+    lens: LensRequest,
+    charge: frontend_budget.Charge,
+    readouts: list[tuple[Any, dict[str, Any]]],
+) -> PendingLensRequest:
     """An accepted request's lens keys as ``extra_args[INTERNAL_KEY]`` under a fresh key, and
     what to fetch when it ends."""
     prompt_len = len(request.prompt_token_ids or [])
@@ -148,6 +159,8 @@ def _normalise(request: Any, params: Any, extra: dict[str, Any], lens: LensReque
         "hooks": hooks,
         "hook_set": lens.hook_set,
     }
+    if readouts:
+        spec["readouts"] = [item for _, item in readouts]
     if lens.capture_layers or lens.probes:
         address = HandoffTarget.address()
         if address is not None:  # the worker may write the rows here as soon as they are final
@@ -167,4 +180,7 @@ def _normalise(request: Any, params: Any, extra: dict[str, Any], lens: LensReque
         local_ids=tuple(local_ids),
         encoding=lens.encoding,
         charge=charge,
+        readouts=tuple(
+            (item["name"], item["kind"], tuple(item["layers"]) if item["kind"] == "lens" else (item["layer"],)) for _, item in readouts
+        ),
     )

@@ -19,6 +19,7 @@ from lens_evals.engine import compat
 from lens_evals.engine.frontend import budget as frontend_budget
 from lens_evals.engine.frontend.hooks import forget_local, union_of
 from lens_evals.engine.frontend.pending import PendingLensRequest, ServedCall
+from lens_evals.engine.frontend.readouts import readout_outputs
 from lens_evals.engine.frontend.rows import decode_saved, merge_rank_results
 from lens_evals.engine.frontend.state import frontend_state
 from lens_evals.engine.transport import timing
@@ -88,6 +89,11 @@ def _apply(
         if short:
             return f"probe scores are short for {short}: expected {expected} positions"
         activations["probe_scores"] = {name: merged.probes[i][:expected] for i, name in enumerate(pending.probe_names)}
+    if pending.readouts:
+        readouts, error = readout_outputs(rank_results, pending.key, pending.readouts, expected)
+        if error is not None:
+            return error
+        activations["readouts"] = readouts
     if pending.has_hooks:
         output.hook_results = decode_saved(merged.saved)
         activations["saved"] = union_of(output.hook_results)

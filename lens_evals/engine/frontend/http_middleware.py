@@ -46,8 +46,8 @@ def encode_activations(activations: dict[str, Any], encoding: str = wire.DEFAULT
     wire array; ``saved`` (hook results) as an encoded tree."""
     encoded: dict[str, Any] = {}
     for name, value in activations.items():
-        if name == "saved":
-            encoded[name] = wire.encode_tree(value, "saved", encoding=encoding)
+        if name in ("saved", "readouts"):
+            encoded[name] = wire.encode_tree(value, name, encoding=encoding)
         elif isinstance(value, torch.Tensor):
             encoded[name] = wire.encode_array(value, encoding)
         else:

@@ -21,6 +21,7 @@ class PendingLensRequest:
     local_ids: tuple[str, ...] = ()
     encoding: str = wire.DEFAULT_RESPONSE_ENCODING
     charge: frontend_budget.Charge | None = None  # on the device budget while it runs
+    readouts: tuple[tuple[str, str, tuple[int, ...]], ...] = ()  # (name, kind, layers) per readout, in request order
 
 
 @dataclass

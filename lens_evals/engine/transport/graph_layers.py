@@ -73,4 +73,6 @@ def refusal(lens: Any, tapped: Iterable[int]) -> str | None:
         return "norm_match steering needs eager mode (the row norm is not known outside the graph)"
     if lens.hooks or lens.hook_set is not None:
         return "hooks need eager mode (graph mode runs only capture, steering and probes)"
+    if getattr(lens, "readouts", None):
+        return "readouts (output_readouts) need eager mode for now (graph mode runs only capture, steering and probes)"
     return None

@@ -49,6 +49,7 @@ class LensRequestWire(TypedDict):
     probe_digests: list[str]  # each probe's digest (``probe_cache``): the worker decodes a probe once
     hooks: list[HookWire]
     hook_set: str | None
+    readouts: NotRequired[list[dict[str, Any]]]  # request/readouts.py wire dicts, layers resolved, weights inline or by digest
     # where the worker may write the request's rows as soon as it finishes, before the fetch
     # (``early_write``); absent: the hand-off is off, the rows are written at the fetch
     handoff: NotRequired[HandoffAddressWire]
@@ -96,6 +97,15 @@ class FetchResult(TypedDict, total=False):
     layers: list[int]
     probe_scores: PackedRowsWire
     probe_index: list[int]
+    readouts: dict[str, ReadoutWire]  # readout index in the request -> its results (worker/readout_store.py)
+
+
+class ReadoutWire(TypedDict):
+    """One readout's results: float32 rows ``(n_layers, n_positions, 2 * top_k)``, each row the
+    top-k ids (as float32, exact below 2**24) then their values; always inline (small)."""
+
+    layers: list[int]
+    rows: PackedRowsWire
 
 
 FetchReply = dict[str, FetchResult]  # one worker's results by lens key (requests it holds nothing of are absent)

@@ -22,6 +22,9 @@ from lens_evals.engine.worker.host_copy import host_copier
 from lens_evals.engine.worker.ledger import RequestLedger
 from lens_evals.engine.worker.plan import StepPlan
 from lens_evals.engine.worker.planners import StepPlanner
+from lens_evals.engine.worker.readout_store import ReadoutStore
+from lens_evals.engine.worker.readout_store import assemble as assemble_readouts
+from lens_evals.engine.worker.readouts import Head
 from lens_evals.engine.worker.requests import WorkerLensRequest
 from lens_evals.engine.worker.results import RowPart, TakenResult, write_results
 from lens_evals.engine.worker.step_stores import StepStores
@@ -39,9 +42,18 @@ class Fetch:
     """Releasing fetched requests on the worker: the ledger forgets them, the stores give up
     their pieces, and each one's result comes back without its rows (``TakenResult``)."""
 
-    def __init__(self, ledger: RequestLedger, stores: StepStores, capture_here: bool, local_layers: set[int], max_saved_chars: int) -> None:
+    def __init__(
+        self,
+        ledger: RequestLedger,
+        stores: StepStores,
+        capture_here: bool,
+        local_layers: set[int],
+        max_saved_chars: int,
+        readouts: ReadoutStore | None = None,
+    ) -> None:
         self.ledger = ledger
         self.stores = stores
+        self.readouts = readouts if readouts is not None else ReadoutStore()
         self.capture_here = capture_here
         self.local_layers = local_layers
         self.max_saved_chars = max_saved_chars
@@ -51,11 +63,17 @@ class Fetch:
         writing may happen on another thread: nothing here is touched by it; ``hold``: then
         their buffers stay until ``EarlyWrites.done_with``)."""
         captured, scored = self.stores.release(key, hold)
+        read = self.readouts.release(key)
         held = (captured, scored) if hold else None
         req, error = self.ledger.take(key)
         if error is not None:
             return TakenResult({"error": error}, held=held)
         result: FetchResult = {}
+        if req is not None and read:
+            readouts, error = assemble_readouts(read, {r.index: r.layers for r in req.readouts})
+            if error is not None:
+                return TakenResult({"error": error}, held=held)
+            result["readouts"] = readouts
         if req is not None and self.capture_here:
             try:
                 if req.hooks:
@@ -99,9 +117,11 @@ class WorkerCore:
         self.ledger = RequestLedger()
         self.planner = StepPlanner(device, dtype, capture_here, local_layers)
         self.stores = StepStores(settings.MAX_HELD_CAPTURE_GIB.in_bytes(), host_copier(device))
+        self.readouts = ReadoutStore(self.stores.copier)
+        self.head: Head | None = None  # the model's final norm + logits (set by LensWorkerState), for lens readouts
         max_saved_chars = settings.MAX_SAVED_MIB.in_bytes()
         self.device_budget = settings.DEVICE_BUDGET_MIB.in_bytes()
-        self.fetch = Fetch(self.ledger, self.stores, capture_here, local_layers, max_saved_chars)
+        self.fetch = Fetch(self.ledger, self.stores, capture_here, local_layers, max_saved_chars, self.readouts)
         self.decode_runs = True  # a decode run's steps kept as one piece per request (``decode_runs``); off: one per step
         self.early = EarlyWrites(self.stores)
 
@@ -109,7 +129,7 @@ class WorkerCore:
     def held_bytes(self) -> int:
         """Host bytes of rows not fetched yet: the step buffers, and rows written early as
         inline bytes (a frontend in this process)."""
-        return self.stores.held_bytes + self.early.inline_bytes
+        return self.stores.held_bytes + self.early.inline_bytes + self.readouts.held_bytes
 
     def _over_bound(self) -> bool:
         return self.held_bytes > self.stores.max_held_bytes
@@ -154,7 +174,7 @@ class WorkerCore:
 
     def begin_step(self, plan: StepPlan, hook_context: Callable[[HookCall, int], HookContext] = _no_hook_context) -> StepContext:
         """What the taps get for this step (see ``taps.StepContext``)."""
-        return StepContext(plan, hook_context, self.ledger.fail_key, self.ledger.has_failed)
+        return StepContext(plan, hook_context, self.ledger.fail_key, self.ledger.has_failed, head=self.head)
 
     def store_step(self, step: StepContext) -> None:
         """One device-to-host copy for the step's captures and one for its probe scores; each
@@ -168,6 +188,8 @@ class WorkerCore:
                 step.capture_block,
                 self.ledger.version if self.decode_runs else -1,
             )
+            if step.plan.readouts is not None:
+                self.readouts.store(step.plan.readouts, step.readout_results, step.plan.start_positions, self.ledger.keeps)
             self._enforce_memory_bound()
 
     def _enforce_memory_bound(self) -> None:
@@ -217,6 +239,7 @@ class WorkerCore:
     def _drop(self, key: str, dropped: str | None = None) -> None:
         """Forget ``key`` (``dropped``: unfetched, and what its fetch will say)."""
         self.stores.release(key)
+        self.readouts.release(key)
         self.ledger.forget(key, dropped)
 
     def take_result(self, key: str, target: dict[str, Any] | None = None) -> TakenResult:

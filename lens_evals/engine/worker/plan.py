@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from lens_evals.engine.worker.hooks import HookCall
+from lens_evals.engine.worker.readouts import StepReadouts
 
 
 @dataclass
@@ -79,10 +80,12 @@ class StepPlan:
     # same requests and row counts may reuse this plan with new start positions
     reusable: bool = True
     hooked_layers: set[int] = field(default_factory=set)
+    readouts: StepReadouts | None = None  # lens / SAE readout jobs per layer (worker/readouts.py)
 
     def finish(self) -> StepPlan:
         post_hooks = {layer for layer, module, pre in self.hook_calls if module is None and not pre}
-        self.hooked_layers = set(self.capture_layers) | set(self.steer) | set(self.probes) | post_hooks
+        readout_layers = set(self.readouts.groups) if self.readouts is not None else set()
+        self.hooked_layers = set(self.capture_layers) | set(self.steer) | set(self.probes) | post_hooks | readout_layers
         return self
 
 

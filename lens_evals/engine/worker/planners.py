@@ -16,6 +16,7 @@ import torch
 from lens_evals.engine.compat.worker import BatchLayout
 from lens_evals.engine.worker.hooks import HookCall
 from lens_evals.engine.worker.plan import CaptureSlot, LayerProbes, LayerSteer, ScoreSlot, StepPlan, rows_of, span_of
+from lens_evals.engine.worker.readouts import plan_readouts
 from lens_evals.engine.worker.requests import WorkerLensRequest, WorkerProbe
 from lens_evals.engine.worker.transfer import to_device
 
@@ -314,6 +315,7 @@ def build_plan(
         planners += [CapturePlanner(local_layers, device), ProbePlanner(local_layers, device, probe_matrix)]
     planners += [HookPlanner(local_layers, device, input_ids, failed), SteeringPlanner(local_layers, device, dtype)]
     keys: list[str] = []
+    with_readouts: list[tuple[WorkerLensRequest, int, int, int]] = []
     row_start = 0
     for index, (req_id, n_rows, first_position) in enumerate(zip(layout.req_ids, layout.num_rows, layout.start_positions)):
         req = requests.get(req_id)
@@ -322,12 +324,16 @@ def build_plan(
             rows = RequestRows(req, index, row_start, n_rows, first_position)
             for planner in planners:
                 planner.add(rows)
+            if req.readouts and req.key not in failed:
+                with_readouts.append((req, index, row_start, n_rows))
         row_start += n_rows
     if not keys:
         return None
     plan = StepPlan(start_positions=layout.start_positions, keys=keys)
     for planner in planners:
         planner.finish(plan)
+    if with_readouts:
+        plan.readouts = plan_readouts(with_readouts, device, capture_here, local_layers)
     return plan.finish()
 
 

@@ -13,6 +13,7 @@ import torch
 from lens_evals.engine.transport.probe_cache import LRU, probe_digest
 from lens_evals.engine.transport.protocol import LensRequestWire
 from lens_evals.engine.worker.hooks import WorkerHook, decode_hooks
+from lens_evals.engine.worker.readouts import WorkerReadout, decode_readouts
 from lens_evals.engine.worker.transfer import to_device
 from lens_evals.request.spec import INTERNAL_KEY, LinearProbe, SteeringVector
 from lens_evals.wire import formats as wire
@@ -57,6 +58,7 @@ class WorkerLensRequest:
     set_saved: dict[str, Any] = field(default_factory=dict)  # the same for the set's hooks
     handoff: dict[str, Any] | None = None  # the frontend's ``HandoffAddressWire`` (``early_write``)
     hooked_until: int = 0  # one past the last position the hooks have run on
+    readouts: list[WorkerReadout] = field(default_factory=list)
 
     def hook_rows(self, first_position: int, num_rows: int) -> str | None:
         """Note the positions the hooks run on this step. A step at positions already seen is a
@@ -117,6 +119,7 @@ def decode_worker_request(
         hook_set=hook_set,
         set_hooks=list(hook_sets.get(hook_set, [])) if hook_set else [],
         handoff=dict(spec["handoff"]) if spec.get("handoff") else None,
+        readouts=decode_readouts(spec.get("readouts", []), device),
     )
 
 

@@ -61,6 +61,7 @@ class LensWorkerState:
                 contract,
             )
         self.core = WorkerCore(compat.worker.runner_device(runner), runner.model_config.dtype, set(self.layer_modules), tp_rank == 0)
+        self.core.head = compat.worker.readout_head(self.model)
         self.hook_sites = HookSites(self.active, self.layer_modules, contract)
         self.hook_sets: dict[str, list[WorkerHook]] = {}
         self.parameters = ParameterCache(self.model, compat.worker.checkpoint_dir(runner))

@@ -18,6 +18,7 @@ from lens_evals.engine import compat
 from lens_evals.engine.transport import timing
 from lens_evals.engine.worker.hooks import HookCall, HookContext, run_calls
 from lens_evals.engine.worker.plan import LayerProbes, LayerSteer, StepPlan
+from lens_evals.engine.worker.readouts import Head, run_layer_readouts
 
 logger = logging.getLogger("lens_evals")
 
@@ -37,6 +38,8 @@ class StepContext:
     # (n_layers, n_rows, hidden) block, which the store copies to the host as it is (no stack)
     capture_block: torch.Tensor | None = None
     scores: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> the step's probe scores
+    head: Head | None = None  # the model's final norm + logits, for lens readouts (compat.worker.readout_head)
+    readout_results: list[torch.Tensor] = field(default_factory=list)  # the step's readout jobs' results, in plan order
 
     def fail_keys(self, keys: list[str], message: str) -> None:
         for key in keys:
@@ -169,6 +172,9 @@ def read_step(step: StepContext, layer_index: int, hidden: torch.Tensor, residua
     probes = plan.probes.get(layer_index)
     if probes is not None:
         step.scores[layer_index] = _probe_scores(hidden, residual, probes)
+    groups = plan.readouts.groups.get(layer_index) if plan.readouts is not None else None
+    if groups:
+        step.readout_results += run_layer_readouts(groups, hidden, residual, step.head)
 
 
 def _apply_steering(hidden: torch.Tensor, residual: torch.Tensor | None, steer: LayerSteer) -> None:

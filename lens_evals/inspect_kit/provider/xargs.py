@@ -1,7 +1,7 @@
 """Inspect ``extra_args`` (Python objects) -> vLLM ``vllm_xargs`` (strings, numbers, lists of them).
 
 A request's lens fields reach the provider as ``GenerateConfig(extra_body={"extra_args": {...}})``:
-steering vectors, probes and hooks as objects, their wire dicts or JSON strings, one or a list.
+steering vectors, probes, hooks and readouts (``output_readouts``) as objects, their wire dicts or JSON strings, one or a list.
 Objects and dicts are encoded by :func:`lens_evals.client.lens_xargs`, the encoder every client
 uses; JSON strings go as they are (the server validates them and answers 400 with the reason)."""
 
@@ -11,7 +11,8 @@ from typing import Any
 
 from lens_evals.client import lens_xargs
 from lens_evals.request.hooks import Hook
-from lens_evals.request.spec import CAPTURE_KEY, HOOKS_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
+from lens_evals.request.readouts import LensReadout, SaeReadout
+from lens_evals.request.spec import CAPTURE_KEY, HOOKS_KEY, PROBE_KEY, READOUTS_KEY, STEERING_KEY, LinearProbe, SteeringVector
 
 # extra_args key -> the wire model its items are
 _OBJECT_ARGS: dict[str, Any] = {STEERING_KEY: SteeringVector, PROBE_KEY: LinearProbe, HOOKS_KEY: Hook}
@@ -36,6 +37,10 @@ def to_vllm_xargs(extra_args: dict[str, Any]) -> dict[str, Any]:
             if isinstance(items, (model, dict, str)):
                 items = [items]
             xargs[key] = [_encoded(key, item) for item in items]
+    readouts = xargs.get(READOUTS_KEY)
+    if readouts is not None and not isinstance(readouts, str):  # a JSON string of the list passes as it is
+        items = [readouts] if isinstance(readouts, (LensReadout, SaeReadout, dict)) else readouts
+        xargs[READOUTS_KEY] = [item if isinstance(item, str) else lens_xargs(readouts=[item])[READOUTS_KEY][0] for item in items]
     capture = xargs.get(CAPTURE_KEY)
     if capture is True:  # every layer; a JSON bool could reach vLLM's vllm_xargs as the number 1
         xargs[CAPTURE_KEY] = lens_xargs(capture_layers=True)[CAPTURE_KEY]
