@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "bench": "bench",
     "capture": "capture",
     "oracle": "oracle",
+    "readouts": "readouts",
 }
 
 
