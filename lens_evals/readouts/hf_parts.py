@@ -68,7 +68,7 @@ def model_parts(model: Any) -> ModelParts:
     cap = getattr(model.config, "final_logit_softcapping", None)
 
     def unembed(normed: torch.Tensor) -> torch.Tensor:
-        logits = lm_head(normed).float()
+        logits: torch.Tensor = lm_head(normed).float()
         return torch.tanh(logits / cap) * cap if cap else logits
 
     return ModelParts(model, decoder, decoder.layers, norm, unembed, lm_head, cap)

@@ -43,7 +43,8 @@ class AffineLensWeights:
 
     def apply(self, layer: int, stream: np.ndarray) -> np.ndarray:
         """``T_layer(stream)`` for ``stream`` ``[..., d]`` (float32)."""
-        return np.asarray(stream, dtype=np.float32) @ self.weights[layer].T + self.biases[layer]
+        moved = np.asarray(stream, dtype=np.float32) @ self.weights[layer].T + self.biases[layer]
+        return np.asarray(moved, dtype=np.float32)
 
 
 def check_lens(lens: AffineLensWeights, where: str = "affine lens") -> None:
