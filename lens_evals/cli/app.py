@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "capture": "capture",
     "oracle": "oracle",
     "chat": "chat",
+    "readouts": "readouts",
 }
 
 
