@@ -41,7 +41,7 @@ PACKAGE_NAMES = [
     "serialize_tensor",
 ]
 CLIENT_NAMES = ["LensClient", "VLLMLensClient", "activations_from_response", "lens_xargs", "decode_activations", "deserialize_tensor"]
-SUBCOMMANDS = ["models", "demo", "probes", "roleplaying", "verify", "report", "bench", "capture", "oracle", "chat"]
+SUBCOMMANDS = ["models", "demo", "probes", "roleplaying", "verify", "report", "bench", "capture", "oracle", "chat", "readouts"]
 TASKS = ["activation_oracle_heldout", "activation_oracle_secret_word", "coup_probe", "petri_audit", "roleplaying_probe", "steering_effect"]
 # Paths the docs gave before #44 -> where the name lives now.
 OLD_PATHS = {
