@@ -67,7 +67,7 @@ class ChatBackend:
             "probes": [{"name": p.name, "layer": p.layer} for p in self.probes.values()],
             "vectors": sorted(self.steering.vectors),
             "lens_layers": self.details.layers,
-            "sae": None if self.details.sae is None else {"name": self.details.sae.name, "layer": self.details.sae.layer},
+            "sae": None if self.details.sae is None else {"name": self.details.sae_label, "layer": self.details.sae.layer},
             "oracle_lora": self.oracle_lora,
         }
 

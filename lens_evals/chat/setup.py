@@ -8,10 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lens_evals.chat.backend import ChatBackend
-from lens_evals.chat.host_sae import load_host_sae
 from lens_evals.chat.oracle_box import oracle_settings
 from lens_evals.chat.steering import Steering, load_vector
-from lens_evals.chat.token_details import DetailsRequest
+from lens_evals.chat.token_details import LENS_NAME, SAE_NAME, DetailsRequest
 from lens_evals.chat.upstream import Upstream, UpstreamError
 
 
@@ -22,7 +21,8 @@ class ChatOptions:
     probes: list[str] = field(default_factory=list)
     vectors: list[str] = field(default_factory=list)
     sae: str | None = None
-    lens_layers: list[int] | None = None  # None: every layer
+    lens_layers: list[int] | None = None  # None: every layer (of the lens file, when given)
+    lens: str | None = None  # an affine lens file (tuned / Jacobian); None: the logit lens
     top_k: int = 5
     num_layers: int | None = None  # None: from the served model's config.json
     oracle_lora: str = "oracle"
@@ -61,14 +61,24 @@ def open_backend(options: ChatOptions) -> ChatBackend:
     layers = list(range(num_layers)) if options.lens_layers is None else sorted(set(options.lens_layers))
     if any(not 0 <= layer < num_layers for layer in layers):
         raise ValueError(f"lens layers {layers}: the served model has layers 0..{num_layers - 1}")
-    sae = load_host_sae(options.sae) if options.sae else None
+    from lens_evals.readouts.requests import lens_readout, sae_readout
+    from lens_evals.request.readouts import LensReadout
+
+    if options.lens:  # without --lens-layer: every layer the file has a translator for
+        lens = lens_readout(options.lens, LENS_NAME, "all" if options.lens_layers is None else layers, options.top_k)
+        layers = list(lens.layers) if isinstance(lens.layers, list) else layers
+        if any(not 0 <= layer < num_layers for layer in layers):
+            raise ValueError(f"{options.lens}: lens layers {layers}; the served model has layers 0..{num_layers - 1}")
+    else:
+        lens = LensReadout(name=LENS_NAME, layers=layers, top_k=options.top_k)
+    sae = sae_readout(options.sae, SAE_NAME) if options.sae else None
     if sae is not None and not 0 <= sae.layer < num_layers:
         raise ValueError(f"the SAE reads layer {sae.layer}; the served model has layers 0..{num_layers - 1}")
     return ChatBackend(
         upstream=upstream,
         model=str(entry["id"]),
         probes=probes,
-        details=DetailsRequest(layers=layers, top_k=options.top_k, sae=sae),
+        details=DetailsRequest(lens=lens if layers else None, sae=sae, sae_label=Path(options.sae).name if options.sae else ""),
         steering=Steering(upstream, str(entry["id"]), vectors),
         oracle_lora=options.oracle_lora,
         oracle=oracle_settings(options.oracle_card, options.oracle_layer),

@@ -19,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--vector", action="append", default=[], type=existing_file, help="a steering vector .npy/.safetensors (repeatable)"
     )
     parser.add_argument("--sae", help="an SAE-Lens folder (cfg.json + sae_weights.safetensors)")
+    parser.add_argument(
+        "--lens", type=existing_file, help="an affine lens file (tuned / Jacobian, docs/readouts-fitting.md); default: the logit lens"
+    )
     parser.add_argument("--lens-layer", action="append", type=layer_index, dest="lens_layers", help="a layer the lens shows (default: all)")
     parser.add_argument("--top-k", type=positive_int, default=5, help="the lens's tokens per layer")
     parser.add_argument("--num-layers", type=positive_int, help="the model's layer count, where its config is not a local file")
@@ -42,6 +45,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         probes=args.probe,
         vectors=args.vector,
         sae=args.sae,
+        lens=args.lens,
         lens_layers=args.lens_layers,
         top_k=args.top_k,
         num_layers=args.num_layers,
