@@ -55,12 +55,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
 
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    from lens_evals.engine.frontend.offline import engine_defaults
-    from lens_evals.models.registry import model_path
+    from lens_evals.engine.frontend.offline import open_offline_engine
 
-    llm = LLM(str(model_path(args.model)), **engine_defaults(dtype=args.dtype, enable_prefix_caching=False))
+    llm = open_offline_engine(args.model, dtype=args.dtype, enable_prefix_caching=False)
     config = llm.llm_engine.model_config.hf_config
     layers, hidden = config.num_hidden_layers, config.hidden_size
     rng = np.random.default_rng(1)
