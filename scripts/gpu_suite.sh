@@ -110,6 +110,8 @@ P3A="tests/engine/test_architectures.py::test_architecture_matches_hf[Qwen3ForCa
 P3F="tests/engine/test_architectures.py::test_architecture_matches_hf[GPT2LMHeadModel] tests/engine/test_architectures.py::test_architecture_matches_hf[Olmo2ForCausalLM]
      tests/engine/test_architectures.py::test_architecture_matches_hf[StableLmForCausalLM]"
 P3E="tests/engine/test_architectures.py::test_graph_mode_is_refused_where_unverified tests/engine/test_architectures.py::test_default_matrix_covers_every_contract
+     tests/engine/test_architectures.py::test_graph_mode_gate_follows_the_table_and_the_self_check[False]
+     tests/engine/test_architectures.py::test_graph_mode_gate_follows_the_table_and_the_self_check[True]
      tests/engine/test_architectures.py::test_unverified_architecture_serves_plain_requests_and_refuses_lens_requests
      tests/engine/test_architectures.py::test_trusted_unverified_architecture_uses_the_guessed_contract
      tests/engine/test_architectures.py::test_worker_refuses_a_verified_name_built_with_another_layer_class

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import torch
 
-from lens_evals.capture.manifest import CaptureManifest, manifest_path, shard_name, write_atomic
+from lens_evals.capture.manifest import CaptureManifest, RowRecord, ShardRecord, manifest_path, shard_name, write_atomic
 from lens_evals.capture.shards import ShardBuffer
+from lens_evals.capture.writer import ShardWriter
 from lens_evals.readouts.runs import sae_from_capture
 from lens_evals.readouts.sae_files import load_sae
 from lens_evals.readouts.sae_train import SaeSettings, evaluate_sae, train_sae
@@ -43,10 +44,14 @@ def test_sae_recovers_planted_directions() -> None:
 
 def write_capture(out: Path, rows: list[torch.Tensor], layer: int) -> Path:
     out.mkdir(parents=True)
-    buffer = ShardBuffer([layer], max_rows=len(rows), max_bytes=1 << 30)
+    buffer = ShardBuffer([layer], max_rows=len(rows), max_bytes=1 << 30, n_images=1)
     for index, row in enumerate(rows):
         buffer.add(index, list(range(row.shape[0])), row[None])
-    shard, records = buffer.write(out, shard_name(0))
+    written: list[tuple[ShardRecord, list[RowRecord]]] = []
+    writer = ShardWriter(out, 0, lambda shard, records: written.append((shard, records)), n_writers=1, direct=False)
+    writer.submit(shard_name, *buffer.take())
+    writer.close()
+    [(shard, records)] = written
     manifest = CaptureManifest(
         model="synthetic",
         layers=[layer],
