@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from lens_evals.engine.worker.hooks import HookCall
@@ -87,22 +86,3 @@ class StepPlan:
         readout_layers = set(self.readouts.groups) if self.readouts is not None else set()
         self.hooked_layers = set(self.capture_layers) | set(self.steer) | set(self.probes) | post_hooks | readout_layers
         return self
-
-
-def rows_of(spans: list[tuple[int, int]]) -> np.ndarray:
-    """The row indices of (start, length) spans, concatenated."""
-    starts = np.fromiter((s for s, _ in spans), dtype=np.int64, count=len(spans))
-    lengths = np.fromiter((n for _, n in spans), dtype=np.int64, count=len(spans))
-    total = int(lengths.sum())
-    offsets = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
-    return offsets + np.arange(total, dtype=np.int64)
-
-
-def span_of(spans: list[tuple[int, int]]) -> tuple[int, int] | None:
-    """(start, stop) when the spans follow one another without gaps, else None."""
-    expected = spans[0][0]
-    for start, length in spans:
-        if start != expected:
-            return None
-        expected += length
-    return spans[0][0], expected

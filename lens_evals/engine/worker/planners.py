@@ -15,9 +15,10 @@ import torch
 
 from lens_evals.engine.compat.worker import BatchLayout
 from lens_evals.engine.worker.hooks import HookCall
-from lens_evals.engine.worker.plan import CaptureSlot, LayerProbes, LayerSteer, ScoreSlot, StepPlan, rows_of, span_of
+from lens_evals.engine.worker.plan import CaptureSlot, LayerProbes, LayerSteer, ScoreSlot, StepPlan
 from lens_evals.engine.worker.readouts import plan_readouts
 from lens_evals.engine.worker.requests import WorkerLensRequest, WorkerProbe
+from lens_evals.engine.worker.spans import rows_of, span_of
 from lens_evals.engine.worker.transfer import to_device
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from lens_evals import settings
+from lens_evals.engine.worker.spans import rows_of, span_of
 from lens_evals.engine.worker.transfer import to_device
 from lens_evals.request.readouts import AffineLens, LensReadout, SaeEncoder, SaeReadout, parse_readout
 
@@ -258,23 +259,13 @@ def plan_readouts(
     step = StepReadouts({layer: list(by_layer[layer].values()) for layer in sorted(by_layer)})
     for layer_groups in step.groups.values():  # the flat result is laid out as the taps run
         for group in layer_groups:
-            group.span = _contiguous(group.spans)
+            group.span = span_of(group.spans)
             if group.span is None:
-                rows = np.concatenate([np.arange(s, s + n, dtype=np.int64) for s, n in group.spans])
-                group.rows = to_device(rows, device)
+                group.rows = to_device(rows_of(group.spans), device)
             if group.stored:
                 for job in group.jobs:
                     job.offset, step.total = step.total, step.total + job.num_rows * job.readout.width
     return step
-
-
-def _contiguous(spans: list[tuple[int, int]]) -> tuple[int, int] | None:
-    expected = spans[0][0]
-    for start, n in spans:
-        if start != expected:
-            return None
-        expected += n
-    return spans[0][0], expected
 
 
 def run_layer_readouts(
