@@ -15,10 +15,7 @@ import numpy as np
 
 from lens_evals.readouts.lens_files import load_affine_lens
 from lens_evals.readouts.sae_files import load_sae
-from lens_evals.request.readouts import AffineLens, LensReadout, SaeEncoder, SaeReadout
-
-# SAE-Lens's architecture names -> the worker's encoder activation
-ACTIVATIONS: dict[str, Literal["relu", "topk", "jumprelu"]] = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu"}
+from lens_evals.request.readouts import AffineLens, LensReadout, SaeReadout
 
 
 def lens_readout(path: str | Path, name: str = "lens", layers: Sequence[int] | Literal["all"] = "all", top_k: int = 10) -> LensReadout:
@@ -35,16 +32,5 @@ def lens_readout(path: str | Path, name: str = "lens", layers: Sequence[int] | L
 
 def sae_readout(folder: str | Path, name: str = "sae", top_k: int = 16) -> SaeReadout:
     """The SAE in ``folder`` (SAE-Lens layout) on the layer its cfg.json names."""
-    sae = load_sae(folder)
-    if sae.architecture not in ACTIVATIONS:
-        raise ValueError(f"{folder}: SAE architecture {sae.architecture!r} is not one of {sorted(ACTIVATIONS)}")
-    encoder = SaeEncoder(
-        W_enc=sae.W_enc,
-        b_enc=sae.b_enc,
-        b_dec=sae.b_dec,
-        threshold=sae.threshold,
-        activation=ACTIVATIONS[sae.architecture],
-        k=sae.k if sae.architecture == "topk" else None,
-        apply_b_dec_to_input=sae.apply_b_dec_to_input,
-    )
-    return SaeReadout(name=name, layer=sae.layer, top_k=top_k, sae=encoder)
+    sae = load_sae(folder)  # checked: its encoder is well formed
+    return SaeReadout(name=name, layer=sae.layer, top_k=top_k, sae=sae.encoder())

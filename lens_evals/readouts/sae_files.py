@@ -12,16 +12,21 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from lens_evals.request.readouts import SaeEncoder, validation_messages
+
 CFG_NAME = "cfg.json"
 WEIGHTS_NAME = "sae_weights.safetensors"
-ARCHITECTURES = ("standard", "topk", "jumprelu")
+# SAE-Lens's architecture names -> the readout contract's encoder activation
+ACTIVATIONS: dict[str, Literal["relu", "topk", "jumprelu"]] = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu"}
+ARCHITECTURES = tuple(ACTIVATIONS)
 _HOOK_LAYER = re.compile(r"(?:^|\.)(?:blocks|layers)\.(\d+)\.")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -54,35 +59,44 @@ class SaeWeights:
         return int(self.W_enc.shape[1])
 
     @property
-    def activation(self) -> str:
+    def activation(self) -> Literal["relu", "topk", "jumprelu"]:
         """The readout contract's name for the encoder's activation: relu | topk | jumprelu."""
-        return {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu"}[self.architecture]
+        return ACTIVATIONS[self.architecture]
+
+    def encoder(self) -> SaeEncoder:
+        """The encoder as the worker's request object, which checks its shapes, values, k and
+        threshold (pydantic's ``ValidationError`` when malformed; :func:`check_sae` names the
+        file). ``k`` is kept for topk SAEs only, as SAE-Lens files may carry it for others."""
+        return SaeEncoder(
+            W_enc=self.W_enc,
+            b_enc=self.b_enc,
+            b_dec=self.b_dec,
+            threshold=self.threshold,
+            activation=self.activation,
+            k=self.k if self.architecture == "topk" else None,
+            apply_b_dec_to_input=self.apply_b_dec_to_input,
+        )
 
 
 def check_sae(sae: SaeWeights, where: str = "SAE") -> None:
-    """Raise :class:`SaeFileError` unless ``sae`` is well formed."""
+    """Raise :class:`SaeFileError` unless ``sae`` is well formed: the file's own rules here
+    (architecture name, arrays held as float32, the decoder, the layer), the encoder's through
+    :class:`SaeEncoder` (shapes, finite values, k, threshold)."""
     if sae.architecture not in ARCHITECTURES:
         raise SaeFileError(f"{where}: architecture must be one of {', '.join(ARCHITECTURES)}, got {sae.architecture!r}")
-    if sae.W_enc.ndim != 2:
-        raise SaeFileError(f"{where}: W_enc must be 2-D [d_in, d_sae], got shape {list(sae.W_enc.shape)}")
-    d_in, d_sae = sae.W_enc.shape
-    expected = {"b_enc": (d_sae,), "W_dec": (d_sae, d_in), "b_dec": (d_in,)}
-    if sae.threshold is not None:
-        expected["threshold"] = (d_sae,)
-    for name, shape in expected.items():
-        array = getattr(sae, name)
-        if array.shape != shape:
-            raise SaeFileError(f"{where}: {name} has shape {list(array.shape)}, expected {list(shape)} (W_enc is [{d_in}, {d_sae}])")
-    for name in ("W_enc", *expected):
-        array = getattr(sae, name)
-        if array.dtype != np.float32:
+    named = {"W_enc": sae.W_enc, "b_enc": sae.b_enc, "W_dec": sae.W_dec, "b_dec": sae.b_dec, "threshold": sae.threshold}
+    for name, array in named.items():
+        if array is not None and array.dtype != np.float32:
             raise SaeFileError(f"{where}: {name} must be held as float32, got {array.dtype}")
-        if not np.isfinite(array).all():
-            raise SaeFileError(f"{where}: {name} holds NaN or infinite values")
-    if sae.architecture == "topk" and (sae.k is None or not 1 <= sae.k <= d_sae):
-        raise SaeFileError(f"{where}: a topk SAE needs k in 1..{d_sae}, got {sae.k!r}")
-    if sae.architecture == "jumprelu" and sae.threshold is None:
-        raise SaeFileError(f"{where}: a jumprelu SAE needs a threshold tensor")
+    try:
+        sae.encoder()
+    except ValidationError as exc:
+        raise SaeFileError(f"{where}: {validation_messages(exc)}") from None
+    d_in, d_sae = sae.W_enc.shape
+    if sae.W_dec.shape != (d_sae, d_in):
+        raise SaeFileError(f"{where}: W_dec has shape {list(sae.W_dec.shape)}, expected {[d_sae, d_in]} (W_enc is [{d_in}, {d_sae}])")
+    if not np.isfinite(sae.W_dec).all():
+        raise SaeFileError(f"{where}: W_dec holds NaN or infinite values")
     if sae.layer < 0:
         raise SaeFileError(f"{where}: layer {sae.layer} is negative")
 

@@ -19,10 +19,10 @@ the weights from an earlier request (``engine/transport/readout_cache.py``)."""
 from __future__ import annotations
 
 import hashlib
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from lens_evals.request.spec import BOUND_CONTEXT, MAX_LAYERS_PER_REQUEST, READOUTS_KEY, _WireModel, owned_float32_array
 from lens_evals.wire import formats as wire
@@ -55,36 +55,83 @@ def _array(value: Any, info: ValidationInfo) -> np.ndarray | None:
     return array
 
 
-class AffineLens(_WireModel):
+FiniteArray = Annotated[Any, BeforeValidator(_array)]  # an owned float32 array without NaN or inf, or None
+
+
+class _Weights(_WireModel):
+    """Weights sent inline or named by ``digest`` alone (sent by an earlier request): the checks
+    both kinds share. A subclass names its arrays (the weights are inline when the first is
+    given) and its messages, and checks inline shapes (``_check_inline``), hashes
+    (``_compute_digest``) and encodes (``_inline_wire``) its own fields."""
+
+    arrays: ClassVar[tuple[str, ...]]
+    label: ClassVar[str]  # "affine lens" | "SAE": the digest mismatch message
+    needs: ClassVar[str]  # the message when neither weights nor a digest are given
+    refused_by_digest: ClassVar[tuple[str, ...]]  # fields refused beside a digest alone ...
+    refused_message: ClassVar[str]  # ... and the message
+
+    digest: str | None = None
+
+    @property
+    def inline(self) -> bool:
+        return getattr(self, self.arrays[0]) is not None
+
+    @model_validator(mode="after")
+    def _check(self) -> _Weights:
+        if not self.inline:
+            if self.digest is None:
+                raise ValueError(self.needs)
+            if any(getattr(self, name) is not None for name in self.refused_by_digest):
+                raise ValueError(self.refused_message)
+            return self
+        self._check_inline()
+        if self.digest is not None and self.digest != self.content_digest():
+            raise ValueError(f"{self.label} digest does not match its weights")
+        return self
+
+    def _check_inline(self) -> None:
+        raise NotImplementedError
+
+    def _compute_digest(self) -> str:
+        raise NotImplementedError
+
+    def content_digest(self) -> str:
+        """What names these weights (the digest given when they are not inline)."""
+        if not self.inline:
+            assert self.digest is not None
+            return self.digest
+        return self._compute_digest()
+
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for name in self.arrays if (a := getattr(self, name)) is not None)
+
+    def _inline_wire(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_wire(self) -> dict[str, Any]:
+        if not self.inline:
+            return {"digest": self.content_digest()}
+        return self._inline_wire() | {"digest": self.content_digest()}
+
+
+class AffineLens(_Weights):
     """Per layer ``T_i(h) = h @ weights[i].T + biases[i]`` before the final norm and unembedding
     (a tuned lens stores ``I + A_i``, a Jacobian lens ``J_i``). ``weights`` (n, d, d) and
     ``biases`` (n, d) are given for ``layers`` (n entries), or the lens is named by ``digest``
     alone (weights sent by an earlier request)."""
 
     wire_name: ClassVar[str] = "affine lens"
+    arrays: ClassVar[tuple[str, ...]] = ("weights", "biases")
+    label: ClassVar[str] = "affine lens"
+    needs: ClassVar[str] = "an affine lens needs weights (with layers) or the digest of weights sent before"
+    refused_by_digest: ClassVar[tuple[str, ...]] = ("biases", "layers")
+    refused_message: ClassVar[str] = "an affine lens given by digest takes no layers or biases"
 
     layers: list[int] | None = None
-    weights: Any = None
-    biases: Any = None
-    digest: str | None = None
+    weights: FiniteArray = None
+    biases: FiniteArray = None
 
-    @field_validator("weights", "biases", mode="before")
-    @classmethod
-    def _arrays(cls, value: Any, info: ValidationInfo) -> np.ndarray | None:
-        return _array(value, info)
-
-    @property
-    def inline(self) -> bool:
-        return self.weights is not None
-
-    @model_validator(mode="after")
-    def _shapes(self) -> AffineLens:
-        if self.weights is None:
-            if self.digest is None:
-                raise ValueError("an affine lens needs weights (with layers) or the digest of weights sent before")
-            if self.biases is not None or self.layers is not None:
-                raise ValueError("an affine lens given by digest takes no layers or biases")
-            return self
+    def _check_inline(self) -> None:
         w = self.weights
         if self.layers is None or not self.layers:
             raise ValueError("an affine lens with weights needs its layers")
@@ -94,69 +141,41 @@ class AffineLens(_WireModel):
             raise ValueError(f"affine lens weights must be (n_layers={len(self.layers)}, d, d), got shape {list(w.shape)}")
         if self.biases is not None and self.biases.shape != w.shape[:2]:
             raise ValueError(f"affine lens biases must be (n_layers, d) = {list(w.shape[:2])}, got {list(self.biases.shape)}")
-        if self.digest is not None and self.digest != self.content_digest():
-            raise ValueError("affine lens digest does not match its weights")
-        return self
 
     @property
     def hidden_size(self) -> int:
         return int(self.weights.shape[1])
 
-    def content_digest(self) -> str:
-        """What names these weights (the digest given when they are not inline)."""
-        if self.weights is None:
-            assert self.digest is not None
-            return self.digest
+    def _compute_digest(self) -> str:
         biases = self.biases if self.biases is not None else np.zeros(self.weights.shape[:2], dtype=np.float32)
         return _digest("affine", self.layers, self.weights, biases)
 
-    def nbytes(self) -> int:
-        return 0 if self.weights is None else int(self.weights.nbytes + (0 if self.biases is None else self.biases.nbytes))
-
-    def to_wire(self) -> dict[str, Any]:
-        if self.weights is None:
-            return {"digest": self.content_digest()}
-        return {
-            "layers": self.layers,
-            "weights": wire.encode_array(self.weights),
-            "biases": None if self.biases is None else wire.encode_array(self.biases),
-            "digest": self.content_digest(),
-        }
+    def _inline_wire(self) -> dict[str, Any]:
+        biases = None if self.biases is None else wire.encode_array(self.biases)
+        return {"layers": self.layers, "weights": wire.encode_array(self.weights), "biases": biases}
 
 
-class SaeEncoder(_WireModel):
+class SaeEncoder(_Weights):
     """A sparse autoencoder's encoder (SAE-Lens layout): ``latents = act((h - b_dec) @ W_enc +
     b_enc)`` (``b_dec`` subtracted only with ``apply_b_dec_to_input``); relu: max(0, .);
     jumprelu: pre * (pre > threshold); topk: the ``k`` largest kept (others 0), then relu."""
 
     wire_name: ClassVar[str] = "sae encoder"
+    arrays: ClassVar[tuple[str, ...]] = ("W_enc", "b_enc", "b_dec", "threshold")
+    label: ClassVar[str] = "SAE"
+    needs: ClassVar[str] = "an SAE encoder needs W_enc and b_enc, or the digest of an encoder sent before"
+    refused_by_digest: ClassVar[tuple[str, ...]] = ("b_enc", "b_dec", "threshold")
+    refused_message: ClassVar[str] = "an SAE encoder given by digest takes no arrays"
 
-    W_enc: Any = None
-    b_enc: Any = None
-    b_dec: Any = None
-    threshold: Any = None
+    W_enc: FiniteArray = None
+    b_enc: FiniteArray = None
+    b_dec: FiniteArray = None
+    threshold: FiniteArray = None
     activation: Literal["relu", "topk", "jumprelu"] = "relu"
     k: int | None = Field(default=None, ge=1, le=MAX_SAE_LATENTS, strict=True)
     apply_b_dec_to_input: bool = False
-    digest: str | None = None
 
-    @field_validator("W_enc", "b_enc", "b_dec", "threshold", mode="before")
-    @classmethod
-    def _arrays(cls, value: Any, info: ValidationInfo) -> np.ndarray | None:
-        return _array(value, info)
-
-    @property
-    def inline(self) -> bool:
-        return self.W_enc is not None
-
-    @model_validator(mode="after")
-    def _shapes(self) -> SaeEncoder:
-        if self.W_enc is None:
-            if self.digest is None:
-                raise ValueError("an SAE encoder needs W_enc and b_enc, or the digest of an encoder sent before")
-            if any(x is not None for x in (self.b_enc, self.b_dec, self.threshold)):
-                raise ValueError("an SAE encoder given by digest takes no arrays")
-            return self
+    def _check_inline(self) -> None:
         w = self.W_enc
         if w.ndim != 2 or 0 in w.shape:
             raise ValueError(f"W_enc must be (d_in, d_sae), got shape {list(w.shape)}")
@@ -177,9 +196,6 @@ class SaeEncoder(_WireModel):
             raise ValueError("k is required for (and only for) topk SAEs")
         if self.k is not None and self.k > n:
             raise ValueError(f"k {self.k} is larger than the SAE's {n} latents")
-        if self.digest is not None and self.digest != self.content_digest():
-            raise ValueError("SAE digest does not match its weights")
-        return self
 
     @property
     def hidden_size(self) -> int:
@@ -189,34 +205,22 @@ class SaeEncoder(_WireModel):
     def num_latents(self) -> int:
         return int(self.W_enc.shape[1])
 
-    def content_digest(self) -> str:
-        if self.W_enc is None:
-            assert self.digest is not None
-            return self.digest
+    def _compute_digest(self) -> str:
         b_dec = self.b_dec if self.apply_b_dec_to_input else None
         return _digest("sae", self.activation, self.k, self.W_enc, self.b_enc, b_dec, self.threshold)
 
-    def nbytes(self) -> int:
-        return sum(int(a.nbytes) for a in (self.W_enc, self.b_enc, self.b_dec, self.threshold) if a is not None)
-
-    def to_wire(self) -> dict[str, Any]:
-        if self.W_enc is None:
-            return {"digest": self.content_digest()}
-        enc = {
-            name: None if (a := getattr(self, name)) is None else wire.encode_array(a) for name in ("W_enc", "b_enc", "b_dec", "threshold")
-        }
-        return enc | {
-            "activation": self.activation,
-            "k": self.k,
-            "apply_b_dec_to_input": self.apply_b_dec_to_input,
-            "digest": self.content_digest(),
-        }
+    def _inline_wire(self) -> dict[str, Any]:
+        enc = {name: None if (a := getattr(self, name)) is None else wire.encode_array(a) for name in self.arrays}
+        return enc | {"activation": self.activation, "k": self.k, "apply_b_dec_to_input": self.apply_b_dec_to_input}
 
 
 def _readout_name(value: str) -> str:
     if not value.strip():
         raise ValueError("readout name must not be empty")
     return value
+
+
+ReadoutName = Annotated[str, AfterValidator(_readout_name)]
 
 
 class LensReadout(_WireModel):
@@ -227,15 +231,10 @@ class LensReadout(_WireModel):
     wire_name: ClassVar[str] = "lens readout"
 
     kind: Literal["lens"] = "lens"
-    name: str
+    name: ReadoutName
     layers: list[int] | Literal["all"]
     top_k: int = Field(default=10, ge=1, le=MAX_LENS_TOP_K, strict=True)
     lens: AffineLens | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return _readout_name(value)
 
     @field_validator("lens", mode="before")
     @classmethod
@@ -270,15 +269,10 @@ class SaeReadout(_WireModel):
     wire_name: ClassVar[str] = "sae readout"
 
     kind: Literal["sae"] = "sae"
-    name: str
+    name: ReadoutName
     layer: int = Field(ge=0, strict=True)
     top_k: int = Field(default=16, ge=1, le=MAX_SAE_TOP_K, strict=True)
     sae: SaeEncoder
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return _readout_name(value)
 
     @field_validator("sae", mode="before")
     @classmethod
@@ -319,15 +313,20 @@ def parse_readout(payload: Any, bounds: tuple[wire.Bound, wire.Bound] = (wire.UN
         try:
             fields = {**fields, nested: inner_model.from_wire(inner, bound)}
         except ValidationError as exc:
-            raise ValueError(f"{nested}: {_messages(exc)}") from None
+            raise ValueError(f"{nested}: {validation_messages(exc)}") from None
     try:
         return model.model_validate(fields, context={BOUND_CONTEXT: bound})
     except ValidationError as exc:
-        raise ValueError(_messages(exc)) from None
+        raise ValueError(validation_messages(exc)) from None
 
 
-def _messages(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {str(err['msg']).removeprefix('Value error, ')}" for err in exc.errors())
+def validation_messages(exc: ValidationError) -> str:
+    """Pydantic's errors as ``field: reason; ...`` (a whole-object check's reason alone)."""
+    parts = []
+    for err in exc.errors():
+        where, reason = ".".join(str(p) for p in err["loc"]), str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"{where}: {reason}" if where else reason)
+    return "; ".join(parts)
 
 
 def check_readouts(readouts: list[Readout], num_layers: int, hidden_size: int, names_taken: set[str]) -> None:

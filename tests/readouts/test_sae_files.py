@@ -77,17 +77,25 @@ BASE = {"d_in": 4, "d_sae": 8, "architecture": "standard", "hook_layer": 3}
     [
         ({**BASE, "d_sae": 9}, None, "W_enc has shape [4, 8], cfg.json says d_in=4, d_sae=9"),
         ({**BASE, "architecture": "gated"}, None, "architecture must be one of standard, topk, jumprelu"),
-        ({**BASE, "architecture": "topk"}, None, "a topk SAE needs k in 1..8"),
-        ({**BASE, "architecture": "jumprelu"}, None, "a jumprelu SAE needs a threshold tensor"),
+        ({**BASE, "architecture": "topk"}, None, "bad: k is required for (and only for) topk SAEs"),
+        ({**BASE, "architecture": "topk", "k": 9}, None, "bad: k 9 is larger than the SAE's 8 latents"),
+        ({**BASE, "architecture": "jumprelu"}, None, "bad: a jumprelu SAE needs threshold (8,)"),
         ({**{k: v for k, v in BASE.items() if k != "hook_layer"}, "hook_name": "resid"}, None, "needs hook_layer"),
         ({**BASE, "d_in": "4"}, None, "d_in must be a positive integer"),
         (BASE, lambda t: t.pop("b_dec"), "missing tensors ['b_dec']"),
         (BASE, lambda t: t.update(W_dec=t["W_dec"][:, :3].contiguous()), "W_dec has shape [8, 3], expected [8, 4]"),
         (BASE, lambda t: t.update(b_enc=torch.zeros(8, dtype=torch.int32)), "b_enc has dtype torch.int32"),
-        (BASE, lambda t: t.update(threshold=torch.zeros(7)), "threshold has shape [7], expected [8]"),
+        ({**BASE, "architecture": "jumprelu"}, lambda t: t.update(threshold=torch.zeros(7)), "bad: a jumprelu SAE needs threshold (8,)"),
+        (BASE, lambda t: t.update(threshold=torch.zeros(8)), "bad: threshold is for jumprelu SAEs only"),
+        (BASE, lambda t: t.update(b_enc=t["b_enc"][:7].contiguous()), "bad: b_enc must be (8,), got [7]"),
+        (BASE, lambda t: t.update(b_dec=torch.zeros(5)), "bad: b_dec must be (4,), got [5]"),
+        (BASE, lambda t: t["b_enc"].__setitem__(2, float("nan")), "bad: b_enc: b_enc contains NaN or inf"),
+        (BASE, lambda t: t["W_dec"].__setitem__((0, 1), float("inf")), "bad: W_dec holds NaN or infinite values"),
     ],
 )
 def test_bad_folders_are_refused(tmp_path: Path, cfg: dict[str, Any], change: Any, message: str) -> None:
+    """The file's own rules (cfg, names, dtypes, the decoder) and the encoder's (shapes, values,
+    k, threshold: the request object's validators, one set of rules) each name the folder."""
     tensors = sae_lens_tensors(dtype=torch.float32)
     if change is not None:
         change(tensors)
@@ -108,3 +116,11 @@ def test_missing_and_unreadable_files(tmp_path: Path) -> None:
     (folder / "sae_weights.safetensors").write_bytes(b"\x80\x04not safetensors")
     with pytest.raises(SaeFileError, match="not a readable safetensors file"):
         load_sae(folder)
+
+
+def test_saving_refuses_arrays_not_held_as_float32(tmp_path: Path) -> None:
+    bad = sae()
+    bad.W_enc = bad.W_enc.astype(np.float64)
+    with pytest.raises(SaeFileError, match="W_enc must be held as float32, got float64"):
+        save_sae(tmp_path / "sae", bad, model="tiny")
+    assert not (tmp_path / "sae").exists()
