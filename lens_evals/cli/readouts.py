@@ -124,7 +124,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         settings_j = JacobianSettings(probes=args.probes, copies=args.copies, skip_first=args.jacobian_skip_first, seed=args.seed)
         print(f"jacobian lens -> {runs.fit_jacobian(loaded, args.out, args.layers, settings_j, progress)}")
     else:
-        curves = runs.kl_report(loaded, dict(args.lens), args.skip_first, args.plot, layers=args.layers)
+        curves = runs.kl_report(loaded, dict(args.lens), args.skip_first, args.plot, layers=args.layers, progress=progress)
         print(runs.kl_markdown(curves))
         if args.json_out:
             with open(args.json_out, "w", encoding="utf-8") as handle:

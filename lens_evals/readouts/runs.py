@@ -93,6 +93,7 @@ def kl_report(
     plot: str | Path | None = None,
     title: str = "",
     layers: Sequence[int] | None = None,
+    progress: bool = False,
 ) -> dict[str, dict[int, float]]:
     """``{"logit": {layer: KL}, <name>: ...}`` on the held-out prompts; a PNG at ``plot``."""
     parts, last = loaded.parts, loaded.parts.num_layers - 1
@@ -102,7 +103,8 @@ def kl_report(
         if lens.meta.get("model") not in (None, loaded.name):
             raise ValueError(f"{path} was fitted on {lens.meta.get('model')!r}, not {loaded.name!r}")
         loaded_lenses[name] = lens
-    streams = capture_streams(parts, loaded.held_out, sorted({*_layers(parts, layers), last}), skip_first=skip_first)
+    chosen = sorted({*_layers(parts, layers), last})
+    streams = capture_streams(parts, loaded.held_out, chosen, skip_first=skip_first, progress=progress)
     curves = kl_per_layer(parts, streams, streams[last], loaded_lenses)
     if plot is not None:
         n_tokens = streams[last].shape[0]

@@ -22,8 +22,10 @@ def test_fit_and_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert (jacobian.kind, jacobian.layers) == ("jacobian", [0, 1])
     capsys.readouterr()
     lenses = ["--lens", f"tuned={tmp_path / 't.safetensors'}", "--lens", f"jacobian={tmp_path / 'j.safetensors'}"]
-    assert main(["readouts", "kl", *common, *lenses, "--plot", str(tmp_path / "kl.png"), "--json", str(tmp_path / "kl.json")]) == 0
-    table = capsys.readouterr().out
+    loud = [arg for arg in common if arg != "--quiet"]
+    assert main(["readouts", "kl", *loud, *lenses, "--plot", str(tmp_path / "kl.png"), "--json", str(tmp_path / "kl.json")]) == 0
+    table, err = capsys.readouterr()
+    assert "streams" in err  # progress of the held-out prompts' forwards
     assert "| layer | logit | tuned | jacobian |" in table and (tmp_path / "kl.png").stat().st_size > 1000
 
 
