@@ -40,18 +40,23 @@ def kl_per_layer(
 
 
 def plot_kl(curves: Mapping[str, Mapping[int, float]], path: str | Path, title: str) -> Path:
-    """A PNG: KL to the final distribution against layer, one line per lens (log scale)."""
+    """A PNG: KL to the final distribution against layer, one line per lens (log scale). Zeros
+    (the last layer, where every lens is the model's own output) have no place on a log scale:
+    left out, and the axis label says so."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    zero_layers: set[int] = set()
     for name, curve in curves.items():
-        layers = sorted(curve)
-        ax.plot(layers, [max(curve[i], 1e-4) for i in layers], marker="o", markersize=3, label=name)
+        layers = [i for i in sorted(curve) if curve[i] > 0]
+        zero_layers |= set(curve) - set(layers)
+        ax.plot(layers, [curve[i] for i in layers], marker="o", markersize=3, label=name)
     ax.set_yscale("log")
-    ax.set_xlabel("layer (decoder layer output)")
+    left_out = f"; KL 0 at layer {', '.join(map(str, sorted(zero_layers)))}, not drawn" if zero_layers else ""
+    ax.set_xlabel(f"layer (decoder layer output){left_out}")
     ax.set_ylabel("KL(final || lens), nats")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
