@@ -21,21 +21,27 @@ def kl_per_layer(
     final_stream: torch.Tensor,
     lenses: Mapping[str, AffineLensWeights | None],
     chunk: int = 512,
+    progress: bool = False,
 ) -> dict[str, dict[int, float]]:
     """lens name -> layer -> mean over tokens of ``KL(final || lens)`` (a lens of None is the logit
     lens); layers a lens has no translator for are left out. The final distribution is computed
     once per chunk of tokens for every lens and layer."""
+    from tqdm.auto import tqdm
+
     n = final_stream.shape[0]
     sums: dict[str, dict[int, float]] = {name: {} for name in lenses}
+    bar = tqdm(total=-(-n // chunk) * len(lenses) * len(streams), desc="kl", disable=not progress)
     for begin in range(0, n, chunk):
         rows = slice(begin, min(begin + chunk, n))
         target = torch.log_softmax(parts.head(final_stream[rows]), dim=-1)
         for name, lens in lenses.items():
             for layer in sorted(streams):
+                bar.update()
                 if lens is not None and layer not in lens.weights:
                     continue
                 kl = kl_to_target(target, parts.head(translate(streams[layer][rows], lens, layer))).item()
                 sums[name][layer] = sums[name].get(layer, 0.0) + kl * (rows.stop - rows.start)
+    bar.close()
     return {name: {layer: total / n for layer, total in curve.items()} for name, curve in sums.items()}
 
 

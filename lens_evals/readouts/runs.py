@@ -105,7 +105,7 @@ def kl_report(
         loaded_lenses[name] = lens
     chosen = sorted({*_layers(parts, layers), last})
     streams = capture_streams(parts, loaded.held_out, chosen, skip_first=skip_first, progress=progress)
-    curves = kl_per_layer(parts, streams, streams[last], loaded_lenses)
+    curves = kl_per_layer(parts, streams, streams[last], loaded_lenses, progress=progress)
     if plot is not None:
         n_tokens = streams[last].shape[0]
         plot_kl(curves, plot, title or f"{loaded.name}: {len(loaded.held_out)} held-out prompts, {n_tokens} tokens")

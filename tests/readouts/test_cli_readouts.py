@@ -25,7 +25,7 @@ def test_fit_and_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     loud = [arg for arg in common if arg != "--quiet"]
     assert main(["readouts", "kl", *loud, *lenses, "--plot", str(tmp_path / "kl.png"), "--json", str(tmp_path / "kl.json")]) == 0
     table, err = capsys.readouterr()
-    assert "streams" in err  # progress of the held-out prompts' forwards
+    assert "streams" in err and "kl: 100%" in err  # progress: the held-out prompts' forwards, then the KL
     assert "| layer | logit | tuned | jacobian |" in table and (tmp_path / "kl.png").stat().st_size > 1000
 
 
