@@ -57,9 +57,14 @@ def readout_samples(log: EvalLog) -> list[ReadoutSample]:
     return samples
 
 
+def visible(text: str) -> str:
+    """A token's text as a cell shows it: a line break as ↵, a token of spaces alone as ␣s."""
+    text = text.replace("\n", "↵")
+    return text.replace(" ", "␣") if text and not text.strip(" ") else text
+
+
 def shown(text: str) -> str:
-    """A token's text as a cell shows it (escaped; a line break as ↵)."""
-    return escape(text.replace("\n", "↵"))
+    return escape(visible(text))
 
 
 def _tokens_header(readouts: ResponseReadouts, first: str) -> str:

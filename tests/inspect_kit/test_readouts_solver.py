@@ -27,7 +27,7 @@ from lens_evals.inspect_kit.readouts_solver import lens_readouts
 from lens_evals.readouts import reference
 from lens_evals.readouts.sae_files import SaeWeights, load_sae, save_sae
 from lens_evals.report import ReportError, write_report
-from lens_evals.report.readouts import shown
+from lens_evals.report.readouts import shown, visible
 from lens_evals.request.readouts import SaeEncoder, SaeReadout
 from tests.conftest import TINY_PROMPTS, engine_options
 from tests.engine.test_readouts import assert_topk_close, hf_head
@@ -160,7 +160,7 @@ def test_report_shows_each_tokens_lens_and_latents(readouts_log, tmp_path) -> No
         for row, layer in enumerate(lens["layers"]):
             for j, ids in enumerate(lens["token_ids"][row]):
                 title, text = parser.cells[(str(sample.id), "logit", layer, j)]
-                assert text == texts[str(ids[0])].replace("\n", "↵")  # the top token's text (the parser unescapes)
+                assert text == visible(texts[str(ids[0])])  # the top token's text (the parser unescapes)
                 assert all(repr(texts[str(i)]) in title for i in ids)  # the top-k, each with its probability
         for j, (ids, values) in enumerate(zip(got["sae"]["sae"]["latent_ids"], got["sae"]["sae"]["values"])):
             title, _ = parser.cells[(str(sample.id), "sae", None, j)]
