@@ -247,3 +247,11 @@ def test_recipe_table_marks_the_dev_choice_and_the_cli_reads_recipe_options(tmp_
         with pytest.raises(argparse.ArgumentTypeError):
             layer_list(bad)
 
+
+def test_the_main_jobs_context_line_names_the_samples_it_scored():
+    from lens_evals.probing.recipe_defaults import context_line
+
+    chosen = "(varied-pairs, ensemble of layers 7-20, last token, chosen on the dev split; 0.655 on the test split)"
+    assert context_line("smollm2-135m-instruct", 0.7, 288, 288).startswith(f"AUROC 0.700 on all 288 samples {chosen}: chance 0.5")
+    assert context_line("smollm2-135m-instruct", 0.7, 10, 288).startswith(f"AUROC 0.700 on 10 of the 288 samples (--limit) {chosen}")
+    assert "144 scenarios" not in context_line("smollm2-135m-instruct", 0.7, 10, 288)
