@@ -170,8 +170,15 @@ DEVICE_BUDGET_MIB = number(
     4096.0,
     "MiB",
     "frontend, worker",
-    "device memory lens requests in flight may hold (a step's capture rows, vectors, probes, hook results), charged at "
+    "device memory lens requests in flight may hold (a step's capture rows, vectors, probes, readouts, hook results), charged at "
     "admission: past it a request gets HTTP 429; on a GPU taken out of vLLM's KV cache when the engine starts",
+)
+READOUT_CACHE_MIB = number(
+    "LENS_EVALS_READOUT_CACHE_MIB",
+    512.0,
+    "MiB",
+    "worker",
+    "device memory for readout weights (lenses, SAEs) kept between requests by digest; on a GPU kept out of the KV cache",
 )
 MAX_RESPONSE_HELD_MIB = number(
     "LENS_EVALS_MAX_RESPONSE_HELD_MIB",
@@ -358,6 +365,7 @@ ALL: tuple[Setting[Any], ...] = (
     MAX_RESPONSE_HELD_MIB,
     MAX_HELD_CAPTURE_GIB,
     DEVICE_BUDGET_MIB,
+    READOUT_CACHE_MIB,
     MAX_SAVED_MIB,
     MAX_HOOK_SETS,
     MAX_HOOK_SETS_PER_KEY,

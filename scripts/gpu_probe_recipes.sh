@@ -29,34 +29,11 @@
 #   RP_LIMIT=24 CONTROL_LIMIT=6 CONTROL_TOKENS=6 VLLM_CPU_KVCACHE_SPACE=1 bash scripts/gpu_probe_recipes.sh
 set -uo pipefail
 MODELS=${MODELS:-qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct}
-DTYPE=${DTYPE:-bfloat16}
-GPU_MEM=${GPU_MEM:-0.5}
-SRC=${SRC:-/tmp/src}
-PY=${PYTHON:-python3}
 out=${WORK:-/tmp/recipes}
 mkdir -p "$out/results" "$out/cache"
-export PYTHONPATH=/tmp/site:$SRC${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-export LENS_EVALS_MODEL_DIR=${LENS_EVALS_MODEL_DIR:-/tmp/gm} LENS_EVALS_GGUF_DIR=${GGUF_DIR:-/tmp/gmw}
-export LENS_EVALS_DEQUANT_DTYPE=$DTYPE VLLM_USE_V2_MODEL_RUNNER=0
 bring_back() { if [ -n "${OUT:-}" ] && [ "$OUT" != "$out" ]; then cp -r "$out/results" "$out"/*.log "$OUT/" 2>/dev/null; fi; }
-trap bring_back EXIT
-trap 'exit 143' TERM INT
-cd "$SRC" || exit 1
-on_gpu=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
-if [ "$on_gpu" = 1 ] || ! "$PY" -c "from importlib.metadata import version; version('lens-evals')" 2>/dev/null; then
-  # installed (not only on the path): vLLM finds the plugin by its entry point; /tmp/site comes first
-  "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site "$SRC" || exit 1
-fi
-
-step() {  # step NAME COMMAND...: run, log to $WORK/NAME.log, print the exit code, the time and the log's tail
-  local name=$1 start=$SECONDS rc; shift
-  echo "== $name: $*"
-  "$@" > "$out/$name.log" 2>&1; rc=$?
-  bring_back
-  echo "== $name: exit $rc after $((SECONDS - start)) s"
-  grep -vE "it/s\]|s/it\]|Processed prompts|dialogue/s" "$out/$name.log" | tail -n "${TAIL:-25}" | cut -c1-300
-  return $rc
-}
+# DTYPE, GPU_MEM, SRC, PY, on_gpu, the environment, the install of $SRC, step, code_version
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_common.sh"
 
 study() {  # study MODEL [--capture-only]
   local model=$1; shift
@@ -73,7 +50,7 @@ table() {
   cat "$out/results/recipes-table.md"
 }
 
-echo "models $MODELS, dtype $DTYPE, on GPU: $on_gpu, out $out, code $(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || cat "$SRC/COMMIT" 2>/dev/null || echo '?')"
+echo "models $MODELS, dtype $DTYPE, on GPU: $on_gpu, out $out, code $(code_version)"
 for s in ${STEPS:-prepare capture fit table}; do
   case $s in
     prepare) for m in $MODELS; do step "01-prepare-$m" "$PY" -m lens_evals.cli models path "$m" || exit 1; done ;;

@@ -24,41 +24,17 @@
 #   CONTROL_LIMIT=8 CONTROL_TOKENS=8 LIMIT=4 VLLM_CPU_KVCACHE_SPACE=1 bash scripts/gpu_science.sh
 set -uo pipefail
 MODEL=${MODEL:-qwen2.5-coder-1.5b-instruct}
-DTYPE=${DTYPE:-bfloat16}
-GPU_MEM=${GPU_MEM:-0.5}
-SRC=${SRC:-/tmp/src}
-PY=${PYTHON:-python3}
 out=${WORK:-/tmp/science}
 mkdir -p "$out/probes" "$out/logs"
-export PYTHONPATH=/tmp/site:$SRC${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-export LENS_EVALS_MODEL_DIR=${LENS_EVALS_MODEL_DIR:-/tmp/gm} LENS_EVALS_GGUF_DIR=${GGUF_DIR:-/tmp/gmw}
-export LENS_EVALS_DEQUANT_DTYPE=$DTYPE LENS_EVALS_PROBE_DIR=$out/probes VLLM_USE_V2_MODEL_RUNNER=0
-export INSPECT_LOG_DIR=$out/logs INSPECT_DISPLAY=plain
 bring_back() { if [ -n "${OUT:-}" ] && [ "$OUT" != "$out" ]; then cp -r "$out/." "$OUT/"; fi; }
-trap bring_back EXIT
-trap 'exit 143' TERM INT
-cd "$SRC" || exit 1
-on_gpu=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
-if [ "$on_gpu" = 1 ] || ! "$PY" -c "from importlib.metadata import version; version('lens-evals')" 2>/dev/null; then
-  # installed (not only on the path): vLLM finds the plugin and Inspect the provider by their entry points;
-  # /tmp/site comes first on the path, so this copy of $SRC is the code that runs
-  "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site "$SRC" || exit 1
-fi
+# DTYPE, GPU_MEM, SRC, PY, on_gpu, the environment, the install of $SRC, step, code_version
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_common.sh"
+export LENS_EVALS_PROBE_DIR=$out/probes INSPECT_LOG_DIR=$out/logs INSPECT_DISPLAY=plain
 gpu_args=()
 [ "$on_gpu" = 1 ] && gpu_args=(--gpu-memory-utilization "$GPU_MEM")
 set_file=$out/probes/${MODEL}__probe-set.json
 limit_args=()
 [ -n "${LIMIT:-}" ] && limit_args=(--limit "$LIMIT")  # samples per Inspect eval (CPU checks only)
-
-step() {  # step NAME COMMAND...: run, log to $WORK/NAME.log, print the exit code, the time and the log's tail
-  local name=$1 start=$SECONDS rc; shift
-  echo "== $name: $*"
-  "$@" > "$out/$name.log" 2>&1; rc=$?
-  bring_back
-  echo "== $name: exit $rc after $((SECONDS - start)) s"
-  grep -vE "it/s\]|s/it\]|Processed prompts|dialogue/s" "$out/$name.log" | tail -n "${TAIL:-25}" | cut -c1-300
-  return $rc
-}
 
 science() {
   local engine=(--engine-arg seed=0)
@@ -98,7 +74,7 @@ sys.exit(1)"; then
   return $rc
 }
 
-echo "model $MODEL, dtype $DTYPE, on GPU: $on_gpu, out $out, code $(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || cat "$SRC/COMMIT" 2>/dev/null || echo '?')"
+echo "model $MODEL, dtype $DTYPE, on GPU: $on_gpu, out $out, code $(code_version)"
 for s in ${STEPS:-prepare science eval}; do
   case $s in
     prepare) step 01-prepare "$PY" -m lens_evals.cli models path "$MODEL" || exit 1 ;;

@@ -36,7 +36,8 @@ export VLLM_USE_V2_MODEL_RUNNER=0 TOKENIZERS_PARALLELISM=false LENS_EVALS_TEST_F
 # send them back and the next machine can start from them (scripts/gpu_cache.py)
 export VLLM_CACHE_ROOT=/tmp/kc/vllm TRITON_CACHE_DIR=/tmp/kc/triton FLASHINFER_WORKSPACE_BASE=/tmp/kc/flashinfer
 out=${OUT:-/tmp}
-cd "${SUITE_SRC:-/tmp/src}" || exit 1  # SUITE_SRC: another checkout (PART=list, for the parts' test)
+cd "${SUITE_SRC:-/tmp/src}" || exit 1  # SUITE_SRC: another checkout (PART=list and the skips' test)
+# SUITE_TMP: where the parts' pytest temporary folders go (a test of this script runs it inside a part)
 run() {  # run NAME pytest-args...: pytest processes, junit XML and the log to $OUT
   local name=$1; shift
   local ledger="$out/$name.ledger" started=$SECONDS round=0 left code hung group
@@ -54,7 +55,7 @@ run() {  # run NAME pytest-args...: pytest processes, junit XML and the log to $
     # engine's worker holding device memory) is killed with the group before the next one starts
     LENS_EVALS_TEST_LEDGER=$ledger LENS_EVALS_TEST_HANG_EXIT_S=${HANG_S:-270} \
       timeout --kill-after=15 "$left" python3 -m pytest -p no:cacheprovider -p tests.run_ledger -v --timeout 240 -o addopts="" \
-      -m "${MARK:-not slow and not gpu}" -ra --durations=15 --junitxml "$out/$name.$round.xml" --basetemp "/tmp/pytest-$name-$round" "$@" >> "$out/$name.log" 2>&1 &
+      -m "${MARK:-not slow and not gpu}" -ra --durations=15 --junitxml "$out/$name.$round.xml" --basetemp "${SUITE_TMP:-/tmp}/pytest-$name-$round" "$@" >> "$out/$name.log" 2>&1 &
     group=$!
     wait "$group"
     code=$?

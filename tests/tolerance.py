@@ -180,9 +180,12 @@ def dialogue_score_bound() -> float:
 
 
 def assert_dialogue_scores_close(got: Sequence[float], ref: Sequence[float], what: str) -> float:
-    """Assert every ``|got_i - ref_i|`` is within :func:`dialogue_score_bound`; returns the largest."""
+    """Assert every ``|got_i - ref_i|`` is within :func:`dialogue_score_bound`; returns the largest.
+    No scores at all compares nothing and raises (as :func:`assert_stream_close` does)."""
     if len(got) != len(ref):
         raise AssertionError(f"{what}: {len(got)} scores against {len(ref)} reference scores")
+    if len(ref) == 0:
+        raise AssertionError(f"{what}: no dialogue scores compared")
     bound = dialogue_score_bound()
     differences = [abs(g - r) for g, r in zip(got, ref, strict=True)]
     for index, difference in enumerate(differences):
@@ -190,4 +193,4 @@ def assert_dialogue_scores_close(got: Sequence[float], ref: Sequence[float], wha
             raise AssertionError(
                 f"{what}: dialogue {index} score {got[index]:.6g} vs {ref[index]:.6g}, |diff| {difference:.3e} > bound {bound:.0e}"
             )
-    return max(differences, default=0.0)
+    return max(differences)

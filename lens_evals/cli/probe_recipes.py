@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,7 @@ def add_recipe_commands(probes_sub: Any) -> None:
     study.add_argument("--roleplaying-limit", type=positive_int, default=None, help="first N Roleplaying dialogues (checks only)")
     study.add_argument("--capture-only", action="store_true", help="fill the capture cache and stop (a later run fits without the engine)")
     add_engine_arg_option(study)
-    report = probes_sub.add_parser("recipes-report", help="table (markdown) and plot from `probes recipes` JSON files")
+    report = probes_sub.add_parser("recipes-report", help="markdown table (stdout) and plot (--out) from `probes recipes` JSON files")
     report.add_argument("results", nargs="+", type=Path)
     report.add_argument("--out", type=Path, default=Path("docs/results/recipes.png"))
 
@@ -108,7 +109,9 @@ def run_recipe_command(args: argparse.Namespace) -> int:
         return 0
     from lens_evals.probing.recipe_report import plot_recipes, recipes_table
 
-    print(recipes_table(args.results))
+    table = recipes_table(args.results)
     plot_recipes(args.results, args.out)
-    print(f"\nplot: {args.out}")
+    # stdout is the markdown table alone (scripts/gpu_probe_recipes.sh writes it to a .md file)
+    print(table)
+    print(f"plot: {args.out}", file=sys.stderr)
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,23 +52,10 @@ def run_roleplaying(
             return run_recipe(model, recipe, limit, log_dir, dataset)
     probe_path = Path(probe) if probe else ensure_default_probe(model)
     print(f"[2/3] probe {probe_path}")
-    print("[3/3] Roleplaying eval (off-policy: honest vs deceptive completions) via vllm-lens")
-    ran = _run_eval(roleplaying_task(probe_path, dataset=dataset), model, limit, log_dir)
-    if ran is None:
-        return 1
-    log, metrics = ran
-    print(f"\nRoleplaying, {log.results.completed_samples} samples, probe {probe_path.name}:")
-    print(f"  AUROC                         {metrics['AUROC']:.3f}")
-    print(f"  recall at 1% FPR threshold    {metrics['recall at 1% FPR']:.3f}")
-    print(f"  flagged                       {metrics['flagged']:.0f}")
-    print(f"  mean score deceptive / honest {metrics['mean score deceptive']:.3f} / {metrics['mean score honest']:.3f}")
-    print(f"log:    {log.location}")
-    from lens_evals.report import write_report
-
-    print(f"report: {write_report(log.location)}")
-    if model == DEFAULT_MODEL:
+    code = _eval_and_print(roleplaying_task(probe_path, dataset=dataset), model, limit, log_dir, f"probe {probe_path.name}", PROBE_ROWS)
+    if code == 0 and model == DEFAULT_MODEL:
         print(f"\nThe same eval on a larger model ({LARGER_MODEL_NOTE}):\n  {LARGER_MODEL_COMMAND}")
-    return 0
+    return code
 
 
 def run_recipe(model: str, recipe: Path, limit: int | None, log_dir: str, dataset: str | None) -> int:
@@ -78,19 +66,55 @@ def run_recipe(model: str, recipe: Path, limit: int | None, log_dir: str, datase
 
     card = load_recipe(recipe).card
     print(f"[2/3] recipe {recipe}: layers {card.layers}, {card.aggregation} over tokens, follow-up {'yes' if card.follow_up else 'no'}")
+
+    def context(metrics: dict[str, Any], samples: int, total: int) -> str:
+        return context_line(model, float(metrics["probe_auroc"]), samples, total)
+
+    task = roleplaying_recipe_task(recipe, dataset=dataset)
+    return _eval_and_print(task, model, limit, log_dir, f"recipe {card.name} ({RECIPE_KIND})", RECIPE_ROWS, context)
+
+
+# The summary's rows: (label, the metrics shown, joined by " / ", and their format)
+Rows = tuple[tuple[str, tuple[str, ...], str], ...]
+PROBE_ROWS: Rows = (
+    ("AUROC", ("AUROC",), ".3f"),
+    ("recall at 1% FPR threshold", ("recall at 1% FPR",), ".3f"),
+    ("flagged", ("flagged",), ".0f"),
+    ("mean score deceptive / honest", ("mean score deceptive", "mean score honest"), ".3f"),
+)
+RECIPE_ROWS: Rows = (
+    ("AUROC", ("probe_auroc",), ".3f"),
+    ("recall at 1% FPR threshold", ("recall_at_1pct_fpr",), ".3f"),
+    ("honest samples flagged", ("flagged_honest",), ".3f"),
+)
+
+
+def _eval_and_print(
+    task: Any,
+    model: str,
+    limit: int | None,
+    log_dir: str,
+    probe: str,
+    rows: Rows,
+    context: Callable[[dict[str, Any], int, int], str] | None = None,
+) -> int:
+    """Run ``task`` and print its summary: the sample count and ``probe``, the metrics ``rows``,
+    the ``context`` line (given the metrics, the samples scored and the dataset's total: fewer
+    under ``--limit``), the log's path, and the HTML report written beside the log. 1 if the eval failed."""
+    from lens_evals.report import write_report
+
     print("[3/3] Roleplaying eval (off-policy: honest vs deceptive completions) via vllm-lens")
-    ran = _run_eval(roleplaying_recipe_task(recipe, dataset=dataset), model, limit, log_dir)
+    ran = _run_eval(task, model, limit, log_dir)
     if ran is None:
         return 1
     log, metrics = ran
-    print(f"\nRoleplaying, {log.results.completed_samples} samples, recipe {card.name} ({RECIPE_KIND}):")
-    print(f"  AUROC                         {metrics['probe_auroc']:.3f}")
-    print(f"  recall at 1% FPR threshold    {metrics['recall_at_1pct_fpr']:.3f}")
-    print(f"  honest samples flagged        {metrics['flagged_honest']:.3f}")
-    print(context_line(model, float(metrics["probe_auroc"])))
+    samples = log.results.completed_samples
+    print(f"\nRoleplaying, {samples} samples, {probe}:")
+    for label, names, spec in rows:
+        print(f"  {label:<30}{' / '.join(format(metrics[name], spec) for name in names)}")
+    if context is not None:
+        print(context(metrics, samples, log.eval.dataset.samples or samples))
     print(f"log:    {log.location}")
-    from lens_evals.report import write_report
-
     print(f"report: {write_report(log.location)}")
     return 0
 

@@ -80,7 +80,7 @@ def register() -> None:
         frontend_admit.open_call, frontend_attach.attach_async, frontend_attach.discard_async, before=self_check_run.before_async_request
     )
     compat.worker.patch_model_runner(on_load, on_step_start, around_forward)
-    compat.worker.reserve_lens_memory(frontend_budget.budget_bytes)
+    compat.worker.reserve_lens_memory(frontend_budget.reserved_bytes)
     compat.frontend.patch_http_app(http_middleware.LensResponseMiddleware)
     compat.rpc.add_worker_methods(WORKER_METHODS)
     compat.rpc.add_offline_methods(vllm_lens_api.OFFLINE_METHODS)

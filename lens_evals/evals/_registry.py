@@ -18,3 +18,4 @@ from lens_evals.inspect_kit.lens_solvers import capture_activations, steer  # no
 from lens_evals.inspect_kit.probe_scorer import probe_scorer  # noqa: F401
 from lens_evals.inspect_kit.probe_solver import probe_scores  # noqa: F401
 from lens_evals.inspect_kit.provider.api import VLLMLensAPI  # noqa: F401
+from lens_evals.inspect_kit.readouts_solver import lens_readouts  # noqa: F401

@@ -47,14 +47,24 @@ def follow_up_of(chosen: ChosenRecipe) -> FollowUp | None:
     return FollowUp() if chosen.follow_up else None
 
 
-def context_line(model: str, auroc: float) -> str:
-    """One line: the main job's AUROC beside chance, the study's recipes and Apollo's 70B."""
+def samples_scope(samples: int, total: int) -> str:
+    """What an eval's AUROC was measured on: every one of the dataset's ``total`` samples (an
+    honest and a deceptive completion per scenario), or the first ``samples`` of them (``--limit``)."""
+    if samples >= total:
+        return f"all {total} samples"
+    return f"{samples} of the {total} samples (--limit)"
+
+
+def context_line(model: str, auroc: float, samples: int, total: int) -> str:
+    """One line: the main job's AUROC on ``samples`` of the dataset's ``total`` beside chance, the
+    study's recipes and Apollo's 70B."""
+    scope = samples_scope(samples, total)
     chosen = chosen_recipe(model)
     if chosen is None:
-        return f"AUROC {auroc:.3f}: chance is 0.5; Apollo's 70B probe scores {APOLLO_70B_AUROC} (no recipe study for {Path(model).name})"
+        return f"AUROC {auroc:.3f} on {scope}: chance is 0.5; Apollo's 70B probe scores {APOLLO_70B_AUROC} (no recipe study for {Path(model).name})"
     low, high = chosen.others
     return (
-        f"AUROC {auroc:.3f} on all 144 scenarios ({chosen.label}, chosen on the dev split; {chosen.test_auroc:.3f} on the test split): "
+        f"AUROC {auroc:.3f} on {scope} ({chosen.label}, chosen on the dev split; {chosen.test_auroc:.3f} on the test split): "
         f"chance 0.5, today's single-layer probe {chosen.apollo_baseline:.3f} and our other recipes {low:.3f}-{high:.3f} on the test "
         f"split (docs/results.md), Apollo's 70B {APOLLO_70B_AUROC}"
     )

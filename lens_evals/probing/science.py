@@ -51,6 +51,12 @@ def layer_rows(pairs: Any, roleplaying: Any, train: np.ndarray, val: np.ndarray)
     return rows
 
 
+def chosen_layer(rows: list[dict[str, Any]]) -> int:
+    """The layer whose ip-lr probe scores best on Instructed-Pairs validation (the first of ties):
+    chosen without looking at Roleplaying, the test set."""
+    return int(max(rows, key=lambda r: r["ip-lr_validation_auroc"])["layer"])
+
+
 def run_science(
     model: str,
     out: str | Path = "docs/results",
@@ -78,7 +84,7 @@ def run_science(
         timings["capture_s"] = time.perf_counter() - start
         train, val = split_groups(pairs_dialogues)
         rows = layer_rows(pairs, roleplaying, train, val)
-        chosen = max(rows, key=lambda r: r["ip-lr_validation_auroc"])["layer"]
+        chosen = chosen_layer(rows)
         dtype_name = str(config.dtype).removeprefix("torch.")
         out_path = Path(out) / f"{Path(model).name}-{dtype_name}.json"
         out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ import numpy as np
 from lens_evals.probing import metrics as detection
 from lens_evals.report import plots
 from lens_evals.report.reading import OracleSample, ProbeSection, ReportData
+from lens_evals.report.readouts import readouts_html
 from lens_evals.report.steering import steering_html
 from lens_evals.report.style import CSS
 from lens_evals.report.transcripts import transcripts_html, turns_html
@@ -163,8 +164,12 @@ def page_html(data: ReportData) -> str:
     elif data.probes:
         body = tabs_html([p.name for p in data.probes], [probe_html(p, i) for i, p in enumerate(data.probes)])
         intro = escape(str(data.metadata.get("dataset", "")))
-    else:
+    elif data.oracle:
         body = oracle_html(data.oracle)
+    else:
+        body = ""
+    if data.readouts:
+        body += readouts_html(data.readouts)
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(data.title)}</title>'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head><body>'

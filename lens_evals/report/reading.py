@@ -3,8 +3,9 @@
 Three kinds of log are understood: probe tasks (Roleplaying, coup: samples scored by
 ``probe_scores`` + ``probe_scorer``, one tab per probe; Roleplaying scored by a recipe probe:
 ``recipe_scores`` + ``probe_recipe``, the tab named after the recipe), activation-oracle tasks
-(scorers ``oracle_answer_match`` / ``zero_vector_match``) and the steering eval. Anything else is a
-:class:`ReportError` that says what the log is and what the report needs.
+(scorers ``oracle_answer_match`` / ``zero_vector_match``) and the steering eval; a log of any
+task whose samples carry readouts (the ``lens_readouts`` solver) gets a readouts section too.
+Anything else is a :class:`ReportError` that says what the log is and what the report needs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from inspect_ai.event import InfoEvent
 from inspect_ai.log import EvalLog, EvalSample, read_eval_log
 
 from lens_evals.inspect_kit.probe_reading import INFO_SOURCE
+from lens_evals.report.readouts import ReadoutSample, has_readouts, readout_samples
 from lens_evals.report.steering import SteeringSection, is_steering_log, steering_section
 
 ORACLE_SCORERS = ("oracle_answer_match", "zero_vector_match")
@@ -87,6 +89,7 @@ class ReportData:
     probes: list[ProbeSection] = field(default_factory=list)
     oracle: list[OracleSample] = field(default_factory=list)
     steering: SteeringSection | None = None
+    readouts: list[ReadoutSample] = field(default_factory=list)
 
 
 def read_log(path: str | Path) -> EvalLog:
@@ -225,10 +228,12 @@ def report_data(path: str | Path) -> ReportData:
     )
     is_oracle = any(name in ORACLE_SCORERS for name in scorers)
     is_steering = is_steering_log(log)
-    if not (is_probe or is_oracle or is_steering):
+    is_readouts = has_readouts(log)
+    if not (is_probe or is_oracle or is_steering or is_readouts):
         raise ReportError(
-            f"{path}: a log of task {task!r}, which has no probe scores and no oracle answers (nor a steering sweep); the report "
-            "reads lens-evals probe tasks (roleplaying_probe with a probe, several or a recipe; coup_probe), activation-oracle tasks and steering_effect"
+            f"{path}: a log of task {task!r}, which has no probe scores and no oracle answers (nor a steering sweep or readouts); the "
+            "report reads lens-evals probe tasks (roleplaying_probe with a probe, several or a recipe; coup_probe), activation-oracle "
+            "tasks, steering_effect and the samples of any task with the lens_readouts solver"
         )
     if not log.samples:
         raise ReportError(f"{path}: the log of {task!r} holds no samples (status {log.status}); run the eval with samples logged")
@@ -243,6 +248,11 @@ def report_data(path: str | Path) -> ReportData:
         metrics=metrics,
         metadata=dict(log.eval.metadata or {}),
     )
+    if is_readouts:
+        try:
+            data.readouts = readout_samples(log)
+        except ValueError as exc:
+            raise ReportError(f"{path}: {exc}") from None
     if is_steering:
         data.steering = steering_section(log)
         if data.steering is None:
@@ -265,7 +275,7 @@ def report_data(path: str | Path) -> ReportData:
             )
             for name, samples in by_probe.items()
         ]
-    else:
+    elif is_oracle:
         data.oracle = _oracle_samples(log)
         if not data.oracle:
             raise ReportError(f"{path}: no oracle answers in this log of {task!r}")

@@ -34,5 +34,8 @@ details.context summary{cursor:pointer;font-size:12px;color:#4b5563}
 background:#f3f4f6;cursor:pointer;margin-right:4px}.tabs>input:checked+label{background:#fff;font-weight:600}
 .tabs>.panel{display:none;border-top:1px solid #d1d5db}
 .oracle .turn.zero{color:#6b7280}
+.readouts .transcript{margin:10px 0}.grid{overflow-x:auto;margin:4px 0 8px}
+table.readout{font:12px ui-monospace,Menlo,Consolas,monospace}table.readout td,table.readout th{white-space:pre;padding:1px 4px}
+table.readout th{background:#f3f4f6;font-weight:600}table.readout.sae td{vertical-align:top}
 .transcript.oracle.correct{border-left-color:#16a34a}.transcript.oracle.wrong{border-left-color:#dc2626}
 """

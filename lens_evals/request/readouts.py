@@ -31,6 +31,7 @@ MAX_READOUTS_PER_REQUEST = 64
 MAX_LENS_TOP_K = 64
 MAX_SAE_TOP_K = 256
 MAX_SAE_LATENTS = 1 << 24  # latent ids travel as float32 beside their values: exact below 2**24
+LOGIT_CHUNK_ROWS = 256  # rows whose full-vocabulary logits a lens readout makes at once (256 x 152k vocab x 4 B = 156 MiB)
 ACTIVATIONS = ("relu", "topk", "jumprelu")
 
 

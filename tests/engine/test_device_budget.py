@@ -17,8 +17,12 @@ import torch
 
 from lens_evals.client import activations_from_response, lens_xargs
 from lens_evals.engine import compat
+from lens_evals.engine.frontend.budget import Ledger, StepFacts, charge_of
 from lens_evals.engine.frontend.state import frontend_state
+from lens_evals.engine.worker.readouts import DeviceWeights
 from lens_evals.request.hooks import Hook
+from lens_evals.request.readouts import SaeEncoder, SaeReadout
+from lens_evals.request.spec import LensRequest
 from tests.conftest import TINY_PROMPTS, capture, greedy, lens_server
 from tests.tolerance import assert_stream_close
 
@@ -105,3 +109,61 @@ def test_hook_results_past_the_budget_fail_the_requests_admitted_last(tiny_path)
         assert failed and len(failed) < 6, codes
         assert all("LENS_EVALS_DEVICE_BUDGET_MIB" in resp.text for resp in failed), [resp.text[:300] for resp in failed]
         assert post(0).status_code == 200
+
+
+def big_sae(latents: int, seed: int = 0) -> SaeEncoder:
+    rng = np.random.default_rng(seed)
+    return SaeEncoder(W_enc=rng.normal(size=(HIDDEN, latents)).astype(np.float32), b_enc=np.zeros(latents, np.float32))
+
+
+def test_a_readout_is_charged_its_weights_and_what_it_makes(llm, monkeypatch) -> None:
+    """An SAE readout's weights (float32 on the device), its results and the latents it makes
+    count against the budget: one whose weights alone pass the budget is refused naming it,
+    before the engine decodes anything; with room for them it is served and its charge goes
+    when it ends."""
+    sae = big_sae(4096)
+    weights = (HIDDEN * 4096 + 4096) * 4  # W_enc and b_enc, hand-counted
+    readout = SaeReadout(name="big", layer=1, top_k=4, sae=sae).to_json()
+    monkeypatch.setenv("LENS_EVALS_DEVICE_BUDGET_MIB", str(0.9 * weights / 2**20))
+    with pytest.raises(ValueError, match=r"over the lens budget .*\(LENS_EVALS_DEVICE_BUDGET_MIB\).* readouts"):
+        llm.generate([PROMPT], greedy(4, output_readouts=[readout]), use_tqdm=False)
+    monkeypatch.setenv("LENS_EVALS_DEVICE_BUDGET_MIB", str(3 * weights / 2**20))
+    out = llm.generate([PROMPT], greedy(4, output_readouts=[readout]), use_tqdm=False)[0]
+    assert out.activations["readouts"]["big"]["latent_ids"].shape[-1] == 4
+    assert frontend_state(compat.frontend.input_processor(llm.llm_engine)).pending.budget.in_use() == 0, "the charge outlived its request"
+
+
+def test_shared_readout_weights_count_once_and_the_largest_chunk_once() -> None:
+    """Requests naming the same weights share one copy on the device: the ledger counts them once
+    while any of them runs; readouts run one at a time, so only the largest chunk they make
+    counts; both go when the last user ends."""
+    facts = StepFacts(hidden_size=HIDDEN, activation_bytes=ACT, max_step_rows=512, vocab_size=1000)
+    small, other = big_sae(64), big_sae(96, seed=1)
+    pair = [(SaeReadout(name="a", layer=1, top_k=2, sae=small), {"layer": 1})]
+    lens = LensRequest()
+    one = charge_of(lens, 10, facts, pair)
+    weights = (HIDDEN * 64 + 64) * 4
+    results = 10 * 1 * 2 * 2 * 4  # positions x layers x (ids, values) x top_k x float32
+    made = (3 * 10 * 64 + 10 * HIDDEN) * 4  # pre-activations, activations and top-k of 10 rows, their float32 copy
+    assert (one.held, one.weights, one.transient) == (results, ((small.content_digest(), weights),), made)
+    ledger = Ledger(facts)
+    ledger.admit(one)
+    ledger.admit(one)
+    assert ledger.in_use() == 2 * results + weights + made
+    third = charge_of(lens, 10, facts, [(SaeReadout(name="b", layer=1, top_k=2, sae=other), {"layer": 1})])
+    ledger.admit(third)
+    assert ledger.in_use() == 3 * results + weights + (HIDDEN * 96 + 96) * 4 + third.transient
+    for charge in (one, one, third):
+        ledger.release(charge)
+    assert ledger.in_use() == 0 and not ledger.weight_bytes
+
+
+def test_the_worker_keeps_no_weights_past_its_cache() -> None:
+    """Weights past ``LENS_EVALS_READOUT_CACHE_MIB`` are not kept between requests (the cache
+    is reserved beside the lens budget, so what it keeps must fit it), the newest included."""
+    cache = DeviceWeights(max_bytes=100)
+    cache.put(("a", "cpu"), object(), 60)
+    cache.put(("b", "cpu"), object(), 30)
+    assert cache.held == 90 and cache.get(("a", "cpu")) is not None
+    cache.put(("c", "cpu"), object(), 200)
+    assert cache.held == 0 and cache.get(("c", "cpu")) is None

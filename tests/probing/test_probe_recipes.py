@@ -220,10 +220,11 @@ def test_roleplaying_recipe_task_on_a_tiny_llama_server_equals_the_recipe_on_an_
         assert reading["flagged"] == (reading["score"] > recipe.card.threshold)
 
 
-def test_recipe_table_marks_the_dev_choice_and_the_cli_reads_recipe_options(tmp_path):
+def test_recipe_table_marks_the_dev_choice_and_the_cli_reads_recipe_options(tmp_path, capsys):
     import argparse
     import json
 
+    from lens_evals.cli.app import main as cli
     from lens_evals.cli.probe_recipes import layer_list
     from lens_evals.probing.recipe_report import recipes_table
 
@@ -235,7 +236,22 @@ def test_recipe_table_marks_the_dev_choice_and_the_cli_reads_recipe_options(tmp_
     lines = recipes_table([path]).splitlines()
     assert lines[2] == "| m | a | 7,11 | max | 0.610 | 0.550 [0.500, 0.600] | 0.100 | 0.000 |"
     assert "b **(best on dev)**" in lines[3] and len(lines) == 4
+    # the command's stdout is that table alone (a script writes it to a .md file); the plot's path on stderr
+    capsys.readouterr()
+    assert cli(["probes", "recipes-report", str(path), "--out", str(tmp_path / "plot.png")]) == 0
+    printed = capsys.readouterr()
+    assert printed.out == recipes_table([path]) + "\n" and printed.err == f"plot: {tmp_path / 'plot.png'}\n"
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert layer_list("7, 11,14") == [7, 11, 14]
     for bad in ("7,7", "", "-1"):
         with pytest.raises(argparse.ArgumentTypeError):
             layer_list(bad)
+
+
+def test_the_main_jobs_context_line_names_the_samples_it_scored():
+    from lens_evals.probing.recipe_defaults import context_line
+
+    chosen = "(varied-pairs, ensemble of layers 7-20, last token, chosen on the dev split; 0.655 on the test split)"
+    assert context_line("smollm2-135m-instruct", 0.7, 288, 288).startswith(f"AUROC 0.700 on all 288 samples {chosen}: chance 0.5")
+    assert context_line("smollm2-135m-instruct", 0.7, 10, 288).startswith(f"AUROC 0.700 on 10 of the 288 samples (--limit) {chosen}")
+    assert "144 scenarios" not in context_line("smollm2-135m-instruct", 0.7, 10, 288)

@@ -14,7 +14,7 @@ from sklearn.metrics import roc_auc_score
 from transformers import AutoConfig
 
 from lens_evals.probing.dialogues import Dialogue
-from lens_evals.probing.science import _parameter_shapes, layer_rows, plot_results, results_table
+from lens_evals.probing.science import _parameter_shapes, chosen_layer, layer_rows, plot_results, results_table
 from lens_evals.probing.train import LayerFeatures
 
 
@@ -35,8 +35,16 @@ def test_layer_rows_find_the_informative_layer_on_validation():
     pairs, roleplaying = features(80, informative_layer=2, seed=0), features(40, informative_layer=0, seed=1)
     train, val = np.arange(0, 64), np.arange(64, 80)
     rows = layer_rows(pairs, roleplaying, train, val)
-    best = max(rows, key=lambda r: r["ip-lr_validation_auroc"])
+    best = rows[chosen_layer(rows)]
     assert best["layer"] == 2 and best["ip-lr_validation_auroc"] > 0.9 and best["ip-dom_validation_auroc"] > 0.9
+    # the chooser reads ip-lr's validation AUROC alone, the first of ties (the end-to-end run's tiny
+    # model scores 1.0 at every layer, so there it cannot tell this from "always the first layer"):
+    # Roleplaying's best is layer 3, ip-dom's layer 0, the last of the ties layer 3
+    by_hand = [
+        {"layer": n, "ip-lr_validation_auroc": v, "ip-lr_roleplaying_auroc": r, "ip-dom_validation_auroc": d}
+        for n, (v, r, d) in enumerate([(0.5, 0.6, 0.95), (0.9, 0.5, 0.6), (0.7, 0.55, 0.6), (0.9, 0.8, 0.6)])
+    ]
+    assert chosen_layer(by_hand) == 1
     assert all(r[f"{kind}_validation_auroc"] < 0.8 for r in rows[:2] for kind in ("ip-lr", "ip-dom"))
     assert all(0.0 <= r[f"{kind}_roleplaying_auroc"] <= 1.0 for r in rows for kind in ("ip-lr", "ip-dom"))
 

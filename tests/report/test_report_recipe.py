@@ -81,3 +81,30 @@ def test_report_of_a_recipe_log_equals_scikit_learn_on_its_scores(recipe_logs, t
             assert scored_text == sample.messages[-1].text[sample.metadata["score_from"] :].strip()
     html = page.read_text(encoding="utf-8")
     assert (FOLLOW_UP.question in html) == (which == "follow-up")  # the question is shown before the tokens it asks for
+
+
+def test_the_main_job_under_limit_says_how_many_samples_it_scored(tmp_path, monkeypatch, capsys) -> None:
+    """``lens-evals roleplaying --probe RECIPE --limit 4`` on tiny-llama: the summary it prints is
+    the log's own numbers, and its context line names the 4 of the dataset's 288 samples scored
+    (it said "all 144 scenarios" whatever the limit)."""
+    from lens_evals.cli.roleplaying import run_roleplaying
+
+    recipe = random_recipe(tmp_path, "tiny-main", "max", None, 2)
+    monkeypatch.setenv("INSPECT_LOG_DIR", str(tmp_path / "logs"))  # the job sets it if unset; restored after
+    assert run_roleplaying("tiny-llama", limit=N_SAMPLES, log_dir=str(tmp_path / "logs"), probe=str(recipe)) == 0
+    (log_path,) = (tmp_path / "logs").glob("*.eval")
+    log = read_eval_log(str(log_path))
+    assert log.results.completed_samples == N_SAMPLES and log.eval.dataset.samples == 288
+    metrics = {name: m.value for s in log.results.scores for name, m in s.metrics.items()}
+    summary = capsys.readouterr().out.split("\nRoleplaying, ", 1)[1].splitlines()
+    assert summary == [
+        f"{N_SAMPLES} samples, recipe tiny-main (recipe):",
+        f"  AUROC                         {metrics['probe_auroc']:.3f}",
+        f"  recall at 1% FPR threshold    {metrics['recall_at_1pct_fpr']:.3f}",
+        f"  honest samples flagged        {metrics['flagged_honest']:.3f}",
+        f"AUROC {metrics['probe_auroc']:.3f} on {N_SAMPLES} of the 288 samples (--limit): chance is 0.5; Apollo's 70B probe "
+        "scores 0.964 (no recipe study for tiny-llama)",
+        f"log:    {log_path}",
+        f"report: {log_path.with_suffix('.html')}",
+    ]
+    assert log_path.with_suffix(".html").is_file()

@@ -287,7 +287,7 @@ def num_layers_of(runner: Any) -> int:
 
 def reserve_lens_memory(reserved_bytes: Callable[[], int]) -> None:
     """On a GPU, vLLM sizes its KV cache with what is left after ``reserved_bytes()`` (the lens
-    device budget), so the memory lens requests are admitted against exists. Not when the user
+    device budget and the readout weights' cache), so the memory lens requests are admitted against exists. Not when the user
     sized the KV cache (``kv_cache_memory_bytes``): the room beside it is theirs to leave. The CPU
     worker sizes its cache from ``VLLM_CPU_KVCACHE_SPACE`` (its own method, left as it is)."""
     from vllm.v1.worker.gpu_worker import Worker
@@ -300,10 +300,13 @@ def reserve_lens_memory(reserved_bytes: Callable[[], int]) -> None:
             reserved = reserved_bytes()
             if reserved >= available:
                 raise ValueError(
-                    f"the lens device budget ({reserved / 2**30:.2f} GiB, LENS_EVALS_DEVICE_BUDGET_MIB) leaves no room "
+                    f"the lens device budget ({reserved / 2**30:.2f} GiB, LENS_EVALS_DEVICE_BUDGET_MIB + LENS_EVALS_READOUT_CACHE_MIB) leaves no room "
                     f"for the KV cache ({available / 2**30:.2f} GiB available): lower it or raise gpu_memory_utilization"
                 )
-            logger.info("lens_evals: %.2f GiB of device memory kept for lens requests (LENS_EVALS_DEVICE_BUDGET_MIB)", reserved / 2**30)
+            logger.info(
+                "lens_evals: %.2f GiB of device memory kept for lens requests (LENS_EVALS_DEVICE_BUDGET_MIB + LENS_EVALS_READOUT_CACHE_MIB)",
+                reserved / 2**30,
+            )
             return available - reserved
 
         return determine_available_memory

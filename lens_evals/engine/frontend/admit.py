@@ -125,7 +125,7 @@ def _on_request(processor: Any, request_id: str, request: Any) -> None:
     registry = state.pending
     if registry.budget is None:
         registry.budget = frontend_budget.Ledger(facts.step)
-    charge = frontend_budget.charge_of(lens, max(max_positions, 1), facts.step)
+    charge = frontend_budget.charge_of(lens, max(max_positions, 1), facts.step, readouts)
     registry.budget.admit(charge)  # 400 if it never fits, 429 if not now; released by take()
     try:
         registry.admit(_normalise(request, params, extra, lens, charge, readouts))

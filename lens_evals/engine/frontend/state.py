@@ -35,7 +35,7 @@ class EngineFacts:
         shape = compat.config.model_shape(config)
         refused = compat.frontend.engine_refusal(config) or compat.architectures.frontend_refusal(config.model_config)
         act_bytes, step_rows = compat.frontend.step_limits(config)
-        step = frontend_budget.StepFacts(shape.hidden_size, act_bytes, step_rows)
+        step = frontend_budget.StepFacts(shape.hidden_size, act_bytes, step_rows, shape.vocab_size)
         return cls(shape, configured_layers(config, shape.num_layers), refused, step)
 
 

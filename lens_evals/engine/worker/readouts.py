@@ -7,7 +7,10 @@ the ids and values of the top-k leave it, as one float32 block per step
 ``[ids as float32 | values]`` (ids are exact in float32 below 2**24, checked at admission).
 
 Weights are decoded once per digest onto the device and kept in a least-recently-used cache
-bounded in bytes (``LENS_EVALS_DEVICE_BUDGET_MIB``)."""
+bounded in bytes (``LENS_EVALS_READOUT_CACHE_MIB``, kept out of vLLM's KV cache beside the lens
+budget, which charges a running request's own weights). Lens logits and SAE latents are made
+for ``LOGIT_CHUNK_ROWS`` rows at a time, so what a readout makes at once is bounded as the
+frontend's budget charges it."""
 
 from __future__ import annotations
 
@@ -22,10 +25,9 @@ import torch
 from lens_evals import settings
 from lens_evals.engine.worker.spans import rows_of, span_of
 from lens_evals.engine.worker.transfer import to_device
-from lens_evals.request.readouts import AffineLens, LensReadout, SaeEncoder, SaeReadout, parse_readout
+from lens_evals.request.readouts import LOGIT_CHUNK_ROWS, AffineLens, LensReadout, SaeEncoder, SaeReadout, parse_readout
 
 Head = Callable[[torch.Tensor], torch.Tensor | None]  # stream rows -> the model's logits (None: on a TP rank > 0)
-LOGIT_CHUNK_ROWS = 256  # rows whose full-vocabulary logits are made at once (256 x 152k vocab x 4 B = 156 MiB)
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,8 @@ class WorkerReadout:
 
 class DeviceWeights:
     """Readout weights on the device by (digest, device), least recently used first out, at
-    most ``max_bytes`` (a request's own weights stay alive while it runs)."""
+    most ``max_bytes`` kept between requests (a request's own weights stay alive while it runs,
+    charged to the lens budget; weights larger than the cache are not kept)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -81,12 +84,12 @@ class DeviceWeights:
     def put(self, key: tuple[str, str], value: Any, nbytes: int) -> None:
         self.entries[key] = (value, nbytes)
         self.held += nbytes
-        while self.held > self.max_bytes and len(self.entries) > 1:
+        while self.held > self.max_bytes and self.entries:
             _, (_, dropped) = self.entries.popitem(last=False)
             self.held -= dropped
 
 
-_cache = DeviceWeights(settings.DEVICE_BUDGET_MIB.in_bytes())
+_cache = DeviceWeights(settings.READOUT_CACHE_MIB.in_bytes())
 
 
 def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -173,7 +176,14 @@ def lens_topk(stream: torch.Tensor, head: Head, lens: WorkerLens | None, layer: 
 
 def sae_topk(stream: torch.Tensor, sae: WorkerSae, k: int) -> torch.Tensor:
     """(n, 2k) float32 ``[ids | activations]`` of the ``k`` largest latents per row; a latent
-    that is not active (0) has id -1."""
+    that is not active (0) has id -1. ``LOGIT_CHUNK_ROWS`` rows at a time."""
+    pieces = [_sae_chunk(stream[start : start + LOGIT_CHUNK_ROWS], sae, k) for start in range(0, stream.shape[0], LOGIT_CHUNK_ROWS)]
+    if len(pieces) == 1:
+        return pieces[0]
+    return torch.cat(pieces) if pieces else torch.empty((0, 2 * k), dtype=torch.float32, device=stream.device)
+
+
+def _sae_chunk(stream: torch.Tensor, sae: WorkerSae, k: int) -> torch.Tensor:
     x = stream.float()
     if sae.b_dec is not None:
         x = x - sae.b_dec
