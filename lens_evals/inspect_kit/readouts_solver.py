@@ -32,8 +32,7 @@ from pydantic import ValidationError
 from lens_evals.inspect_kit.probe_reading import decoded_texts
 from lens_evals.inspect_kit.probe_solver import served_tokenizer
 from lens_evals.inspect_kit.provider.outputs import output_activations, output_token_ids
-from lens_evals.request.readouts import LensReadout, Readout, SaeReadout
-from lens_evals.request.readouts import _messages as validation_messages
+from lens_evals.request.readouts import LensReadout, Readout, SaeReadout, validation_messages
 from lens_evals.request.spec import READOUTS_KEY
 
 READOUTS_METADATA_KEY = "readouts"
