@@ -293,17 +293,23 @@ def _layer_classes_of_model_file(model_config: Any) -> str | None:
 def find_decoder_layers(model: nn.Module, num_layers: int) -> Iterator[tuple[int, nn.Module]]:
     """(absolute index, layer) for the decoder layers present on this pipeline stage: the
     ModuleList of ``num_layers`` entries (named ``layers`` in most models, ``h`` in GPT-2 style
-    ones)."""
+    ones). In a multimodal model the vision tower's list can have as many entries (and comes
+    first): then the list under ``language_model`` is the one (elsewhere the first found, as
+    before: a text-only model has one such list)."""
     from vllm.model_executor.models.utils import PPMissingLayer
 
-    for module in model.modules():
-        for name, child in module.named_children():
-            if isinstance(child, nn.ModuleList) and len(child) == num_layers and name in ("layers", "h", "blocks"):
-                for index, layer in enumerate(child):
-                    if not isinstance(layer, PPMissingLayer):
-                        yield index, layer
-                return
-    raise RuntimeError(f"lens_evals: could not find {num_layers} decoder layers in {type(model).__name__}")
+    found = [
+        (path, child)
+        for path, child in model.named_modules()
+        if isinstance(child, nn.ModuleList) and len(child) == num_layers and path.rsplit(".", 1)[-1] in ("layers", "h", "blocks")
+    ]
+    if len(found) > 1:
+        found = [(path, child) for path, child in found if "language_model" in path.split(".")] or found
+    if not found:
+        raise RuntimeError(f"lens_evals: could not find {num_layers} decoder layers in {type(model).__name__}")
+    for index, layer in enumerate(found[0][1]):
+        if not isinstance(layer, PPMissingLayer):
+            yield index, layer
 
 
 @dataclass(frozen=True)
