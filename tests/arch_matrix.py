@@ -59,6 +59,10 @@ def token_error(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def hf_layers(model: nn.Module, num_layers: int) -> nn.ModuleList:
+    """The decoder layers; in a multimodal model, the language model's (its vision tower may
+    have as many layers)."""
+    language_model = getattr(getattr(model, "model", None), "language_model", None)
+    model = model if language_model is None else language_model
     for module in model.modules():
         for child in module.children():
             if isinstance(child, nn.ModuleList) and len(child) == num_layers:
@@ -71,10 +75,14 @@ class HFStreams:
     additions made after a layer the way a user of HF would (a forward hook on that layer)."""
 
     def __init__(self, path: Path) -> None:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-        self.num_layers = int(self.model.config.num_hidden_layers)
+        # multimodal models (text-only prompts: input_ids alone) where no causal-LM class is mapped
+        text_only = AutoConfig.from_pretrained(str(path)).model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        auto = AutoModelForCausalLM if text_only else AutoModelForImageTextToText
+        self.model = auto.from_pretrained(str(path), dtype=torch.float32).eval()
+        self.num_layers = int(self.model.config.get_text_config().num_hidden_layers)
         self.layers = hf_layers(self.model, self.num_layers)
 
     @torch.no_grad()
