@@ -124,6 +124,7 @@ class ZooEntry:
     drop_weights: str | None = None  # regex of saved tensors vLLM does not expect (removed after saving)
     # composite (multimodal) configs: sub-config name -> (model type, overrides), each filled with the common shape
     sub_configs: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # JSON files written (tokenizer_config.json: merged)
 
     def config(self):
         import torch
@@ -319,7 +320,7 @@ _ENTRIES = [
 ]
 # multimodal: the language tower with text-only prompts (tests/arch_zoo_mm.py)
 _ENTRIES += [
-    ZooEntry(arch, mm["model_type"], mm["overrides"], note=mm["note"], sub_configs=mm["sub_configs"])
+    ZooEntry(arch, mm["model_type"], mm["overrides"], note=mm["note"], sub_configs=mm["sub_configs"], files=mm["files"])
     for arch, mm in MULTIMODAL.items()
 ]
 ZOO: dict[str, ZooEntry] = {e.arch: e for e in _ENTRIES}
@@ -399,6 +400,8 @@ VLLM_CPU_TOKENS_DIFFER: dict[str, str] = {
 
 def _fingerprint(entry: ZooEntry, config) -> str:
     data = {"zoo": ZOO_VERSION, "config": config.to_dict(), "class": entry.model_class_name, "drop": entry.drop_weights}
+    if entry.files:
+        data["files"] = entry.files
     text = json.dumps(data, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -483,6 +486,9 @@ def build(arch: str, root: Path | None = None) -> Path:
     for name in TOKENIZER_FILES:
         if (tok_dir / name).exists():
             shutil.copy(tok_dir / name, tmp / name)
+    for name, content in entry.files.items():
+        merged = json.loads((tmp / name).read_text()) | content if name == "tokenizer_config.json" else content
+        (tmp / name).write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
     vocab = json.loads((tok_dir / "config.json").read_text())["vocab_size"]
     assert vocab == VOCAB, f"tokenizer vocab {vocab} != {VOCAB}"
 
