@@ -5,7 +5,8 @@
 # One pytest process, tests one after another: vLLM's start-up memory profiling fails when
 # another process on the device allocates or frees meanwhile (seen 2026-12-03 with three).
 # The default selection: the stream contracts in eager mode, graph mode (GRAPH list), Model
-# Runner V2, speculative decoding, unverified architectures, graph-mode refusal; K overrides it.
+# Runner V2, speculative decoding, unverified architectures, graph-mode refusal; K overrides it,
+# FILES the test file (multimodal language towers: FILES=tests/engine/test_multimodal_towers.py K=multimodal).
 # The tiny models: copy the prepared tiny Llama (and any zoo models) into a git-ignored folder,
 # carry it in a call of its own (the 64 MiB limit; a chunk is 52 MB), copy it to /tmp/gm there and
 # set LENS_EVALS_MODEL_DIR=/tmp/gm; tests/arch_zoo.py builds what is missing or whose config
@@ -18,5 +19,5 @@ out=${OUT:-/tmp}
 python3 -c "import torch, vllm, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
 K=${K:-"(matches_hf and not graph_mode and (Qwen3Moe or GPT2 or Olmo2 or StableLm or DeepseekV2)) or graph_mode_matches or differs_from_hf or graph_mode_runs or runner_v2 or speculative or unverified or worker_refuses or graph_mode_is_refused"}
 LENS_EVALS_MATRIX_RESULTS=$out/gpu_matrix.json timeout ${LIMIT:-540} python3 -m pytest -p no:cacheprovider -q \
-  --timeout 300 -m "gpu or slow or not slow" tests/engine/test_architectures.py -k "$K" > "$out/matrix.log" 2>&1
+  --timeout 300 -m "gpu or slow or not slow" ${FILES:-tests/engine/test_architectures.py} -k "$K" > "$out/matrix.log" 2>&1
 grep -hE "^(FAILED|ERROR)|^E  |[0-9]+ (passed|failed)" "$out/matrix.log" | cut -c1-300 | head -40

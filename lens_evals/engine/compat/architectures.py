@@ -127,7 +127,7 @@ def _vllm(layer_class: str, contract: StreamContract, note: str = "", graph_mode
     return Architecture(layer_class, contract, f"vllm/model_executor/models/{module}.py {note}".strip(), graph_mode)
 
 
-def _hf(layer_class: str, graph_mode: bool = False) -> Architecture:
+def _hf(layer_class: str, graph_mode: bool = False, note: str = "") -> Architecture:
     """Served by vLLM's Transformers backend: the decoder layers are transformers' own, which
     return the stream (transformers 5: ``hidden_states = residual + mlp(...)``; ``return
     hidden_states``)."""
@@ -135,7 +135,7 @@ def _hf(layer_class: str, graph_mode: bool = False) -> Architecture:
     return Architecture(
         layer_class,
         STREAM,
-        f"vllm/model_executor/models/transformers/ + transformers/models/{module.removeprefix('modeling_')}/{module}.py",
+        f"vllm/model_executor/models/transformers/ + transformers/models/{module.removeprefix('modeling_')}/{module}.py {note}".strip(),
         graph_mode,
     )
 
@@ -190,6 +190,10 @@ VERIFIED: dict[str, Architecture] = {
     "ArceeForCausalLM": _hf("modeling_arcee.ArceeDecoderLayer"),
     "CwmForCausalLM": _hf("modeling_cwm.CwmDecoderLayer"),
     "FlexOlmoForCausalLM": _hf("modeling_flex_olmo.FlexOlmoDecoderLayer"),
+    "Gemma3ForConditionalGeneration": _hf(
+        "modeling_gemma3.Gemma3DecoderLayer",
+        note="(the language tower, with model_impl='transformers'; vLLM's own gemma3_mm builds gemma3.Gemma3DecoderLayer, not verified)",
+    ),
     "GlmForCausalLM": _hf("modeling_glm.GlmDecoderLayer"),
     "GPTBigCodeForCausalLM": _hf("modeling_gpt_bigcode.GPTBigCodeBlock"),
     "GPTNeoXForCausalLM": _hf("modeling_gpt_neox.GPTNeoXLayer"),
@@ -293,17 +297,23 @@ def _layer_classes_of_model_file(model_config: Any) -> str | None:
 def find_decoder_layers(model: nn.Module, num_layers: int) -> Iterator[tuple[int, nn.Module]]:
     """(absolute index, layer) for the decoder layers present on this pipeline stage: the
     ModuleList of ``num_layers`` entries (named ``layers`` in most models, ``h`` in GPT-2 style
-    ones)."""
+    ones). In a multimodal model the vision tower's list can have as many entries (and comes
+    first): then the list under ``language_model`` is the one (elsewhere the first found, as
+    before: a text-only model has one such list)."""
     from vllm.model_executor.models.utils import PPMissingLayer
 
-    for module in model.modules():
-        for name, child in module.named_children():
-            if isinstance(child, nn.ModuleList) and len(child) == num_layers and name in ("layers", "h", "blocks"):
-                for index, layer in enumerate(child):
-                    if not isinstance(layer, PPMissingLayer):
-                        yield index, layer
-                return
-    raise RuntimeError(f"lens_evals: could not find {num_layers} decoder layers in {type(model).__name__}")
+    found = [
+        (path, child)
+        for path, child in model.named_modules()
+        if isinstance(child, nn.ModuleList) and len(child) == num_layers and path.rsplit(".", 1)[-1] in ("layers", "h", "blocks")
+    ]
+    if len(found) > 1:
+        found = [(path, child) for path, child in found if "language_model" in path.split(".")] or found
+    if not found:
+        raise RuntimeError(f"lens_evals: could not find {num_layers} decoder layers in {type(model).__name__}")
+    for index, layer in enumerate(found[0][1]):
+        if not isinstance(layer, PPMissingLayer):
+            yield index, layer
 
 
 @dataclass(frozen=True)
