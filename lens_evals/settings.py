@@ -135,8 +135,8 @@ TRUST_ARCH = flag(
     "LENS_EVALS_TRUST_ARCH",
     False,
     "frontend, worker",
-    "serve lens requests on an architecture not verified against HF, with a contract guessed "
-    "from its decoder layer's signature (unverified: may give wrong activations)",
+    "serve lens requests on an architecture not verified against HF, with a guessed contract (transformers' "
+    "own layers: the stream; else from the layer's signature. Unverified: may give wrong activations)",
 )
 GRAPH_LAYERS = text(
     "LENS_EVALS_GRAPH_LAYERS",

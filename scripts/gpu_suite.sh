@@ -115,6 +115,7 @@ P3E="tests/engine/test_architectures.py::test_graph_mode_is_refused_where_unveri
      tests/engine/test_architectures.py::test_graph_mode_gate_follows_the_table_and_the_self_check[True]
      tests/engine/test_architectures.py::test_unverified_architecture_serves_plain_requests_and_refuses_lens_requests
      tests/engine/test_architectures.py::test_trusted_unverified_architecture_uses_the_guessed_contract
+     tests/engine/test_architectures.py::test_trusted_transformers_backend_layers_are_guessed_as_the_stream
      tests/engine/test_architectures.py::test_worker_refuses_a_verified_name_built_with_another_layer_class
      tests/engine/test_architectures.py::test_model_runner_v2_serves_plain_requests_and_refuses_lens_requests
      tests/engine/test_architectures.py::test_speculative_decoding_serves_plain_requests_and_refuses_lens_requests"

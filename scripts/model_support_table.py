@@ -37,8 +37,9 @@ transformers on the same weights. Do not edit by hand.
 A lens request (capture, steering, probes, hooks, hook sets) on an architecture that is not in
 this table is refused with a message naming the architecture and its decoder-layer class; plain
 requests are served as usual. `LENS_EVALS_TRUST_ARCH=1` lifts the refusal and guesses the
-contract from the layer's signature (unverified: the guess is wrong on Cohere, Exaone4, PhiMoE and
-HyperCLOVAX, whose layers take a `residual` argument they ignore).
+contract: **stream** for transformers' own layers (vLLM's Transformers backend), else from the
+layer's signature (unverified: the guess is wrong on Cohere, Exaone4, PhiMoE and HyperCLOVAX,
+whose layers take a `residual` argument they ignore).
 
 Contracts (how a decoder layer hands the residual stream to the next one):
 * **fused**: returns `(hidden, residual)`, the stream is their sum (vLLM's fused add + norm);

@@ -17,7 +17,7 @@ import torch
 from lens_evals import SteeringVector
 from lens_evals.engine.compat.architectures import VERIFIED
 from tests import arch_zoo
-from tests.arch_matrix import GPU_DTYPES, run_matrix_isolated, stream_bound
+from tests.arch_matrix import GPU_DTYPES, MODEL_IMPL_ENV, RESULTS_ENV, run_matrix_isolated, stream_bound
 from tests.arch_zoo import ZOO, build
 from tests.conftest import capture, greedy, make_llm
 from tests.tolerance import assert_stream_close
@@ -220,6 +220,17 @@ def test_trusted_unverified_architecture_uses_the_guessed_contract(unverified_mo
     with make_llm(unverified_model) as llm:
         got = capture(llm.generate(["the cat reads a book."], greedy(4, output_residual_stream=[0, 3]))[0])
     assert_stream_close(got, reference, "the trusted unverified name vs the verified one")
+
+
+def test_trusted_transformers_backend_layers_are_guessed_as_the_stream(monkeypatch) -> None:
+    """vLLM's Transformers backend builds transformers' own decoder layers (for a Llama checkpoint:
+    transformers' LlamaDecoderLayer, a class nobody verified). Trusted, the guessed contract must
+    be the stream they return: every lens feature matches HF and the engine's self-check passes
+    (a tuple guess cannot read their output: the self-check fails and lens requests are refused)."""
+    monkeypatch.setenv("LENS_EVALS_TRUST_ARCH", "1")
+    monkeypatch.setenv(MODEL_IMPL_ENV, "transformers")
+    monkeypatch.delenv(RESULTS_ENV, raising=False)  # not a row of the model-support table
+    check_architecture("LlamaForCausalLM")
 
 
 def refusal_in_fresh_process(mode: str, path) -> str:

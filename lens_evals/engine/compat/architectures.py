@@ -227,13 +227,23 @@ VERIFIED: dict[str, Architecture] = {
 
 
 def guessed(layer: nn.Module) -> StreamContract:
-    """With LENS_EVALS_TRUST_ARCH=1 only: a contract read from the layer's signature (a
-    ``residual`` parameter means vLLM's fused residual), never verified."""
+    """With LENS_EVALS_TRUST_ARCH=1 only: a contract guessed, never verified. A layer class from
+    transformers (vLLM's Transformers backend builds transformers' own layers) returns the stream
+    (``_hf``); otherwise it is read from the signature (a ``residual`` parameter means vLLM's fused
+    residual, else the stream as the first of a tuple)."""
     names = set(_forward_signature(type(layer).forward).parameters) - {"self"}
     hidden_arg = "hidden_states" if "hidden_states" in names else next(iter(names), "hidden_states")
+    if _from_transformers(type(layer)):
+        return StreamContract("stream", hidden_arg=hidden_arg, residual_arg=None)
     if "residual" in names:
         return StreamContract("fused", hidden_arg=hidden_arg)
     return StreamContract("stream_first", hidden_arg=hidden_arg, residual_arg=None)
+
+
+def _from_transformers(cls: type) -> bool:
+    """A transformers decoder-layer class, or a subclass of one (its own modules, not remote code's
+    ``transformers_modules``)."""
+    return any(base.__module__.split(".", 1)[0] == "transformers" for base in cls.__mro__)
 
 
 def trust_unverified() -> bool:
