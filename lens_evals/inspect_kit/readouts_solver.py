@@ -31,11 +31,18 @@ from pydantic import ValidationError
 
 from lens_evals.inspect_kit.probe_reading import decoded_texts
 from lens_evals.inspect_kit.probe_solver import served_tokenizer
-from lens_evals.inspect_kit.provider.outputs import output_activations, output_token_ids
+from lens_evals.inspect_kit.provider.outputs import (
+    ACTIVATIONS_KEY,
+    PROMPT_TOKEN_IDS_KEY,
+    TOKEN_IDS_KEY,
+    output_activations,
+    output_token_ids,
+)
 from lens_evals.request.readouts import LensReadout, Readout, SaeReadout, validation_messages
 from lens_evals.request.spec import READOUTS_KEY
 
 READOUTS_METADATA_KEY = "readouts"
+TOKEN_ID_KEYS = (TOKEN_IDS_KEY, PROMPT_TOKEN_IDS_KEY)
 
 
 class ResponseTokens(TypedDict):
@@ -174,11 +181,25 @@ def lens_readouts(
         given = dict(generate_args.get("extra_body") or {})
         extra_body = {**given, "extra_args": {**given.get("extra_args", {}), READOUTS_KEY: readouts}, "return_token_ids": True}
         state = await generate(state, **{**generate_args, "extra_body": extra_body})
-        got = output_activations(state.output, "readouts")["readouts"]
+        asked = {k: v for k, v in (state.output.metadata or {}).items() if k in TOKEN_ID_KEYS} if _asks_token_ids(given) else {}
+        others = output_activations(state.output, "readouts")
+        got = others.pop("readouts")
         token_ids = output_token_ids(state.output)
         logged = response_readouts(got, token_ids["prompt"], token_ids["completion"], served_tokenizer(state, tokenizer))
-        # a new dict: the model event's copy of this output shares the old one, and need not log them twice
-        state.output.metadata = {**(state.output.metadata or {}), READOUTS_METADATA_KEY: logged}
+        # what the solver does not own stays as the provider leaves it without the solver: other
+        # activations (probe scores, a capture) and the token ids the caller's request gets
+        metadata = {**(state.output.metadata or {}), **asked, **({ACTIVATIONS_KEY: others} if others else {})}
+        if state.output.metadata is not None:  # the model event's copy of this output shares this dict
+            state.output.metadata.update(metadata)
+        # a new dict for the readouts: the model event need not log them twice
+        state.output.metadata = {**metadata, READOUTS_METADATA_KEY: logged}
         return state
 
     return solve
+
+
+def _asks_token_ids(extra_body: dict[str, Any]) -> bool:
+    """Whether the caller's own ``extra_body`` gets the token ids from the provider (it asks for
+    them with other lens fields or prompt log-probs, unless told not to)."""
+    default = bool(extra_body.get("extra_args")) or extra_body.get("prompt_logprobs") is not None
+    return bool(extra_body.get("return_token_ids", default))

@@ -20,7 +20,9 @@ from inspect_ai import eval as inspect_eval
 from inspect_ai.dataset import Sample
 from inspect_ai.log import EvalLog, read_eval_log, write_eval_log
 from inspect_ai.model import GenerateConfig
+from inspect_ai.solver import Generate, Solver, TaskState, chain, generate, solver
 
+from lens_evals import LinearProbe
 from lens_evals.client import LensClient
 from lens_evals.inspect_kit.provider.server import LensServer
 from lens_evals.inspect_kit.readouts_solver import lens_readouts
@@ -29,9 +31,10 @@ from lens_evals.readouts.sae_files import SaeWeights, load_sae, save_sae
 from lens_evals.report import ReportError, write_report
 from lens_evals.report.readouts import shown, visible
 from lens_evals.request.readouts import SaeEncoder, SaeReadout
+from lens_evals.request.spec import CAPTURE_KEY, PROBE_KEY
 from tests.conftest import TINY_PROMPTS, engine_options
 from tests.engine.test_readouts import assert_topk_close, hf_head
-from tests.tolerance import stream_bound
+from tests.tolerance import assert_scores_close, assert_stream_close, stream_bound
 
 LENS_LAYERS, SAE_LAYER, TOP_K, SAE_TOP_K, MAX_TOKENS = [0, 2, 3], 2, 4, 5, 5
 PROMPTS = TINY_PROMPTS[:2]
@@ -174,6 +177,42 @@ def test_a_malformed_readout_log_is_a_report_error(readouts_log, tmp_path) -> No
     write_eval_log(log, str(tmp_path / "bad.eval"))
     with pytest.raises(ReportError, match="lens readout 'logit' is not"):
         write_report(tmp_path / "bad.eval", tmp_path / "bad.html")
+
+
+@solver
+def _keep_output(into: dict[str, dict[str, Any]]) -> Solver:
+    """Record each sample's output metadata as the next solver or scorer sees it (the .eval log
+    cannot hold tensors: they are None there)."""
+
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        into[str(state.sample_id)] = dict(state.output.metadata or {})
+        return state
+
+    return solve
+
+
+def test_a_probe_and_a_capture_asked_beside_the_readouts_reach_the_sample_as_without_the_solver(tiny_server, tmp_path) -> None:
+    """The solver takes only its readouts out of the output: probe scores and a capture asked for
+    in the same generate's extra_args reach the sample as a plain generate with that request
+    leaves them (and the token ids of their rows)."""
+    probe = LinearProbe(name="p", layer=2, weights=np.random.default_rng(3).normal(size=128).astype(np.float32), bias=0.5)
+    body = {"ignore_eos": True, "extra_args": {PROBE_KEY: [probe], CAPTURE_KEY: [2]}}
+    seen: dict[str, dict[str, dict[str, Any]]] = {"readouts": {}, "plain": {}}
+    solvers = {"readouts": lens_readouts(layers=[3], top_k=2, extra_body=body), "plain": generate(extra_body=body)}
+    logs = [run(tiny_server, chain(solver, _keep_output(seen[name])), tmp_path / name) for name, solver in solvers.items()]
+    assert all(log.status == "success" for log in logs), [log.error for log in logs]
+    assert sorted(seen["readouts"]) == sorted(seen["plain"]) == ["s0", "s1"]
+    for sample, got in seen["readouts"].items():
+        want = seen["plain"][sample]
+        assert "readouts" in got and set(got) - {"readouts"} == set(want)
+        assert got["token_ids"] == want["token_ids"]  # the rows' tokens
+        activations, expected = got["activations"], want["activations"]
+        assert set(activations) == set(expected) == {"probe_scores", "residual_stream"}
+        stream, reference = activations["residual_stream"][0].float(), expected["residual_stream"][0].float()
+        assert reference.shape[0] == len(want["token_ids"]["prompt"]) + MAX_TOKENS - 1
+        assert_stream_close(stream, reference, f"sample {sample}: the capture")
+        scores = activations["probe_scores"]["p"], expected["probe_scores"]["p"]
+        assert_scores_close(*scores, torch.from_numpy(probe.weights), reference, f"sample {sample}: the probe", bias=0.5)
 
 
 def test_a_readout_the_model_cannot_serve_fails_the_sample_saying_why(tiny_server, tmp_path) -> None:
