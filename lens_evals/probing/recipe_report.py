@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-APOLLO_70B_AUROC = 0.964  # arXiv 2502.03407, Llama-3.3-70B, Roleplaying, as released
+from lens_evals.probing.recipe_defaults import APOLLO_70B_AUROC
 
 
 def _runs(paths: list[Path]) -> list[dict[str, Any]]:
@@ -29,15 +29,6 @@ def recipes_table(paths: list[Path]) -> str:
                 f"| {row['flagged_honest']:.3f} |"
             )
     return "\n".join(lines)
-
-
-def context_line(run: dict[str, Any], recipe: str, auroc: float) -> str:
-    """One line putting a recipe's AUROC among chance, the study's other recipes and Apollo's 70B."""
-    others = [r["test_auroc"] for r in run["recipes"] if r["recipe"] != recipe]
-    return (
-        f"AUROC {auroc:.3f} for {recipe}: chance is 0.5; our other recipes on {run['model']} score "
-        f"{min(others):.3f}-{max(others):.3f} on the test split (docs/results.md); Apollo's 70B probe scores {APOLLO_70B_AUROC}."
-    )
 
 
 def plot_recipes(paths: list[Path], out: Path) -> None:
