@@ -98,15 +98,12 @@ def readouts_charge(
         if isinstance(readout, LensReadout):
             made = 2 * chunk * facts.vocab_size
             if (lens := readout.lens) is not None and lens.weights is not None:
-                n, d = lens.weights.shape[:2]
-                weights[lens.content_digest()] = (int(lens.weights.size) + n * d) * READOUT_BYTES
+                n, d = lens.weights.shape[:2]  # the worker makes zero biases when none are sent
+                weights[lens.content_digest()] = lens.nbytes() + (n * d * READOUT_BYTES if lens.biases is None else 0)
         else:
-            assert isinstance(readout, SaeReadout) and readout.sae is not None
-            sae = readout.sae
-            assert sae.W_enc is not None
-            made = 3 * chunk * int(sae.W_enc.shape[1])
-            arrays = (sae.W_enc, sae.b_enc, sae.b_dec, sae.threshold)
-            weights[sae.content_digest()] = sum(int(a.size) for a in arrays if a is not None) * READOUT_BYTES
+            assert isinstance(readout, SaeReadout) and readout.sae is not None and readout.sae.W_enc is not None
+            made = 3 * chunk * int(readout.sae.W_enc.shape[1])
+            weights[readout.sae.content_digest()] = readout.sae.nbytes()  # float32 arrays, as on the device
         transient = max(transient, (made + rows * facts.hidden_size) * READOUT_BYTES)
     return results, tuple(weights.items()), transient
 
