@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ModelShape", "model_shape", "plugin_config"]
+__all__ = ["ModelShape", "model_shape", "plugin_config", "workers_share_host"]
 
 
 @dataclass(frozen=True)
@@ -32,3 +32,17 @@ def plugin_config(vllm_config: Any, key: str) -> dict[str, Any]:
     extra = getattr(vllm_config, "additional_config", None)
     section = extra.get(key) if isinstance(extra, dict) else None
     return section if isinstance(section, dict) else {}
+
+
+def workers_share_host(vllm_config: Any) -> bool:
+    """Whether every worker of the engine runs on the frontend's host: vLLM's own processes or
+    the frontend's (``mp`` / ``uni`` executors) on one node, with every data-parallel rank local.
+    Ray, an external launcher, a custom executor class or several nodes: not known, so False."""
+    parallel = vllm_config.parallel_config
+    backend = getattr(parallel, "distributed_executor_backend", None)
+    if backend not in (None, "mp", "uni"):
+        return False
+    if int(getattr(parallel, "nnodes", 1) or 1) > 1:
+        return False
+    size = int(getattr(parallel, "data_parallel_size", 1) or 1)
+    return size == 1 or int(getattr(parallel, "data_parallel_size_local", size)) == size

@@ -114,7 +114,9 @@ def _on_request(processor: Any, request_id: str, request: Any) -> None:
         raise ValueError(reason)
     for hook in lens.hooks:
         check_hook_args(hook, shape.hidden_size, max(max_positions, 1), shape.vocab_size)
-    readouts = normalise_readouts(lens.readouts, shape.num_layers)  # digests resolved: unknown -> 400
+    address = HandoffTarget.address() if lens.readouts and facts.workers_share_host else None
+    weights_dir = address["dir"] if address is not None else None  # weights by file, once per digest
+    readouts = normalise_readouts(lens.readouts, shape.num_layers, weights_dir)  # digests resolved: unknown -> 400
     check_readouts([readout for readout, _ in readouts], shape.num_layers, shape.hidden_size, {probe.name for probe in lens.probes})
     if lens.hook_set is not None:
         try:

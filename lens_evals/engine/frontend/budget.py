@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lens_evals import settings
+from lens_evals.engine.transport import readout_cache
 from lens_evals.request.readouts import LOGIT_CHUNK_ROWS, LensReadout, Readout, SaeReadout
 from lens_evals.request.spec import LensRequest
 from lens_evals.wire import formats as wire
@@ -165,6 +166,7 @@ class Ledger:
         for digest, nbytes in charge.weights:
             self.weight_users[digest] += 1
             self.weight_bytes[digest] = nbytes
+            readout_cache.hold(digest)  # their file (if any) stays while the request runs
         if charge.transient:
             self.transients[charge.transient] += 1
 
@@ -173,6 +175,7 @@ class Ledger:
         self.capture_positions -= charge.capture_positions
         _drop(self.layer_counts, charge.capture_layers)
         for digest, _ in charge.weights:
+            readout_cache.release(digest)
             if _drop(self.weight_users, digest):
                 del self.weight_bytes[digest]
         _drop(self.transients, charge.transient)

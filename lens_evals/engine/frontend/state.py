@@ -29,6 +29,7 @@ class EngineFacts:
     tapped: list[int] | None
     refusal: str | None
     step: frontend_budget.StepFacts
+    workers_share_host: bool  # readout weights may reach them through files (transport/readout_files.py)
 
     @classmethod
     def read(cls, config: Any) -> EngineFacts:
@@ -36,7 +37,8 @@ class EngineFacts:
         refused = compat.frontend.engine_refusal(config) or compat.architectures.frontend_refusal(config.model_config)
         act_bytes, step_rows = compat.frontend.step_limits(config)
         step = frontend_budget.StepFacts(shape.hidden_size, act_bytes, step_rows, shape.vocab_size)
-        return cls(shape, configured_layers(config, shape.num_layers), refused, step)
+        shared = compat.config.workers_share_host(config)
+        return cls(shape, configured_layers(config, shape.num_layers), refused, step, shared)
 
 
 def max_capture_bytes() -> int:

@@ -193,7 +193,7 @@ def sweep_stale(directory: str) -> list[str]:
     for name in names:
         path = os.path.join(directory, name)
         owned = OWNED_NAME.match(name)
-        pid = int(owned.group(1)) if owned else read_pid(path) if MARKER_NAME.match(name) else None
+        pid = int(owned.group(1) or owned.group(2)) if owned else read_pid(path) if MARKER_NAME.match(name) else None
         if pid is not None and not alive(pid) and remove_if_own(path):
             removed.append(name)
     if removed:

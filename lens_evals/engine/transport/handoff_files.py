@@ -32,6 +32,7 @@ _SAFE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 MARKER_PREFIX = "lens_evals-host-"
 ROWS_PREFIX = "lens_evals-rows-"
 SEGMENT_PREFIX = "lens_evals-pool-"
+WEIGHTS_PREFIX = "lens_evals-weights-"  # readout weights a frontend wrote for its workers (readout_files.py)
 
 
 def _pid_namespace() -> str:
@@ -61,7 +62,10 @@ NAMESPACE = namespace_token()
 MARKER_NAME = re.compile(rf"^{MARKER_PREFIX}{NAMESPACE}-[0-9a-f]{{32}}$")  # the frontend's token; holds its pid
 ROWS_NAME = re.compile(rf"^{ROWS_PREFIX}{NAMESPACE}-([0-9]+)-[0-9a-f]{{32}}$")  # the writer's pid, then a uuid
 SEGMENT_NAME = re.compile(rf"^{SEGMENT_PREFIX}{NAMESPACE}-([0-9]+)-[0-9a-f]{{32}}$")  # the worker's pid, then a uuid
-OWNED_NAME = re.compile(rf"^(?:{ROWS_PREFIX}|{SEGMENT_PREFIX}){NAMESPACE}-([0-9]+)-[0-9a-f]{{32}}$")
+OWNED_NAME = re.compile(  # the owner's pid; weights files end in their digest (and a writer's partial file in more)
+    rf"^(?:(?:{ROWS_PREFIX}|{SEGMENT_PREFIX}){NAMESPACE}-([0-9]+)-[0-9a-f]{{32}}"
+    rf"|{WEIGHTS_PREFIX}{NAMESPACE}-([0-9]+)-[0-9a-f]{{64}}(?:\.[0-9a-f]{{8}}\.partial)?)$"
+)
 
 
 def marker_name(token: str) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from lens_evals import settings
+from lens_evals.engine.transport import readout_files
 from lens_evals.engine.worker.spans import rows_of, span_of
 from lens_evals.engine.worker.transfer import to_device
 from lens_evals.request.readouts import LOGIT_CHUNK_ROWS, AffineLens, LensReadout, SaeEncoder, SaeReadout, parse_readout
@@ -123,8 +124,8 @@ def _decode_sae(sae: SaeEncoder, device: torch.device) -> WorkerSae:
 
 
 def decode_readouts(items: list[dict[str, Any]], device: torch.device) -> list[WorkerReadout]:
-    """A request's readouts (the frontend's normalised wire dicts, weights inline or by the
-    digest of weights this worker holds)."""
+    """A request's readouts (the frontend's normalised wire dicts, weights inline, by the
+    digest of weights this worker holds, or by digest and the frontend's file of them)."""
     out = []
     for index, item in enumerate(items):
         field_name = "lens" if item.get("kind") == "lens" else "sae"
@@ -134,6 +135,8 @@ def decode_readouts(items: list[dict[str, Any]], device: torch.device) -> list[W
         decoded: Any = _cache.get(key) if digest else None
         if decoded is not None:  # held: the weights are not decoded again
             item = {**item, field_name: {"digest": digest}}
+        elif isinstance(sent, dict) and "file" in sent:  # written once by the frontend (transport/readout_files.py)
+            item = {**item, field_name: readout_files.read(str(sent["file"]), digest)}
         readout = parse_readout(item)
         nested = readout.lens if isinstance(readout, LensReadout) else readout.sae
         if nested is not None:
