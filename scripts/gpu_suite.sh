@@ -165,7 +165,8 @@ case ${PART:?PART=prepare|1|2a|2b|2c|2d|3a|3b|3c|3d|3e|3f|solo|files|ray|overlap
     python3 -c "from lens_evals.models.registry import model_path; [print(model_path(n)) for n in ('tiny-llama', 'tiny-moe', 'smollm2-135m-instruct')]"
     # The machine's first engine (149-207 s in four runs, later ones 10-15 s) started here, its
     # phases timed, so that the parts' budgets hold and the carried caches' effect is measured
-    [ "${WARM:-1}" = 1 ] && VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 -c "
+    # (WARM=0 skips it; the part still ends 0)
+    if [ "${WARM:-1}" = 1 ]; then VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 -c "
 import time; t0 = time.monotonic()
 from vllm import LLM, SamplingParams
 t1 = time.monotonic(); print(f'warm: import vllm {t1 - t0:.1f} s', flush=True)
@@ -174,8 +175,8 @@ t2 = time.monotonic(); print(f'warm: first engine {t2 - t1:.1f} s', flush=True)
 out = llm.generate(['the cat reads a book.'], SamplingParams(max_tokens=2, temperature=0.0, extra_args={'output_residual_stream': [1]}))
 t3 = time.monotonic(); print(f'warm: first lens request {t3 - t2:.1f} s, rows {tuple(out[0].activations[\"residual_stream\"].shape)}', flush=True)
 llm.llm_engine.engine_core.shutdown()
-" > "$out/warm.log" 2>&1; grep -E "^warm:|Error" "$out/warm.log" | cut -c1-300
-    du -sh /tmp/kc/* 2>/dev/null
+" > "$out/warm.log" 2>&1; grep -E "^warm:|Error" "$out/warm.log" | cut -c1-300; fi
+    du -sh /tmp/kc/* 2>/dev/null || true
     ;;
   1|2a|2b|2c|2d|3a|3b|3c|3d|3e|3f|solo|files|ray) run_part "$PART" ;;
   # each part's test files or ids, a line each: "PART: FILE ..." (no device needed)
