@@ -53,7 +53,7 @@ def plot_recipes(paths: list[Path], out: Path) -> None:
             )
             left.plot(row["dev_auroc"], y, marker="x", color="grey", linestyle="none")
             right.barh(y, row["recall_at_1pct_fpr"], color=colour, alpha=0.7)
-            labels.append(f"{run['model'][:14]}: {row['recipe']}")
+            labels.append(f"{run['model'].removesuffix('-instruct')}: {row['recipe']}")
     left.axvline(0.5, color="grey", linewidth=0.8, linestyle="--")
     left.axvline(APOLLO_70B_AUROC, color="tab:green", linewidth=0.8, linestyle=":", label=f"Apollo 70B ({APOLLO_70B_AUROC})")
     left.set_yticks(range(len(labels)))
