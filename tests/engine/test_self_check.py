@@ -53,6 +53,21 @@ def test_a_wrong_contract_refuses_lens_requests_and_serves_plain_ones(arch: str,
         assert again[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
 
 
+def test_a_wrong_contract_in_bfloat16_is_still_caught_by_identity(monkeypatch) -> None:
+    """In half precision the identity's bound follows the rounding control, which is added by
+    steering and so does not go through the (wrong) write-back: the swapped contract's identity
+    is measured far over it (0.59-0.90 against controls of 0.02), as handoff and steer are."""
+    arch = "StableLmForCausalLM"
+    monkeypatch.setitem(architectures.VERIFIED, arch, dataclasses.replace(architectures.VERIFIED[arch], contract=architectures.FUSED))
+    monkeypatch.setenv("LENS_EVALS_SELF_CHECK", "1")
+    with make_llm(build(arch), max_model_len=512, dtype="bfloat16") as llm:
+        llm.generate(["the cat reads a book."], greedy(2))
+        checked = self_check_run.result_of(llm.llm_engine.input_processor)
+        assert checked is not None and not checked.passed, checked and checked.table()
+        for layer in checked.layers:
+            assert layer.rounding > 0 and layer.identity > 2 * layer.identity_bound("bfloat16"), checked.table()
+
+
 def test_without_the_check_a_wrong_contract_goes_unnoticed(monkeypatch) -> None:
     """What the check guards against (the code before it): the swapped contract serves a capture."""
     arch = "Qwen3ForCausalLM"

@@ -11,6 +11,13 @@ model has one decoder-layer class):
   hook with the captured rows) must leave the prompt log-probs where a plain request has them
   (largest absolute difference; bound: the dtype's floor). A read that misses part of the
   stream writes the wrong stream back.
+  In half precision a fused-residual layer's stream is written back as one rounded sum where the
+  next layer would have added hidden and residual in float32 (vLLM's CPU kernels; the GPU's round
+  the sum first): a right contract then moves the log-probs by rounding alone, which grows with
+  depth. So there the identity's bound is also ``ROUNDING_FACTOR`` times what a rounding-sized
+  random change of the stream at the same layer (half an ulp of the dtype per element, added by
+  steering, which adds to the stream whatever the contract) moves them (the **rounding**
+  control); a wrong read writes back the wrong stream and moves them far more.
 * **handoff**: the capture at layer L must equal what layer L + 1 reads (``record`` with
   ``pre=True``; at the last layer: capture at L - 1 vs the input of L), largest per-token
   relative error.
@@ -34,6 +41,7 @@ A failure refuses lens requests with the numbers (plain requests are served);
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import logging
 import math
 from collections.abc import Sequence
@@ -56,7 +64,9 @@ STEER_BOUND = 1e-2  # doubled stream's log-prob movement / a random vector's (me
 # in half precision the doubled stream's rounding moves the log-probs too (tiny-llama in bfloat16
 # on the CPU: 1.2e-2, a right contract); wrong contracts measured 0.56-0.92
 STEER_BOUNDS = {"float32": STEER_BOUND, "float16": 5e-2, "bfloat16": 1e-1}
+HALF = {"float16": 2.0**-10, "bfloat16": 2.0**-7}  # the ulp at 1.0 (torch.finfo(dtype).eps)
 CONTROL_MIN = 1e-2  # the random vector must move some log-prob by at least this
+ROUNDING_FACTOR = 4.0  # half precision: identity <= this x a rounding-sized change's movement passes
 _RUNNING: contextvars.ContextVar[bool] = contextvars.ContextVar("lens_evals_self_check_running", default=False)
 
 
@@ -70,6 +80,12 @@ class LayerCheck:
     steer: float = math.nan
     control: float = math.nan  # the random vector's log-prob movement (last layer)
     passed: bool = True
+    rounding: float = math.nan  # half precision: a rounding-sized change's movement (the rounding control)
+
+    def identity_bound(self, dtype: str) -> float:
+        """The dtype's floor, or in half precision ``ROUNDING_FACTOR`` x the rounding control if larger."""
+        floor = bounds(dtype)[0]
+        return floor if math.isnan(self.rounding) else max(floor, ROUNDING_FACTOR * self.rounding)
 
     @property
     def steer_inconclusive(self) -> bool:
@@ -127,6 +143,10 @@ class SelfCheck:
         lines = [head + ("PASS" if self.passed else "FAIL"), "layer  identity   handoff    steer      result"]
         lines += [f"{c.layer:<6} {_num(c.identity)}  {_num(c.handoff)}  {_num(c.steer)}  {_verdict(c)}" for c in self.layers]
         lines.append(f"bounds {_num(identity)}  {_num(handoff)}  {_num(steer_bound(self.dtype))}")
+        measured = [c for c in self.layers if not math.isnan(c.rounding)]
+        if measured:
+            parts = [f"layer {c.layer} {c.rounding:.2e} (identity bound {c.identity_bound(self.dtype):.2e})" for c in measured]
+            lines.append("rounding control (a rounding-sized change): " + ", ".join(parts))
         if self.error:
             lines.append(f"error: {self.error}")
         lines += [f"note: {describe(c, self.dtype)}" for c in self.layers if c.passed and c.steer_inconclusive]
@@ -148,7 +168,10 @@ def bounds(dtype: str) -> tuple[float, float]:
 
 def describe(check: LayerCheck, dtype: str) -> str:
     identity, handoff = bounds(dtype)
-    parts = [f"identity {check.identity:.2e} (floor {identity:.0e})", f"handoff {check.handoff:.2e} (floor {handoff:.0e})"]
+    bound = f"floor {identity:.0e}"
+    if not math.isnan(check.rounding):
+        bound += f", or {ROUNDING_FACTOR:g} x a rounding-sized change's {check.rounding:.2e}"
+    parts = [f"identity {check.identity:.2e} ({bound})", f"handoff {check.handoff:.2e} (floor {handoff:.0e})"]
     if check.steer_inconclusive:
         parts.append(
             f"steer not judged: a random vector of the stream's size moved the log-probs only {check.control:.2e} "
@@ -211,6 +234,7 @@ class Plan:
         self.pairs = dict(zip(self.layers, pairs)) if pairs else {}
         self.capture = sorted(set(self.layers) | {a for a, _ in self.pairs.values()})
         self.pre = sorted({b for _, b in self.pairs.values()})
+        self.rounding = False  # the second round has the rounding control (set by second_round)
 
     def first_round(self) -> list[Request]:
         extra: dict[str, Any] = {"output_residual_stream": self.capture}
@@ -218,10 +242,12 @@ class Plan:
             extra["apply_hooks"] = [Hook("record", [layer], pre=True) for layer in self.pre]
         return [Request(extra, False)]
 
-    def second_round(self, stream: torch.Tensor, prompt_len: int, hidden: int, seed: int = 0) -> list[Request]:
-        """Plain, identity per layer, doubled and control at the last layer (``stream``: the
-        first round's capture, (capture layers, prompt_len, hidden))."""
+    def second_round(self, stream: torch.Tensor, prompt_len: int, hidden: int, seed: int = 0, dtype: str = "float32") -> list[Request]:
+        """Plain, identity per layer, doubled and control at the last layer, then (half
+        precision, eager) the rounding control per layer (``stream``: the first round's capture,
+        (capture layers, prompt_len, hidden))."""
         positions = list(range(prompt_len))
+        self.rounding = dtype in HALF and not self.graph
         requests = [Request(None, True)]
         for layer in self.layers:
             rows = stream[self.capture.index(layer)].float().numpy()
@@ -237,6 +263,13 @@ class Plan:
             for vectors in (rows, control):
                 steer = SteeringVector(activations=vectors[None], layer_indices=[self.last], position_indices=positions)
                 requests.append(Request({"apply_steering_vectors": [steer]}, True))
+        if self.rounding:
+            rng, ulp = np.random.default_rng(seed + 1), HALF[dtype]
+            for layer in self.layers:
+                rows = stream[self.capture.index(layer)].float().numpy()
+                nudge = np.abs(rows) * (ulp / 2) * rng.choice([-1.0, 1.0], size=rows.shape).astype(np.float32)
+                steer = SteeringVector(activations=nudge[None], layer_indices=[layer], position_indices=positions)
+                requests.append(Request({"apply_steering_vectors": [steer]}, True))  # added, whatever the contract
         return requests
 
     def measure(self, first: Any, second: list[Any], prompt_ids: Sequence[int], dtype: str) -> list[LayerCheck]:
@@ -244,8 +277,10 @@ class Plan:
         stream = first.activations["residual_stream"]
         saved = (first.hook_results or {}) if self.pre else {}
         plain = prompt_logprobs(second[0], prompt_ids)
-        identity_floor, handoff_floor = bounds(dtype)
+        handoff_floor = bounds(dtype)[1]
         moved = [float((prompt_logprobs(out, prompt_ids) - plain).abs().max()) for out in second[1:]]
+        steered = len(self.layers) + (2 if self.last in self.layers else 0)  # identities, then doubled and control
+        rounding = moved[steered:] if self.rounding else [math.nan] * len(self.layers)
         checks = []
         for i, layer in enumerate(self.layers):
             handoff = math.nan
@@ -257,10 +292,11 @@ class Plan:
             if layer == self.last:
                 control = moved[len(self.layers) + 1]
                 steer = moved[len(self.layers)] / max(control, 1e-30)
-            ok = moved[i] <= identity_floor and not handoff > handoff_floor
+            check = LayerCheck(layer, moved[i], handoff, steer, control, rounding=rounding[i])
+            ok = moved[i] <= check.identity_bound(dtype) and not handoff > handoff_floor
             if layer == self.last and control >= CONTROL_MIN:  # below: not judged (LayerCheck.steer_inconclusive)
                 ok = ok and steer <= steer_bound(dtype)
-            checks.append(LayerCheck(layer, moved[i], handoff, steer, control, ok))
+            checks.append(dataclasses.replace(check, passed=ok))
         return checks
 
 

@@ -67,7 +67,7 @@ def _rounds(vllm_config: Any, prompt_ids: list[int], dtype: str) -> Rounds:
     shape = compat.config.model_shape(vllm_config)
     plan = Plan(shape.num_layers, configured_layers(vllm_config, shape.num_layers))
     first = (yield plan.first_round())[0]
-    second = yield plan.second_round(first.activations["residual_stream"], len(prompt_ids), shape.hidden_size)
+    second = yield plan.second_round(first.activations["residual_stream"], len(prompt_ids), shape.hidden_size, dtype=dtype)
     return plan.measure(first, second, prompt_ids, dtype)
 
 
