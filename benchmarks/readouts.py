@@ -7,26 +7,33 @@ the same round's plain time.
 
 Features: ``plain``; ``capture-1`` (the middle layer's stream); ``probe`` (one probe, middle
 layer); ``lens-1`` (logit lens top-10 at the middle layer); ``lens-all`` (logit lens top-10 at
-every layer); ``sae-1`` (a 16x-wide random ReLU SAE at the middle layer, top-16)."""
+every layer); ``sae-1`` (a 16x-wide random ReLU SAE at the middle layer, top-16); ``tuned-all``
+(an affine lens on every layer, top-10: its weights, ``layers x hidden x hidden`` float32, reach
+the workers once, as a file) and ``tuned-all:inline`` (the same lens with the hand-off off, so its
+weights travel with every request, as they did before ``transport/readout_files.py``)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import platform
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from benchmarks.interleaved import rotated, summarise
 
-FEATURES = ("plain", "capture-1", "probe", "lens-1", "lens-all", "sae-1")
+FEATURES = ("plain", "capture-1", "probe", "lens-1", "lens-all", "sae-1", "tuned-all", "tuned-all:inline")
+INLINE = ":inline"  # the feature with LENS_EVALS_HANDOFF=0 for its calls
 
 
 def extra_args(feature: str, layers: int, hidden: int) -> dict[str, Any] | None:
     from lens_evals import LinearProbe
-    from lens_evals.request.readouts import LensReadout, SaeEncoder, SaeReadout
+    from lens_evals.request.readouts import AffineLens, LensReadout, SaeEncoder, SaeReadout
 
     mid = layers // 2
     rng = np.random.default_rng(0)
@@ -40,9 +47,27 @@ def extra_args(feature: str, layers: int, hidden: int) -> dict[str, Any] | None:
         return {"output_readouts": [LensReadout(name="l", layers=[mid], top_k=10)]}
     if feature == "lens-all":
         return {"output_readouts": [LensReadout(name="l", layers="all", top_k=10)]}
+    if feature.startswith("tuned-all"):
+        near_identity = np.eye(hidden, dtype=np.float32) + rng.normal(scale=0.01, size=(layers, hidden, hidden)).astype(np.float32)
+        lens = AffineLens(layers=list(range(layers)), weights=near_identity)
+        return {"output_readouts": [LensReadout(name="t", layers="all", top_k=10, lens=lens)]}
     width = 16 * hidden
     sae = SaeEncoder(W_enc=rng.normal(size=(hidden, width)).astype(np.float32) / np.sqrt(hidden), b_enc=np.zeros(width, np.float32))
     return {"output_readouts": [SaeReadout(name="s", layer=mid, top_k=16, sae=sae)]}
+
+
+@contextlib.contextmanager
+def _handoff(on: bool) -> Iterator[None]:
+    """``LENS_EVALS_HANDOFF`` for the calls inside (the frontend reads it per request)."""
+    before = os.environ.get("LENS_EVALS_HANDOFF")
+    os.environ["LENS_EVALS_HANDOFF"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["LENS_EVALS_HANDOFF"]
+        else:
+            os.environ["LENS_EVALS_HANDOFF"] = before
 
 
 def main() -> None:
@@ -70,14 +95,16 @@ def main() -> None:
         )
         for f in FEATURES
     }
-    for f in FEATURES:  # warm-up (and the SAE's weights sent once)
-        llm.generate(prompts[:2], params[f], use_tqdm=False)
+    for f in FEATURES:  # warm-up (and the SAE's and the lens's weights sent once)
+        with _handoff(not f.endswith(INLINE)):
+            llm.generate(prompts[:2], params[f], use_tqdm=False)
     times: dict[str, list[float]] = {f: [] for f in FEATURES}
     for round_index in range(args.rounds):
         for feature in rotated(FEATURES, round_index):
-            began = time.perf_counter()
-            llm.generate(prompts, params[feature], use_tqdm=False)
-            times[feature].append(time.perf_counter() - began)
+            with _handoff(not feature.endswith(INLINE)):
+                began = time.perf_counter()
+                llm.generate(prompts, params[feature], use_tqdm=False)
+                times[feature].append(time.perf_counter() - began)
     summary = summarise(times)
     device = "cuda" if llm.llm_engine.vllm_config.device_config.device_type == "cuda" else "cpu"
     print(json.dumps({"model": args.model, "device": device, "host": platform.node(), "args": vars(args), "summary": summary}, indent=1))
