@@ -18,10 +18,10 @@ import torch
 
 from lens_evals.engine import compat
 from lens_evals.engine.frontend import admit as frontend_admit
-from lens_evals.engine.transport.probe_cache import LRU, encode_probe, probe_digest
+from lens_evals.engine.transport.probe_cache import LRU, encode_probe, encode_steering, probe_digest
 from lens_evals.engine.worker.requests import decode_worker_request
 from lens_evals.request.args import parse_lens_args, remember_probes
-from lens_evals.request.spec import CAPTURE_KEY, INTERNAL_KEY, PROBE_KEY, LinearProbe
+from lens_evals.request.spec import CAPTURE_KEY, INTERNAL_KEY, PROBE_KEY, LinearProbe, SteeringVector
 
 HIDDEN = 64
 
@@ -113,6 +113,60 @@ def test_the_worker_decodes_a_probe_once_per_digest() -> None:
         decode_worker_request(broken, cpu, torch.float32, {})
 
 
+def vector(seed: int, scale: float = 2.0) -> SteeringVector:
+    return SteeringVector(
+        activations=np.random.default_rng(seed).normal(size=(1, HIDDEN)).astype(np.float32), layer_indices=[1], scale=scale
+    )
+
+
+def _steering_spec(vectors: list[SteeringVector], digests: bool = True) -> dict[str, Any]:
+    encoded = [encode_steering(v) for v in vectors]
+    spec = {"key": "k", "capture_layers": [], "steering": [w for w, _ in encoded], "probes": [], "hooks": [], "hook_set": None}
+    if digests:
+        spec["steering_digests"] = [d for _, d in encoded]
+    return {INTERNAL_KEY: spec}
+
+
+def test_a_steering_vector_is_encoded_and_decoded_once_per_content() -> None:
+    """Reference: ``SteeringVector.to_wire`` and the worker's decode of a spec without digests."""
+    cpu = torch.device("cpu")
+    first = vector(7)
+    wire, digest = encode_steering(first)
+    assert wire == first.to_wire()
+    assert encode_steering(vector(7))[0] is wire  # another object, the same vector
+    assert encode_steering(vector(7, scale=3.0))[1] != digest  # the scale is part of what is sent
+    one = decode_worker_request(_steering_spec([first]), cpu, torch.float32, {})
+    two = decode_worker_request(_steering_spec([vector(7)]), cpu, torch.float32, {})
+    assert one is not None and two is not None and two.steering[0] is one.steering[0]  # decoded once, shared
+    first.activations.mul_(-1.5)  # changed in place: a new vector, not the cached one
+    changed, changed_digest = encode_steering(first)
+    assert changed_digest != digest and changed == first.to_wire()
+    after = decode_worker_request(_steering_spec([first]), cpu, torch.float32, {})
+    fresh = decode_worker_request(_steering_spec([first], digests=False), cpu, torch.float32, {})
+    assert after is not None and fresh is not None
+    assert torch.equal(after.steering[0].vectors[1], fresh.steering[0].vectors[1])
+    assert torch.equal(after.steering[0].vectors[1], torch.from_numpy(first.array))  # (1, hidden): every position
+    broken = _steering_spec([first])
+    broken[INTERNAL_KEY]["steering_digests"] *= 2
+    with pytest.raises(ValueError, match="1 steering vectors but 2 steering digests"):
+        decode_worker_request(broken, cpu, torch.float32, {})
+
+
+def test_a_deep_copy_of_a_request_object_shares_no_array() -> None:
+    """vLLM deep-copies every request's ``SamplingParams`` (``extra_args`` too); our objects copy
+    themselves cheaply, but a copy changed in place must leave the original as it was."""
+    vec, pr = vector(8), probe(9)
+    vec_wire, probe_wire = vec.to_wire(), pr.to_wire()
+    copied = copy.deepcopy({"v": [vec, vec], "p": [pr]})
+    assert copied["v"][0] is copied["v"][1]  # one object twice stays one object, as deepcopy does
+    new_vec, new_probe = copied["v"][0], copied["p"][0]
+    assert new_vec.to_wire() == vec_wire and new_probe.to_wire() == probe_wire
+    new_vec.activations.mul_(2.0)
+    new_vec.layer_indices.append(3)
+    new_probe.weights[0] += 1.0
+    assert vec.to_wire() == vec_wire and pr.to_wire() == probe_wire
+
+
 def test_the_engines_facts_are_read_once_and_the_limit_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
     hf_config = SimpleNamespace(architectures=["LlamaForCausalLM"], num_hidden_layers=4, hidden_size=HIDDEN)
     model_config = SimpleNamespace(
@@ -123,6 +177,7 @@ def test_the_engines_facts_are_read_once_and_the_limit_per_request(monkeypatch: 
         vllm_config=SimpleNamespace(
             model_config=model_config,
             scheduler_config=scheduler_config,
+            parallel_config=SimpleNamespace(),  # vLLM's defaults: the workers share the frontend's host
             additional_config={},
             use_v2_model_runner=False,
             speculative_config=None,

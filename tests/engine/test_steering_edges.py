@@ -86,6 +86,23 @@ def test_a_vector_keeps_its_values_when_the_caller_reuses_the_array(llm, source:
         assert_stream_close(capture(got[i]), capture(alone), f"request {i} vs its own vector alone")
 
 
+def test_a_vector_changed_in_place_after_a_request_is_a_new_vector(llm, hf) -> None:
+    """The frontend encodes a vector once and each worker decodes it once per content (issue #47):
+    the same object, changed in place after a first request, steers the next request with its
+    new values. Reference: HF with each request's own additions at every position."""
+    acts = np.random.default_rng(25).normal(size=(1, HIDDEN)).astype(np.float32)
+    vec = SteeringVector(activations=acts, layer_indices=[1], scale=2.0)
+    params = greedy(3, output_residual_stream=LAYERS, apply_steering_vectors=[vec])
+    first = llm.generate([TINY_PROMPTS[0]], params)[0]
+    vec.activations.mul_(-1.5)  # ``activations`` is a torch tensor the caller may change
+    second = llm.generate([TINY_PROMPTS[0]], params)[0]
+    for out, values, what in ((first, acts, "first"), (second, acts * -1.5, "after the change")):
+        tokens = tokens_of(out)[:-1]
+        added = torch.from_numpy(values[0] * 2.0)
+        reference = hf.residual_stream(tokens, LAYERS, additions={1: {p: added for p in range(len(tokens))}})
+        assert_stream_close(capture(out), reference, f"vector {what} vs HF with its values added")
+
+
 @pytest.mark.parametrize("make", [np.asarray, torch.tensor], ids=["numpy", "torch"])
 def test_complex_activations_with_imaginary_parts_are_refused(make) -> None:
     """np.linalg.eig of a non-symmetric matrix gives complex eigenvectors: a vector with non-zero

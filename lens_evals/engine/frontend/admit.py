@@ -25,7 +25,7 @@ from lens_evals.engine.frontend.state import frontend_state, max_capture_bytes
 from lens_evals.engine.transport import timing
 from lens_evals.engine.transport.graph_layers import refusal
 from lens_evals.engine.transport.handoff import HandoffTarget
-from lens_evals.engine.transport.probe_cache import encode_probe
+from lens_evals.engine.transport.probe_cache import encode_probe, encode_steering
 from lens_evals.engine.transport.protocol import LensRequestWire
 from lens_evals.engine.transport.readout_cache import normalise as normalise_readouts
 from lens_evals.request.args import LensLimits, parse_lens_args, refuse_misspelled_keys, remember_probes
@@ -149,13 +149,15 @@ def _normalise(
     prompt_len = len(request.prompt_token_ids or [])
     hooks, local_ids = encode_hooks(lens.hooks)
     probes = [encode_probe(probe) for probe in lens.probes]  # once per distinct probe
+    steering = [encode_steering(vec) for vec in lens.steering]  # once per distinct vector
     remember_probes(extra, lens.probes)  # accepted: its probe strings are parsed once from now on
     key = uuid.uuid4().hex
     normalised = {k: v for k, v in extra.items() if k not in LENS_KEYS}
     spec: LensRequestWire = {
         "key": key,
         "capture_layers": lens.capture_layers,
-        "steering": [vec.to_wire() for vec in lens.steering],
+        "steering": [wire_form for wire_form, _ in steering],
+        "steering_digests": [digest for _, digest in steering],
         "probes": [wire_form for wire_form, _ in probes],
         "probe_digests": [digest for _, digest in probes],
         "hooks": hooks,

@@ -1,10 +1,12 @@
-"""Probes sent again and again (an eval sends the same few probes with every request) are
-encoded once on the frontend and decoded once on each worker, by the probe's digest; both
+"""Probes and steering vectors sent again and again (an eval sends the same few with every
+request) are encoded once on the frontend and decoded once on each worker, by their digest; the
 caches are bounded (least recently used goes first).
 
-The digest is SHA-256 of the float32 weights and the float64 bias: the frontend computes it with
-the encoding and sends it beside the probe (``LensRequestWire.probe_digests``); the worker keys its
-device tensors by it and its step planner stacks each distinct digest once."""
+A probe's digest is SHA-256 of the float32 weights and the float64 bias: the frontend computes it
+with the encoding and sends it beside the probe (``LensRequestWire.probe_digests``); the worker keys
+its device tensors by it and its step planner stacks each distinct digest once. A steering
+vector's is SHA-256 of everything its wire form says (``steering_wire_digest``), sent in
+``LensRequestWire.steering_digests``: the worker decodes a vector once per digest."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from lens_evals.request.spec import LinearProbe
+from lens_evals.request.spec import LinearProbe, SteeringVector
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -61,3 +63,31 @@ def encode_probe(probe: LinearProbe) -> tuple[dict[str, Any], str]:
     return _encoded.get_or_make(
         (probe.name, probe.layer, bias, weights), lambda: (probe.to_wire(), probe_digest(probe.weights, probe.bias))
     )
+
+
+def steering_wire_digest(vec: SteeringVector) -> str:
+    """What identifies a steering vector's wire form: its float32 activations (shape included),
+    layers, positions, scale and norm matching."""
+    acts = np.ascontiguousarray(vec.array, dtype=np.float32)
+    digest = hashlib.sha256(np.asarray(acts.shape, dtype=np.int64).tobytes() + acts.tobytes())
+    digest.update(np.asarray(vec.layer_indices, dtype=np.int64).tobytes())
+    if vec.position_indices is not None:
+        digest.update(b"positions" + np.asarray(vec.position_indices, dtype=np.int64).tobytes())
+    digest.update(np.float64(vec.scale).tobytes() + bytes([vec.norm_match]))
+    return digest.hexdigest()
+
+
+# digest -> wire dict, for vectors of at most CACHED_STEERING_BYTES (a vector per layer and
+# position may be tens of MiB: those are encoded per request, as before)
+_encoded_steering: LRU[str, dict[str, Any]] = LRU(32)
+CACHED_STEERING_BYTES = 4 << 20
+
+
+def encode_steering(vec: SteeringVector) -> tuple[dict[str, Any], str]:
+    """(``vec.to_wire()``, its digest), the wire dict made once per distinct vector. The key is
+    the vector's content, not the object: a vector changed in place is a new vector. The wire
+    dict is shared by the requests that send the vector: it is only read."""
+    digest = steering_wire_digest(vec)
+    if vec.array.nbytes > CACHED_STEERING_BYTES:
+        return vec.to_wire(), digest
+    return _encoded_steering.get_or_make(digest, vec.to_wire), digest

@@ -45,6 +45,7 @@ class LensRequestWire(TypedDict):
     key: str  # the request's lens key (a UUID; vLLM may rewrite request ids)
     capture_layers: list[int]
     steering: list[dict[str, Any]]  # SteeringVector.to_wire()
+    steering_digests: NotRequired[list[str]]  # each vector's digest (``probe_cache``): the worker decodes a vector once
     probes: list[dict[str, Any]]  # LinearProbe.to_wire()
     probe_digests: list[str]  # each probe's digest (``probe_cache``): the worker decodes a probe once
     hooks: list[HookWire]

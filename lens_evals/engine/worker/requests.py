@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lens_evals.engine.transport.probe_cache import LRU, probe_digest
+from lens_evals.engine.transport.probe_cache import CACHED_STEERING_BYTES, LRU, probe_digest
 from lens_evals.engine.transport.protocol import LensRequestWire
 from lens_evals.engine.worker.hooks import WorkerHook, decode_hooks
 from lens_evals.engine.worker.readouts import WorkerReadout, decode_readouts
@@ -19,12 +19,13 @@ from lens_evals.request.spec import INTERNAL_KEY, LinearProbe, SteeringVector
 from lens_evals.wire import formats as wire
 
 
-@dataclass
+@dataclass(frozen=True)
 class WorkerSteering:
     """One steering vector: per layer a (n_vectors, hidden) device tensor, where n_vectors is 1
     (every position) or one row per entry of ``positions`` (sorted). ``digest`` names the
     vectors' content (:func:`steering_digest`), so the step planner sees that requests share a
-    vector without comparing device tensors (a comparison on a GPU waits for the device)."""
+    vector without comparing device tensors (a comparison on a GPU waits for the device).
+    Only read once made: the requests that send the same vector share one."""
 
     vectors: dict[int, torch.Tensor]
     positions: np.ndarray | None
@@ -100,7 +101,11 @@ def decode_worker_request(
     if not extra_args or INTERNAL_KEY not in extra_args:
         return None
     spec: LensRequestWire = extra_args[INTERNAL_KEY]
-    steering = [_decode_steering(SteeringVector.from_wire(item), device, dtype) for item in spec.get("steering", [])]
+    vectors = spec.get("steering", [])
+    sent_steering = spec.get("steering_digests")
+    if sent_steering is not None and len(sent_steering) != len(vectors):
+        raise ValueError(f"{len(vectors)} steering vectors but {len(sent_steering)} steering digests")
+    steering = [_steering(item, sent_steering[n] if sent_steering else None, device, dtype) for n, item in enumerate(vectors)]
     items = spec.get("probes", [])
     sent = spec.get("probe_digests")
     digests: list[str | None] = list(sent) if sent else [None] * len(items)
@@ -155,7 +160,27 @@ def steering_digest(acts: np.ndarray, layers: list[int], positions: np.ndarray |
 # (digest, device, dtype) -> vectors. Kept: small vectors only (a vector per position and layer
 # can be tens of MiB), at most 32 of them: <= 128 MiB of device memory besides the requests' own.
 _device_steering: LRU[tuple[str, str, str], torch.Tensor] = LRU(32)
-CACHED_STEERING_BYTES = 4 << 20
+
+
+# the frontend's steering digest (``probe_cache.steering_wire_digest``), device, dtype -> the
+# decoded vector; small vectors only, as ``_device_steering`` (whose tensors these share)
+_worker_steering: LRU[tuple[str, str, str], WorkerSteering] = LRU(32)
+
+
+def _steering(item: Any, sent: str | None, device: torch.device, dtype: torch.dtype) -> WorkerSteering:
+    """A steering vector of the request, decoded once per digest the frontend sent with it (its
+    wire form parsed and checked, its digest and device tensor made), else decoded here."""
+    if sent is None:
+        return _decode_steering(SteeringVector.from_wire(item), device, dtype)
+    key = (sent, str(device), str(dtype))
+    cached = _worker_steering.entries.get(key)
+    if cached is not None:
+        _worker_steering.entries.move_to_end(key)
+        return cached
+    decoded = _decode_steering(SteeringVector.from_wire(item), device, dtype)
+    if sum(table.numel() for table in decoded.vectors.values()) * 4 <= CACHED_STEERING_BYTES:
+        _worker_steering.get_or_make(key, lambda: decoded)
+    return decoded
 
 
 def _decode_steering(vec: SteeringVector, device: torch.device, dtype: torch.dtype) -> WorkerSteering:
