@@ -20,8 +20,8 @@ import json
 import os
 import platform
 import time
-from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import numpy as np
 
@@ -56,18 +56,11 @@ def extra_args(feature: str, layers: int, hidden: int) -> dict[str, Any] | None:
     return {"output_readouts": [SaeReadout(name="s", layer=mid, top_k=16, sae=sae)]}
 
 
-@contextlib.contextmanager
-def _handoff(on: bool) -> Iterator[None]:
+def _handoff(on: bool) -> contextlib.AbstractContextManager[Any]:
     """``LENS_EVALS_HANDOFF`` for the calls inside (the frontend reads it per request)."""
-    before = os.environ.get("LENS_EVALS_HANDOFF")
-    os.environ["LENS_EVALS_HANDOFF"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["LENS_EVALS_HANDOFF"]
-        else:
-            os.environ["LENS_EVALS_HANDOFF"] = before
+    from lens_evals import settings
+
+    return mock.patch.dict(os.environ, {settings.HANDOFF.name: "1" if on else "0"})
 
 
 def main() -> None:
