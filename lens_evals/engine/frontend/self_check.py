@@ -234,7 +234,10 @@ class Plan:
         self.pairs = dict(zip(self.layers, pairs)) if pairs else {}
         self.capture = sorted(set(self.layers) | {a for a, _ in self.pairs.values()})
         self.pre = sorted({b for _, b in self.pairs.values()})
-        self.rounding = False  # the second round has the rounding control (set by second_round)
+
+    def has_rounding_control(self, dtype: str) -> bool:
+        """Half precision in eager mode (graph mode's identity is steering by zeros: exact)."""
+        return dtype in HALF and not self.graph
 
     def first_round(self) -> list[Request]:
         extra: dict[str, Any] = {"output_residual_stream": self.capture}
@@ -247,7 +250,6 @@ class Plan:
         precision, eager) the rounding control per layer (``stream``: the first round's capture,
         (capture layers, prompt_len, hidden))."""
         positions = list(range(prompt_len))
-        self.rounding = dtype in HALF and not self.graph
         requests = [Request(None, True)]
         for layer in self.layers:
             rows = stream[self.capture.index(layer)].float().numpy()
@@ -263,7 +265,7 @@ class Plan:
             for vectors in (rows, control):
                 steer = SteeringVector(activations=vectors[None], layer_indices=[self.last], position_indices=positions)
                 requests.append(Request({"apply_steering_vectors": [steer]}, True))
-        if self.rounding:
+        if self.has_rounding_control(dtype):
             rng, ulp = np.random.default_rng(seed + 1), HALF[dtype]
             for layer in self.layers:
                 rows = stream[self.capture.index(layer)].float().numpy()
@@ -280,7 +282,7 @@ class Plan:
         handoff_floor = bounds(dtype)[1]
         moved = [float((prompt_logprobs(out, prompt_ids) - plain).abs().max()) for out in second[1:]]
         steered = len(self.layers) + (2 if self.last in self.layers else 0)  # identities, then doubled and control
-        rounding = moved[steered:] if self.rounding else [math.nan] * len(self.layers)
+        rounding = moved[steered:] if self.has_rounding_control(dtype) else [math.nan] * len(self.layers)
         checks = []
         for i, layer in enumerate(self.layers):
             handoff = math.nan

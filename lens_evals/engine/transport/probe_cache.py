@@ -31,15 +31,20 @@ class LRU(Generic[K, V]):
         self.size = size
         self.entries: OrderedDict[K, V] = OrderedDict()
 
-    def get_or_make(self, key: K, make: Callable[[], V]) -> V:
-        entries = self.entries
-        value = entries.get(key)
+    def get(self, key: K) -> V | None:
+        """The value kept for ``key`` (now the most recently used), or None."""
+        value = self.entries.get(key)
         if value is not None:
-            entries.move_to_end(key)
+            self.entries.move_to_end(key)
+        return value
+
+    def get_or_make(self, key: K, make: Callable[[], V]) -> V:
+        value = self.get(key)
+        if value is not None:
             return value
-        value = entries[key] = make()
-        if len(entries) > self.size:
-            entries.popitem(last=False)
+        value = self.entries[key] = make()
+        if len(self.entries) > self.size:
+            self.entries.popitem(last=False)
         return value
 
     def __len__(self) -> int:

@@ -10,7 +10,6 @@ held is a clear 400. A file outlives its digest's eviction while requests in fli
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
@@ -60,7 +59,7 @@ class WeightsByDigest:
             if entry.wire is None:
                 entry.wire = entry.weights.to_wire()
             return entry.weights, entry.wire
-        if entry.file is None or os.path.dirname(entry.file) != directory:
+        if entry.file is None:  # the hand-off directory is the process's (HandoffTarget): one file per digest
             entry.file = readout_files.write(directory, entry.weights)
         return entry.weights, {"digest": digest, "file": entry.file}
 

@@ -25,7 +25,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as load_arrays
 from safetensors.numpy import save as save_arrays
 
-from lens_evals.engine.transport.handoff_files import NAMESPACE, WEIGHTS_PREFIX, ForeignFile, open_own
+from lens_evals.engine.transport.handoff_files import NAMESPACE, WEIGHTS_PREFIX, ForeignFile, open_own, remove
 from lens_evals.request.readouts import AffineLens, SaeEncoder
 
 Weights = AffineLens | SaeEncoder
@@ -56,10 +56,7 @@ def write(directory: str, weights: Weights) -> str:
             handle.write(data)
         os.replace(partial, path)
     except BaseException:
-        try:
-            os.unlink(partial)
-        except FileNotFoundError:
-            pass
+        remove(partial)
         raise
     return path
 

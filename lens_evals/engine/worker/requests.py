@@ -173,14 +173,18 @@ def _steering(item: Any, sent: str | None, device: torch.device, dtype: torch.dt
     if sent is None:
         return _decode_steering(SteeringVector.from_wire(item), device, dtype)
     key = (sent, str(device), str(dtype))
-    cached = _worker_steering.entries.get(key)
+    cached = _worker_steering.get(key)
     if cached is not None:
-        _worker_steering.entries.move_to_end(key)
         return cached
     decoded = _decode_steering(SteeringVector.from_wire(item), device, dtype)
-    if sum(table.numel() for table in decoded.vectors.values()) * 4 <= CACHED_STEERING_BYTES:
+    if _kept(sum(table.numel() for table in decoded.vectors.values())):
         _worker_steering.get_or_make(key, lambda: decoded)
     return decoded
+
+
+def _kept(elements: int) -> bool:
+    """Whether a steering vector of ``elements`` float32 values is small enough to keep on the device."""
+    return elements * 4 <= CACHED_STEERING_BYTES
 
 
 def _decode_steering(vec: SteeringVector, device: torch.device, dtype: torch.dtype) -> WorkerSteering:
@@ -203,7 +207,6 @@ def _decode_steering(vec: SteeringVector, device: torch.device, dtype: torch.dty
             array = (wide / np.linalg.norm(wide, axis=-1, keepdims=True)).astype(np.float32)
         return to_device(array, device).to(dtype)
 
-    small = acts.size * 4 <= CACHED_STEERING_BYTES
-    tensor = _device_steering.get_or_make((digest, str(device), str(dtype)), decode) if small else decode()
+    tensor = _device_steering.get_or_make((digest, str(device), str(dtype)), decode) if _kept(acts.size) else decode()
     vectors = {layer: tensor[i] for i, layer in enumerate(vec.layer_indices)}
     return WorkerSteering(vectors=vectors, positions=positions, scale=float(vec.scale), norm_match=vec.norm_match, digest=digest)
