@@ -43,6 +43,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; a shared 2-core hos
 from benchmarks.config import BenchConfig  # noqa: E402
 from benchmarks.interleaved import rotated, summarise  # noqa: E402
 from benchmarks.systems import System  # noqa: E402
+from lens_evals.engine.transport.timing import DETAIL  # noqa: E402  (a phase inside another: shown, not summed)
 
 FEATURES = ("plain", "capture-1", "steer-1", "probe")
 OLD = ":old"  # a feature's rounds with the worker's pre-#47 paths (``--compare-old``)
@@ -191,8 +192,9 @@ def step_table(r: Rounds) -> tuple[list[str], dict[str, Any]]:
         phases = r.phases[feature]
         steps = phases.get(STEP, [0.0, 1])[1] or 1
         wall = sum(r.times[feature]) / steps
-        ours = sum(s for name, (s, _) in phases.items() if name not in FORWARD and not name.startswith(PER_ROUND))
-        per_round = sum(s for name, (s, _) in phases.items() if name.startswith(PER_ROUND))
+        top = {name: value for name, value in phases.items() if not name.startswith(DETAIL)}  # details are inside these
+        ours = sum(s for name, (s, _) in top.items() if name not in FORWARD and not name.startswith(PER_ROUND))
+        per_round = sum(s for name, (s, _) in top.items() if name.startswith(PER_ROUND))
         per[feature] = {"steps": steps / len(r.times[feature]), "wall_ms": 1e3 * wall, "ours_ms": 1e3 * ours / steps}
         per[feature]["per_call_ms"] = 1e3 * per_round / len(r.times[feature])
     base = per[r.features[0]]
@@ -215,7 +217,8 @@ def step_table(r: Rounds) -> tuple[list[str], dict[str, Any]]:
         cells = []
         for feature in r.features:
             seconds = r.phases[feature].get(name, [0.0, 0])[0]
-            divisor = len(r.times[feature]) if name.startswith(PER_ROUND) else per[feature]["steps"] * len(r.times[feature])
+            per_call = name.removeprefix(DETAIL).startswith(PER_ROUND)
+            divisor = len(r.times[feature]) if per_call else per[feature]["steps"] * len(r.times[feature])
             cells.append(f"{1e3 * seconds / divisor:.4f}")
         lines.append(f"{name} | " + " | ".join(cells))
     for feature in r.features[1:]:

@@ -5,11 +5,14 @@ recomputation), scores as w.h+b on the host."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from lens_evals.engine.compat.worker import BatchLayout
 from lens_evals.engine.frontend.rows import result_tensors
+from lens_evals.engine.transport import handoff
 from lens_evals.engine.worker import decode_runs
 from lens_evals.engine.worker.core import WorkerCore
 from lens_evals.engine.worker.requests import WorkerLensRequest, WorkerProbe
@@ -33,7 +36,26 @@ def _requests(shared_probes: bool) -> dict[str, WorkerLensRequest]:
     return out
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, shared_probes: bool, fetch_at: int, fail_at: int, back_at: int, steps: int = 45):
+def _copied(rows: Any) -> dict[str, Any]:
+    """A sink that writes as the hand-off pool does (``copy_into`` a buffer), not by joining
+    contiguous blocks as ``handoff.inline`` does."""
+    data = bytearray(rows.nbytes)
+    rows.copy_into(memoryview(data))
+    return {"data": data}
+
+
+SINKS = {"inline": handoff.inline, "copied": _copied}
+
+
+def _run(
+    monkeypatch: pytest.MonkeyPatch,
+    shared_probes: bool,
+    fetch_at: int,
+    fail_at: int,
+    back_at: int,
+    steps: int = 45,
+    sink: handoff.Sink = handoff.inline,
+):
     monkeypatch.setattr(decode_runs, "MAX_SEGMENT_STEPS", 8)  # several segments in one run
     core = WorkerCore(torch.device("cpu"), torch.float32, LAYERS)
     requests = _requests(shared_probes)
@@ -66,21 +88,23 @@ def _run(monkeypatch: pytest.MonkeyPatch, shared_probes: bool, fetch_at: int, fa
             positions[name] += n
             offset += n
         if step == fetch_at:  # fetched while it runs: the rows so far
-            results["r1"] = core.pop_result("k1")
+            results["r1"] = core.pop_result("k1", sink)
             frozen_r1 = {layer: dict(v) for layer, v in seen["r1"].items()}
         if step == fail_at:
             core.ledger.fail_key("k3", "failed on purpose")
     for name in names:
         core.finish(name)
         if name != "r1":
-            results[name] = core.pop_result(requests[name].key)
+            results[name] = core.pop_result(requests[name].key, sink)
     seen["r1"] = frozen_r1
     return core, requests, seen, results
 
 
+@pytest.mark.parametrize("sink", sorted(SINKS))
 @pytest.mark.parametrize("shared_probes", [True, False])
-def test_a_decode_run_returns_every_row_and_score_by_position(monkeypatch: pytest.MonkeyPatch, shared_probes: bool) -> None:
-    core, requests, seen, results = _run(monkeypatch, shared_probes, fetch_at=20, fail_at=30, back_at=37)
+def test_a_decode_run_returns_every_row_and_score_by_position(monkeypatch: pytest.MonkeyPatch, shared_probes: bool, sink: str) -> None:
+    """``copied``: the segments' strided views written straight into place (the pool's path)."""
+    core, requests, seen, results = _run(monkeypatch, shared_probes, fetch_at=20, fail_at=30, back_at=37, sink=SINKS[sink])
     assert "error" in results["r3"] and "failed on purpose" in results["r3"]["error"]
     for name, req in requests.items():
         if name == "r3":

@@ -62,7 +62,9 @@ class Rows(Protocol):
     ``blocks`` in order, or copied into a buffer by ``copy_into``."""
 
     nbytes: int
-    blocks: list[Any]
+
+    @property
+    def blocks(self) -> list[Any]: ...
 
     def copy_into(self, buffer: Any) -> None: ...
 

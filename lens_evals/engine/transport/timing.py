@@ -21,6 +21,7 @@ _collecting = False  # a caller in this process reads the totals (``collect``): 
 
 
 _OFF = nullcontext()
+DETAIL = "  · "  # a phase timed inside another (its time is also its parent's): not summed with the others
 
 
 def phase(name: str) -> AbstractContextManager[None]:

@@ -190,7 +190,8 @@ class WorkerCore:
             )
             if step.plan.readouts is not None:
                 self.readouts.store(step.plan.readouts, step.readout_results, step.plan.start_positions, self.ledger.keeps)
-            self._enforce_memory_bound()
+            with timing.phase(timing.DETAIL + "memory bound"):
+                self._enforce_memory_bound()
 
     def _enforce_memory_bound(self) -> None:
         """Over the bound: wait for the rows being written for the frontend first (they leave

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lens_evals.engine.transport import timing
 from lens_evals.engine.worker.host_copy import PlainCopy
 from lens_evals.engine.worker.host_store import Piece, PieceStore, StepBuffer
 
@@ -77,10 +78,13 @@ class DecodeRun:
             data, chunk = self.copier.host_segment((capacity, *step.shape), step.dtype, self.store.arena)
             segment = self.store.new_buffer(data, None, units, chunk, segment=True)  # one step filled, counted held
             self.segment, self.capacity = segment, capacity
-            self.pieces = [piece for slot in slots if (piece := new_piece(segment, slot)) is not None]
-            segment.ready = self.copier.copy_into(step, segment.data[0])
+            with timing.phase(timing.DETAIL + "pieces"):
+                self.pieces = [piece for slot in slots if (piece := new_piece(segment, slot)) is not None]
+            with timing.phase(timing.DETAIL + "copy to host"):
+                segment.ready = self.copier.copy_into(step, segment.data[0])
             return True
-        segment.ready = self.copier.copy_into(step, segment.data[segment.steps]) or segment.ready
+        with timing.phase(timing.DETAIL + "copy to host"):
+            segment.ready = self.copier.copy_into(step, segment.data[segment.steps]) or segment.ready
         segment.steps += 1
         self.store.held_bytes += step.numel() * step.element_size()
         return True
@@ -90,11 +94,11 @@ class DecodeRun:
         segment, self.segment = self.segment, None
         if segment is None:
             return
-        units = segment.units
-        segment.units = units * segment.steps
-        for piece in self.pieces:
-            if piece.alive:
-                segment.live_units += piece.extend_to(segment.steps)
+        segment.units *= segment.steps
+        with timing.phase(timing.DETAIL + "end run"):
+            for piece in self.pieces:
+                if piece.alive:
+                    segment.live_units += piece.extend_to(segment.steps)
         self.pieces = []
         self.store.drop_unused(segment)
 

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from lens_evals import settings
+from lens_evals.engine.transport import timing
 
 
 class _Chunk:
@@ -100,7 +101,8 @@ class PinnedArena:
             chunk = min(fits, key=lambda c: c.nbytes)
             self.spare.remove(chunk)
         else:
-            chunk = _Chunk(max(self.chunk_bytes, size), self.pin)
+            with timing.phase(timing.DETAIL + "pin new host memory"):
+                chunk = _Chunk(max(self.chunk_bytes, size), self.pin)
             self.pinned_bytes += chunk.nbytes
         self.current = chunk
         return chunk

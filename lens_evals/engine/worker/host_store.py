@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lens_evals.engine.transport import timing
 from lens_evals.engine.transport.handoff import Sink, inline
 from lens_evals.engine.transport.protocol import PackedRows, PackedRowsWire
 from lens_evals.engine.worker.host_copy import PinnedArena
@@ -65,7 +66,8 @@ class StepBuffer:
         """The host data as numpy (bfloat16 viewed as int16: numpy has no bfloat16)."""
         ready = self.ready  # read once: a writer thread may read the same buffer
         if ready is not None:
-            ready.synchronize()
+            with timing.phase(timing.DETAIL + "fetch: wait for device copies"):
+                ready.synchronize()
             if not self.segment:  # a segment's next step sets a new event: waiting again costs nothing
                 self.ready = None
         if self._array is None:
@@ -120,7 +122,7 @@ class Piece:
         buffer = self.buffer
         data = buffer.array()
         if buffer.segment:
-            return self._segment_rows(data)
+            return self._segment_rows()
         n = self.num_rows
         if data.ndim > 1:
             if self.slots is None:
@@ -132,16 +134,33 @@ class Piece:
             return data[None, offset : offset + n]
         return np.stack([data[offset : offset + n] for offset in self.slots])
 
-    def _segment_rows(self, data: np.ndarray) -> np.ndarray:
-        """Rows of a run segment ``(steps, ...)``: step after step, so each layer's or probe's
-        rows are one strided read (a copy) instead of one piece per step."""
-        k, n = self.steps, self.step_rows
-        if data.ndim > 2:  # (steps, n_layers, rows, hidden)
-            ids: Any = slice(None) if self.slots is None else list(self.slots)
-            part = data[:k, ids, self.start : self.start + n]  # (k, ids, n, hidden)
-            return part.transpose(1, 0, 2, 3).reshape(part.shape[1], k * n, part.shape[3])
+    def _segment_rows(self) -> np.ndarray:
+        """Rows of a run segment ``(steps, ...)``: step after step (a copy; ``id_views`` reads
+        them without one)."""
+        views = self.id_views()
+        return np.stack([view.reshape(self.num_rows, *view.shape[2:]) for view in views])
+
+    def id_views(self) -> list[np.ndarray]:
+        """Each layer's or probe's rows, in order, as views of the step buffer (nothing is
+        copied): ``(num_rows, ...)``, or ``(steps, step_rows, ...)`` in a run segment, whose C
+        order is the same rows step after step (written by ``RowBlocks.copy_into`` in one
+        strided copy per id straight to where they go)."""
+        buffer = self.buffer
+        data = buffer.array()
+        start = self.start
+        if buffer.segment:
+            k, n = self.steps, self.step_rows
+            if data.ndim > 2:  # (steps, n_layers, rows, hidden)
+                ids = range(data.shape[1]) if self.slots is None else self.slots
+                return [data[:k, i, start : start + n] for i in ids]
+            assert self.slots is not None
+            return [data[:k, offset : offset + n] for offset in self.slots]
+        n = self.num_rows
+        if data.ndim > 1:
+            ids = range(data.shape[0]) if self.slots is None else self.slots
+            return [data[i, start : start + n] for i in ids]
         assert self.slots is not None
-        return np.stack([data[:k, offset : offset + n].reshape(k * n) for offset in self.slots])
+        return [data[offset : offset + n] for offset in self.slots]
 
 
 class PieceStore:
@@ -245,34 +264,49 @@ class PieceStore:
 @dataclass
 class RowBlocks:
     """One request's rows by absolute position, ``(n_ids, n_positions, ...)``, ready to write:
-    ``blocks`` are contiguous arrays whose bytes, in order, are the packed rows (``nbytes``);
+    ``views`` are arrays whose elements, in C order one after another, are the packed rows
+    (``nbytes``): views of the step buffers, so nothing is copied until written (``copy_into``
+    writes each straight to its place; ``blocks`` makes them contiguous for byte sinks);
     ``gaps`` the first positions no piece covered (then nothing should be written)."""
 
     header: PackedRowsWire
     nbytes: int
-    blocks: list[np.ndarray]
+    views: list[np.ndarray]
     gaps: list[int]
     shape: tuple[int, ...]
+
+    @property
+    def blocks(self) -> list[np.ndarray]:
+        """The views as contiguous arrays (a copy only of those that are strided)."""
+        return [np.ascontiguousarray(view) for view in self.views]
 
     def write(self, sink: Sink) -> PackedRowsWire:
         return self.header | sink(self)  # type: ignore[return-value]  # the sink adds where the bytes are
 
     def copy_into(self, buffer: Any) -> None:
-        """The packed rows into ``buffer`` (``nbytes`` writable bytes): one copy call per id."""
-        dest = np.frombuffer(buffer, dtype=self.blocks[0].dtype, count=int(np.prod(self.shape))).reshape(self.shape)
-        if len(self.blocks) == 1:
-            dest[...] = self.blocks[0].reshape(self.shape)
+        """The packed rows into ``buffer`` (``nbytes`` writable bytes): one copy call per id, or
+        per view of a run segment (a strided read straight into place)."""
+        dest = np.frombuffer(buffer, dtype=self.views[0].dtype, count=int(np.prod(self.shape))).reshape(self.shape)
+        if len(self.views) == 1 and self.views[0].shape == self.shape:  # rows joined here (``row_blocks``)
+            dest[...] = self.views[0]
             return
-        per_id = len(self.blocks) // self.shape[0]
+        per_id = len(self.views) // self.shape[0]
         for index in range(self.shape[0]):
-            np.concatenate(self.blocks[index * per_id : (index + 1) * per_id], axis=0, out=dest[index])
+            views = self.views[index * per_id : (index + 1) * per_id]
+            if all(view.ndim == dest.ndim - 1 for view in views):
+                np.concatenate(views, axis=0, out=dest[index])
+                continue
+            at = 0
+            for view in views:
+                rows = view.shape[0] * view.shape[1] if view.ndim == dest.ndim else view.shape[0]
+                dest[index, at : at + rows].reshape(view.shape)[...] = view
+                at += rows
 
 
 def row_blocks(pieces: list[Piece]) -> RowBlocks:
     """Where a request's rows are, in the order they are sent: each id's rows of each piece
-    (contiguous slices of the step buffers, so nothing is copied until written). Later pieces
+    (views of the step buffers, so nothing is copied until written). Later pieces
     (recomputation after preemption) overwrite earlier ones: then the rows are joined here."""
-    arrays = [piece.rows() for piece in pieces]
     expected = 0
     contiguous = True
     for piece in pieces:
@@ -280,22 +314,26 @@ def row_blocks(pieces: list[Piece]) -> RowBlocks:
             contiguous = False
             break
         expected += piece.num_rows
-    last = expected if contiguous else max(piece.first_position + piece.num_rows for piece in pieces)
-    shape = (arrays[0].shape[0], last, *arrays[0].shape[2:])
-    gaps: list[int] = []
     if contiguous:
-        blocks = [np.ascontiguousarray(rows[i]) for i in range(shape[0]) for rows in arrays]
-    else:
-        joined = np.zeros(shape, dtype=arrays[0].dtype)
-        covered = np.zeros(last, dtype=bool)
-        for piece, rows in zip(pieces, arrays):
-            span = slice(piece.first_position, piece.first_position + piece.num_rows)
-            joined[:, span] = rows
-            covered[span] = True
-        gaps = np.flatnonzero(~covered)[:10].tolist()
-        blocks = [joined]
+        by_piece = [piece.id_views() for piece in pieces]
+        first = by_piece[0][0]
+        trailing = first.shape[2:] if pieces[0].buffer.segment else first.shape[1:]
+        shape = (len(by_piece[0]), expected, *trailing)
+        views = [ids[i] for i in range(shape[0]) for ids in by_piece]
+        nbytes = int(np.prod(shape)) * first.dtype.itemsize
+        return RowBlocks(PackedRows.header(pieces[0].buffer.data.dtype, shape), nbytes, views, [], shape)
+    arrays = [piece.rows() for piece in pieces]
+    last = max(piece.first_position + piece.num_rows for piece in pieces)
+    shape = (arrays[0].shape[0], last, *arrays[0].shape[2:])
+    joined = np.zeros(shape, dtype=arrays[0].dtype)
+    covered = np.zeros(last, dtype=bool)
+    for piece, rows in zip(pieces, arrays):
+        span = slice(piece.first_position, piece.first_position + piece.num_rows)
+        joined[:, span] = rows
+        covered[span] = True
+    gaps = np.flatnonzero(~covered)[:10].tolist()
     nbytes = int(np.prod(shape)) * arrays[0].dtype.itemsize
-    return RowBlocks(PackedRows.header(pieces[0].buffer.data.dtype, shape), nbytes, blocks, gaps, shape)
+    return RowBlocks(PackedRows.header(pieces[0].buffer.data.dtype, shape), nbytes, [joined], gaps, shape)
 
 
 def assemble(pieces: list[Piece], sink: Sink = inline) -> tuple[PackedRowsWire | None, list[int]]:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lens_evals.engine.transport import timing
 from lens_evals.engine.worker.decode_runs import DecodeRun
 from lens_evals.engine.worker.host_copy import PlainCopy
 from lens_evals.engine.worker.host_store import Piece, PieceStore, StepBuffer
@@ -115,10 +116,12 @@ class StepStores:
             return
         run.end()
         store = run.store
-        data, ready, chunk = self.copier.to_host(step, store.arena)
+        with timing.phase(timing.DETAIL + "copy to host"):
+            data, ready, chunk = self.copier.to_host(step, store.arena)
         buffer = store.new_buffer(data, ready, units, chunk)
-        for slot in slots:
-            new_piece(buffer, slot)
+        with timing.phase(timing.DETAIL + "pieces"):
+            for slot in slots:
+                new_piece(buffer, slot)
         store.drop_unused(buffer)
         if starts is not None:
             run.follow(plan, version, starts, slots)
