@@ -168,10 +168,12 @@ def read_step(step: StepContext, layer_index: int, hidden: torch.Tensor, residua
     """Capture and score the step's rows of one layer's stream (hidden + residual)."""
     plan = step.plan
     if layer_index in plan.capture_layers:
-        step.captures[layer_index] = _capture(step, layer_index, hidden, residual)
+        with timing.phase(timing.DETAIL + "capture rows"):
+            step.captures[layer_index] = _capture(step, layer_index, hidden, residual)
     probes = plan.probes.get(layer_index)
     if probes is not None:
-        step.scores[layer_index] = _probe_scores(hidden, residual, probes)
+        with timing.phase(timing.DETAIL + "probe scores"):
+            step.scores[layer_index] = _probe_scores(hidden, residual, probes)
     groups = plan.readouts.groups.get(layer_index) if plan.readouts is not None else None
     if groups:
         step.readout_results += run_layer_readouts(groups, hidden, residual, step.head)
