@@ -68,6 +68,8 @@ class Rows(Protocol):
 
     def copy_into(self, buffer: Any) -> None: ...
 
+    def to_bytearray(self) -> bytearray: ...
+
 
 # Puts rows where the reply can find them and returns what the reply says about them:
 # ``{"data": bytearray}`` inline, ``{"pool": ...}`` or ``{"file": ...}`` shared.
@@ -77,7 +79,7 @@ PartialSink = Callable[[Rows], dict[str, Any] | None]
 
 
 def inline(rows: Rows) -> dict[str, Any]:
-    data = bytearray().join(rows.blocks)
+    data = rows.to_bytearray()
     if len(data) != rows.nbytes:
         raise ValueError(f"row blocks hold {len(data)} bytes, expected {rows.nbytes}")
     return {"data": data}

@@ -280,6 +280,16 @@ class RowBlocks:
         """The views as contiguous arrays (a copy only of those that are strided)."""
         return [np.ascontiguousarray(view) for view in self.views]
 
+    def to_bytearray(self) -> bytearray:
+        """The packed rows as bytes: contiguous views joined, strided ones (a run segment's)
+        copied straight into place (one copy, not one to make them contiguous and another)."""
+        views: list[Any] = self.views  # ndarrays: buffers
+        if all(view.flags.c_contiguous for view in views):
+            return bytearray().join(views)
+        data = bytearray(self.nbytes)
+        self.copy_into(memoryview(data))
+        return data
+
     def write(self, sink: Sink) -> PackedRowsWire:
         return self.header | sink(self)  # type: ignore[return-value]  # the sink adds where the bytes are
 
