@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ lives at the repo root
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the worker in this process: its timers are read here
@@ -43,10 +44,12 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; a shared 2-core hos
 from benchmarks.config import BenchConfig  # noqa: E402
 from benchmarks.interleaved import rotated, summarise  # noqa: E402
 from benchmarks.systems import System  # noqa: E402
+from lens_evals import settings  # noqa: E402
 from lens_evals.engine.transport.timing import DETAIL  # noqa: E402  (a phase inside another: shown, not summed)
 
 FEATURES = ("plain", "capture-1", "steer-1", "probe")
 OLD = ":old"  # a feature's rounds with the worker's pre-#47 paths (``--compare-old``)
+THREADS = ":threads"  # capture rounds whose fetch writes on ``--write-threads`` threads (LENS_EVALS_WRITE_THREADS)
 STEP = "layout and admission"  # timed once at every step that schedules requests
 FORWARD = ("forward (queued)", "forward with taps (queued)")  # the model itself (eager taps are timed inside: ours)
 PER_ROUND = ("fetch:", "release:", "early:", "admit:")  # once per call (or per request), not per step
@@ -67,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--features", default=",".join(FEATURES))
     parser.add_argument(
         "--compare-old", action="store_true", help="also each feature with the pre-#47 worker paths (no decode runs, probe pairs), paired"
+    )
+    parser.add_argument(
+        "--write-threads", type=int, default=0, help="also capture rounds whose fetch writes the rows on this many threads, paired"
     )
     parser.add_argument("--cprofile", action="store_true", help="one more round per feature under cProfile (ours only)")
     parser.add_argument("--torch-profile", action="store_true", help="one more round per feature under torch.profiler")
@@ -131,19 +137,22 @@ class Rounds:
 
         self.llm, self.cfg, self.features = llm, cfg, features
         self.prompts = engine_prompts(cfg.prompts)
-        extras = {f: lens_extra_args(System(f, f, "vllm", lens=f.removesuffix(OLD)), cfg) for f in features}
+        extras = {f: lens_extra_args(System(f, f, "vllm", lens=f.split(":")[0]), cfg) for f in features}
         self.params = {f: sampling_params(cfg, cfg.max_tokens, extra) for f, extra in extras.items()}
         self.short = {f: sampling_params(cfg, 4, extra) for f, extra in extras.items()}
         self.times: dict[str, list[float]] = {f: [] for f in features}
         self.phases: dict[str, dict[str, list[float]]] = {f: {} for f in features}  # name -> [seconds, calls]
         self.tokens: dict[str, list[list[int]]] = {}
+        self.write_threads = 1
 
     def generate(self, feature: str, params: Any = None) -> list[Any]:
         old = feature.endswith(OLD)
         if old:
             self.llm.collective_rpc(_new_paths, args=(False,))
+        threads = {settings.WRITE_THREADS.name: str(self.write_threads)} if feature.endswith(THREADS) else {}
         try:
-            outputs: list[Any] = self.llm.generate(self.prompts, params or self.params[feature], use_tqdm=False)
+            with mock.patch.dict(os.environ, threads):  # the worker is in this process: its fetch reads it
+                outputs: list[Any] = self.llm.generate(self.prompts, params or self.params[feature], use_tqdm=False)
         finally:
             if old:
                 self.llm.collective_rpc(_new_paths, args=(True,))
@@ -282,10 +291,13 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--features must start with plain (the pairing's reference)")
     if args.compare_old:
         features += [f + OLD for f in features[1:] if f != "steer-1"]  # steering stores no rows: the same paths
+    if args.write_threads:
+        features += [f + THREADS for f in features[1:] if f.startswith("capture") and ":" not in f]
     began = time.perf_counter()
     llm = start_engine(args, cfg)
     started = time.perf_counter() - began
     rounds = Rounds(llm, cfg, features)
+    rounds.write_threads = args.write_threads
     rounds.warm_up()
     rounds.run(args.rounds)
     mode = "eager" if args.eager else "graph mode"
@@ -296,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     lines, report = step_table(rounds)
-    for feature in [f for f in features if not f.endswith(OLD)] if (args.cprofile or args.torch_profile) else []:
+    for feature in [f for f in features if ":" not in f] if (args.cprofile or args.torch_profile) else []:
         lines += profiled_round(rounds, feature, out, args.cprofile, args.torch_profile, args.profile_tokens)
     text = "\n".join(header + lines)
     print(text)
