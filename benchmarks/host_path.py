@@ -20,6 +20,7 @@ from lens_evals import settings
 from lens_evals.engine.compat.worker import BatchLayout
 from lens_evals.engine.transport import handoff
 from lens_evals.engine.worker.core import WorkerCore
+from lens_evals.engine.worker.host_copy import PlainCopy
 from lens_evals.engine.worker.requests import WorkerLensRequest, WorkerProbe, WorkerSteering
 from lens_evals.engine.worker.results import write_results
 from lens_evals.engine.worker.taps import run_layer
@@ -95,7 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--probes", type=int, default=1, help="probes per request of the probe feature")
     parser.add_argument("--compare-old", type=int, default=0, metavar="ROUNDS", help="only: the pre-#47 paths against now, paired rounds")
+    parser.add_argument(
+        "--gpu-segments",
+        action="store_true",
+        help="captured rows in decode-run segments as on a GPU (on CPU only probe scores are: a segment costs a host copy here)",
+    )
     args = parser.parse_args(argv)
+    if args.gpu_segments:
+        PlainCopy.segment_step_bytes = None
     if args.compare_old:
         return compare_old(args)
     torch.manual_seed(0)
