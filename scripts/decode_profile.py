@@ -132,7 +132,7 @@ def start_engine(args: argparse.Namespace, cfg: BenchConfig) -> Any:
 class Rounds:
     """The features' paired rounds on one engine, with the plugin's phase totals per feature."""
 
-    def __init__(self, llm: Any, cfg: BenchConfig, features: list[str]) -> None:
+    def __init__(self, llm: Any, cfg: BenchConfig, features: list[str], write_threads: int = 0) -> None:
         from benchmarks.vllm_systems import engine_prompts, lens_extra_args, sampling_params
 
         self.llm, self.cfg, self.features = llm, cfg, features
@@ -143,7 +143,7 @@ class Rounds:
         self.times: dict[str, list[float]] = {f: [] for f in features}
         self.phases: dict[str, dict[str, list[float]]] = {f: {} for f in features}  # name -> [seconds, calls]
         self.tokens: dict[str, list[list[int]]] = {}
-        self.write_threads = 1
+        self.write_threads = write_threads  # the ``:threads`` rounds' writer threads
 
     def generate(self, feature: str, params: Any = None) -> list[Any]:
         old = feature.endswith(OLD)
@@ -296,8 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     llm = start_engine(args, cfg)
     started = time.perf_counter() - began
-    rounds = Rounds(llm, cfg, features)
-    rounds.write_threads = args.write_threads
+    rounds = Rounds(llm, cfg, features, args.write_threads)
     rounds.warm_up()
     rounds.run(args.rounds)
     mode = "eager" if args.eager else "graph mode"
