@@ -104,6 +104,7 @@ def test_token_check_reports_differences_under_the_baselines_own_noise_floor() -
     assert graphs["tokens_equal"] is None and graphs["prompts_equal"] == 2
 
 
+@pytest.mark.slow  # ~60 s on 2 CPU cores; test_bench_end_to_end runs the bench by default
 def test_prefill_workload_captures_every_prompt_token(tiny_path, tmp_path) -> None:
     """``--workload prefill``: Alpaca-like lengths, one new token, every prompt token captured.
     Our capture (a batch of prompts, several layers) and HF forward + hook (right-padded,

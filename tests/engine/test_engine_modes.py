@@ -46,7 +46,12 @@ def in_process(tiny_path, tmp_path_factory) -> dict[str, torch.Tensor]:
     return run(tiny_path, tmp_path, "offline", multiprocess=False, handoff_dir=tmp_path / "handoff")
 
 
-@pytest.mark.parametrize("mode,handoff", [("offline", False), ("offline", True), ("async", True)])
+# one multiprocess engine in the default suite (the common case: offline, hand-off files); the
+# other two modes each start one more engine (~60 s on 2 CPU cores) and run with ``-m slow``
+@pytest.mark.parametrize(
+    "mode,handoff",
+    [pytest.param("offline", False, marks=pytest.mark.slow), ("offline", True), pytest.param("async", True, marks=pytest.mark.slow)],
+)
 def test_multiprocess_engine_matches_in_process(tiny_path, tmp_path, in_process, mode: str, handoff: bool) -> None:
     """Through collective_rpc's bytes, and through hand-off files (which are all claimed and gone
     afterwards; the in-process engine never makes any)."""

@@ -144,6 +144,7 @@ def pool_resident_bytes(pid: int) -> int:
     return total
 
 
+@pytest.mark.slow  # a server start (~35 s); the trim itself is tested above and in test_engine_modes
 def test_a_server_left_idle_gives_the_pool_memory_back(tiny_path) -> None:
     """One request of 72 prompts holds 72 captures in the pool at once (two full 64 MiB
     segments); its tensors die as the response goes out, the server hands their regions to the

@@ -181,7 +181,8 @@ def _tagged_engines(tag: str) -> set[int]:
     return found
 
 
-@pytest.mark.parametrize("interrupt", [False, True])
+# the interrupted eval in the default suite (it must stop the server too); the clean exit with ``-m slow``
+@pytest.mark.parametrize("interrupt", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_inspect_cli_leaves_no_engine_processes(tmp_path, interrupt: bool) -> None:
     """`inspect eval` starts a server per eval and stops it at exit, also on SIGTERM mid-eval."""
     import signal
