@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import numpy as np
 import torch
 
 from lens_evals import settings
 from lens_evals.engine.compat.worker import BatchLayout
-from lens_evals.engine.transport import handoff
+from lens_evals.engine.transport import handoff, timing
 from lens_evals.engine.worker.core import WorkerCore
 from lens_evals.engine.worker.host_copy import PlainCopy
 from lens_evals.engine.worker.requests import WorkerLensRequest, WorkerProbe, WorkerSteering
@@ -51,12 +52,22 @@ def measure(
     threads: int = 1,
     probes: int = 1,
     old: bool = False,
+    address: dict[str, Any] | None = None,
+    device_ms: float = 0.0,
 ) -> dict[str, float]:
-    """``old``: the worker's pre-#47 paths (a piece per request per step, probe pairs gathered)."""
+    """``old``: the worker's pre-#47 paths (a piece per request per step, probe pairs gathered).
+    ``address``: every request names this frontend, as the engine's do, so rows written while
+    the requests run may go there (``stream_write``; off while ``stream_write.MIN_BYTES`` is
+    above a request's rows). ``device_ms``: each step also waits this long, as the host waits
+    for a GPU's forward pass (the GIL free: a writer thread runs meanwhile)."""
     core = WorkerCore(torch.device("cpu"), dtype, set(range(32)))
     core.decode_runs = core.planner.probe_matrix = not old
     for index in range(requests):
-        core.ledger.track(f"req-{index}", _request(feature, index, layer, hidden, dtype, probes))
+        req = _request(feature, index, layer, hidden, dtype, probes)
+        req.handoff, req.rows_at_most = address, steps
+        core.ledger.track(f"req-{index}", req)
+    if timing.ENABLED:
+        timing.take()  # from zero
     hidden_rows = torch.randn(requests, hidden).to(dtype)
     residual_rows = torch.randn(requests, hidden).to(dtype)
     plan_s = ops_s = store_s = 0.0
@@ -73,8 +84,14 @@ def measure(
         core.store_step(step_context)
         stored = time.perf_counter()
         plan_s, ops_s, store_s = plan_s + planned - started, ops_s + ran - planned, store_s + stored - ran
+        if device_ms:
+            time.sleep(device_ms / 1e3)
+    phases = timing.take() if timing.ENABLED else {}
+    writer_s = phases.get("stream: write rows", (0.0, 0))[0]
+    rounds_s = phases.get(timing.DETAIL + "stream rows", (0.0, 0))[0]  # the main thread's part
     started = time.perf_counter()
-    written = write_results({f"key-{i}": core.take_result(f"key-{i}") for i in range(requests)}, sink, threads)  # as a fetch does
+    written = write_results({f"key-{i}": core.take_result(f"key-{i}", address) for i in range(requests)}, sink, threads)  # as a fetch does
+    core.streams.reap()  # (``WorkerCore.fetch_results`` does after writing)
     results = list(written.values())
     handoff.claim_all([{str(i): r for i, r in enumerate(results) if r}])  # the frontend's side: map, unlink
     fetch_s = time.perf_counter() - started
@@ -86,6 +103,8 @@ def measure(
         "store_ms": 1e3 * store_s / steps,
         "fetch_all_ms": 1e3 * fetch_s,
         "held_bytes_after": float(core.held_bytes),
+        "writer_ms": 1e3 * writer_s,
+        "rounds_ms": 1e3 * rounds_s / steps,
     }
 
 
@@ -101,11 +120,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="captured rows in decode-run segments as on a GPU (on CPU only probe scores are: a segment costs a host copy here)",
     )
+    parser.add_argument(
+        "--stream", type=int, default=0, metavar="ROUNDS", help="only: rows written while decoding against at the fetch, paired rounds"
+    )
+    parser.add_argument("--device-ms", type=float, default=20.0, help="--stream: each step's forward pass on the device (waited for)")
     args = parser.parse_args(argv)
     if args.gpu_segments:
         PlainCopy.segment_step_bytes = None
     if args.compare_old:
         return compare_old(args)
+    if args.stream:
+        return compare_stream(args)
     torch.manual_seed(0)
     np.random.seed(0)
     print(f"{args.requests} requests x {args.steps} decode steps, hidden {args.hidden}, bfloat16, one hooked layer")
@@ -160,6 +185,54 @@ def compare_old(args: argparse.Namespace) -> int:
             ratio = statistics.median(n / b for n, b in zip(now, before))
             cells += [f"{statistics.median(before):.3f}", f"{statistics.median(now):.3f}", f"{ratio:.2f}x"]
         print(f"| {feature} | " + " | ".join(cells) + " |")
+    return 0
+
+
+def compare_stream(args: argparse.Namespace) -> int:
+    """Captures written while the requests decode (``stream_write``) against written at the
+    fetch, for a frontend in this process (bytes) and in another (the hand-off pool), in
+    alternating order, ``--stream`` rounds: store ms per step (the main thread's share of the
+    rounds), the fetch after the last step, and the writer thread's time while the steps ran.
+    Each step waits ``--device-ms`` as for a GPU's forward pass (an 8B decode step of 256
+    requests: ~20 ms on an H100)."""
+    import os
+    import statistics
+
+    from lens_evals.engine.worker import stream_write
+
+    target = handoff.HandoffTarget.for_this_process()
+    if target is None:
+        raise SystemExit("the hand-off is off (LENS_EVALS_HANDOFF=0): nothing to compare")
+    addresses = {"bytes": {**target, "pid": os.getpid()}, "pool": {**target, "pid": -1}}
+    print(f"{args.requests} requests x {args.steps} decode steps, hidden {args.hidden}, bf16, one captured layer; streamed / at the fetch")
+    print(
+        "| frontend | store ms/step, at fetch | streamed | of which rounds of writes | fetch ms, at fetch | streamed "
+        "| streamed/at fetch | writer ms during steps |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    timing.collect()
+    minimum = stream_write.MIN_BYTES
+    for name, address in addresses.items():
+        sink = handoff.inline if name == "bytes" else handoff.sink_for(address)
+        runs: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+        for round_index in range(args.stream):
+            for streamed in (True, False) if round_index % 2 == 0 else (False, True):
+                stream_write.MIN_BYTES = minimum if streamed else 1 << 62
+                try:
+                    runs[streamed].append(
+                        measure("capture", args.requests, args.steps, args.hidden, torch.bfloat16, sink=sink, address=address)
+                    )
+                finally:
+                    stream_write.MIN_BYTES = minimum
+        cells = []
+        for key in ("store_ms", "fetch_all_ms"):
+            off, on = [m[key] for m in runs[False]], [m[key] for m in runs[True]]
+            cells += [f"{statistics.median(off):.3f}", f"{statistics.median(on):.3f}"]
+            if key == "store_ms":
+                cells.append(f"{statistics.median(m['rounds_ms'] for m in runs[True]):.3f}")
+        ratio = statistics.median(on["fetch_all_ms"] / off["fetch_all_ms"] for on, off in zip(runs[True], runs[False]))
+        writer = statistics.median(m["writer_ms"] for m in runs[True])
+        print(f"| {name} | " + " | ".join(cells) + f" | {ratio:.2f}x | {writer:.0f} |")
     return 0
 
 

@@ -46,10 +46,12 @@ from benchmarks.interleaved import rotated, summarise  # noqa: E402
 from benchmarks.systems import System  # noqa: E402
 from lens_evals import settings  # noqa: E402
 from lens_evals.engine.transport.timing import DETAIL  # noqa: E402  (a phase inside another: shown, not summed)
+from lens_evals.engine.worker import stream_write  # noqa: E402
 
 FEATURES = ("plain", "capture-1", "steer-1", "probe")
 OLD = ":old"  # a feature's rounds with the worker's pre-#47 paths (``--compare-old``)
 THREADS = ":threads"  # capture rounds whose fetch writes on ``--write-threads`` threads (LENS_EVALS_WRITE_THREADS)
+AT_FETCH = ":at-fetch"  # capture rounds whose rows are all written at the fetch, none while decoding (``stream_write``)
 STEP = "layout and admission"  # timed once at every step that schedules requests
 FORWARD = ("forward (queued)", "forward with taps (queued)")  # the model itself (eager taps are timed inside: ours)
 PER_ROUND = ("fetch:", "release:", "early:", "admit:")  # once per call (or per request), not per step
@@ -73,6 +75,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--write-threads", type=int, default=0, help="also capture rounds whose fetch writes the rows on this many threads, paired"
+    )
+    parser.add_argument(
+        "--compare-stream",
+        action="store_true",
+        help="also capture rounds with every row written at the fetch (none while decoding), paired",
     )
     parser.add_argument("--cprofile", action="store_true", help="one more round per feature under cProfile (ours only)")
     parser.add_argument("--torch-profile", action="store_true", help="one more round per feature under torch.profiler")
@@ -150,8 +157,10 @@ class Rounds:
         if old:
             self.llm.collective_rpc(_new_paths, args=(False,))
         threads = {settings.WRITE_THREADS.name: str(self.write_threads)} if feature.endswith(THREADS) else {}
+        at_fetch = 1 << 62 if feature.endswith(AT_FETCH) else stream_write.MIN_BYTES
         try:
-            with mock.patch.dict(os.environ, threads):  # the worker is in this process: its fetch reads it
+            # the worker is in this process: its fetch reads the variable, its rounds the constant
+            with mock.patch.dict(os.environ, threads), mock.patch.object(stream_write, "MIN_BYTES", at_fetch):
                 outputs: list[Any] = self.llm.generate(self.prompts, params or self.params[feature], use_tqdm=False)
         finally:
             if old:
@@ -293,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         features += [f + OLD for f in features[1:] if f != "steer-1"]  # steering stores no rows: the same paths
     if args.write_threads:
         features += [f + THREADS for f in features[1:] if f.startswith("capture") and ":" not in f]
+    if args.compare_stream:
+        features += [f + AT_FETCH for f in features[1:] if f.startswith("capture") and ":" not in f]
     began = time.perf_counter()
     llm = start_engine(args, cfg)
     started = time.perf_counter() - began

@@ -47,6 +47,19 @@ def _copied(rows: Any) -> dict[str, Any]:
 SINKS = {"inline": handoff.inline, "copied": _copied}
 
 
+def note_rows(seen: dict, positions: dict[str, int], names: list[str], rows: list[int], stream: dict[int, torch.Tensor]) -> None:
+    """The reference: each request's rows of the step (``stream``: layer -> the step's rows, in
+    request order) by absolute position, a later row of a position replacing an earlier one;
+    each request's position moves on by its rows."""
+    offset = 0
+    for name, n in zip(names, rows):
+        for layer, by_position in seen[name].items():
+            for i in range(n):
+                by_position[positions[name] + i] = stream[layer][offset + i]
+        positions[name] += n
+        offset += n
+
+
 def _run(
     monkeypatch: pytest.MonkeyPatch,
     shared_probes: bool,
@@ -80,13 +93,7 @@ def _run(
             run_layer(context, layer, hidden, residual)
             stream[layer] = hidden + residual
         core.store_step(context)
-        offset = 0
-        for name, n in zip(names, rows):
-            for layer in (1, 2):
-                for i in range(n):
-                    seen[name][layer][positions[name] + i] = stream[layer][offset + i]
-            positions[name] += n
-            offset += n
+        note_rows(seen, positions, names, rows, stream)
         if step == fetch_at:  # fetched while it runs: the rows so far
             results["r1"] = core.pop_result("k1", sink)
             frozen_r1 = {layer: dict(v) for layer, v in seen["r1"].items()}

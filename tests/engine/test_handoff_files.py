@@ -138,5 +138,5 @@ def test_files_of_another_pid_namespace_are_never_touched(tmp_path: Path, dead_p
                 claim({kind: name, "offset": 0, "nbytes": 8, "dtype": "uint8", "shape": [8]})
     finally:
         os.unlink(HandoffTarget._current.marker)
-    assert handoff._pool_for({"dir": str(tmp_path), "token": "a" * 32, "pid": -1}) is None  # only their marker
+    assert handoff.pool_for({"dir": str(tmp_path), "token": "a" * 32, "pid": -1}) is None  # only their marker
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(theirs)

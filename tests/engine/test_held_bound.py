@@ -6,7 +6,6 @@ requests of the call keep their captures; the default follows the host's memory.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -51,11 +50,9 @@ def test_a_call_past_the_bound_keeps_what_fits_and_names_the_bound_for_the_rest(
 def _block_the_writer(gate: threading.Event) -> None:
     """The worker's early writes queue up behind a task that waits for ``gate`` (as behind a
     writer slower than the steps: issue #47's 11 GB capture on an H100)."""
-    from lens_evals.engine.worker import early_write
+    from lens_evals.engine.worker.stream_write import writer
 
-    if early_write._thread is None:
-        early_write._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lens_evals-early")
-    early_write._thread.submit(gate.wait, 60)
+    writer().submit(gate.wait, 60)
 
 
 def test_rows_being_written_into_the_pool_are_waited_for_not_dropped(target) -> None:  # noqa: F811

@@ -28,6 +28,7 @@ __all__ = [
     "patch_model_runner",
     "readout_head",
     "request_extra_args",
+    "request_rows_at_most",
     "reserve_lens_memory",
     "runner_device",
     "runner_from_worker",
@@ -131,6 +132,17 @@ def request_extra_args(runner: Any, req_id: str) -> dict[str, Any] | None:
     state = runner.requests.get(req_id)
     params = getattr(state, "sampling_params", None)
     return getattr(params, "extra_args", None)
+
+
+def request_rows_at_most(runner: Any, req_id: str) -> int | None:
+    """The most positions a request's forward passes can reach: its prompt and ``max_tokens``
+    (None: unknown, e.g. no ``max_tokens``)."""
+    state = runner.requests.get(req_id)
+    prompt = getattr(state, "num_prompt_tokens", None)
+    max_tokens = getattr(getattr(state, "sampling_params", None), "max_tokens", None)
+    if not isinstance(prompt, int) or not isinstance(max_tokens, int):
+        return None
+    return prompt + max_tokens
 
 
 def runner_device(runner: Any) -> torch.device:

@@ -229,7 +229,7 @@ def _cleanup_unclaimed() -> None:
 atexit.register(_cleanup_unclaimed)
 
 
-def _pool_for(target: HandoffAddressWire | dict[str, Any] | None) -> SharedPool | None:
+def pool_for(target: HandoffAddressWire | dict[str, Any] | None) -> SharedPool | None:
     """The pool for the frontend at ``target`` (None: rows go inline: hand-off off, the same
     process, or a directory this worker does not share). Worker's main thread only."""
     if not target or not _enabled() or target.get("pid") == os.getpid():
@@ -262,7 +262,7 @@ def early_sink_for(address: HandoffAddressWire | dict[str, Any] | None) -> Parti
         return None
     if address.get("pid") == os.getpid():
         return inline
-    pool = _pool_for(address)
+    pool = pool_for(address)
     if pool is None:
         return None
     min_bytes = settings.HANDOFF_MIN_BYTES.get()
@@ -287,7 +287,7 @@ def release_regions(target: HandoffTargetWire | dict[str, Any] | None) -> int:
     """Regions the frontend at ``target`` no longer uses, sent before a fetch (an offline call's
     start, ``frontend_attach.release_offline``) so that the call's early writes reuse them; how
     many were freed. Worker's main thread."""
-    pool = _pool_for(target)
+    pool = pool_for(target)
     return 0 if pool is None or target is None else pool.release(target.get("free"))
 
 
@@ -300,7 +300,7 @@ def pooled_bytes(allocated: bool = False) -> int:
 def sink_for(target: HandoffTargetWire | dict[str, Any] | None) -> Sink:
     """Where a worker puts the reply's row blocks for a frontend described by ``target``. Called
     once per fetch on the worker's main thread; the sink itself may run on several threads."""
-    pool = _pool_for(target)
+    pool = pool_for(target)
     if pool is None or target is None:
         return inline
     directory = str(target.get("dir"))

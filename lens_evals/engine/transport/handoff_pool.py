@@ -107,6 +107,14 @@ class _Segment:
         self.used[start] = size
         return start
 
+    def shrink(self, offset: int, nbytes: int) -> None:
+        size = self.used[offset]
+        keep = max(1, -(-nbytes // ALIGN)) * ALIGN
+        if keep < size:
+            # the tail becomes a region of its own, then free
+            self.used[offset], self.used[offset + keep] = keep, size - keep
+            self.give(offset + keep)
+
     def give(self, offset: int) -> bool:
         size = self.used.pop(offset, None)
         if size is None:
@@ -175,6 +183,30 @@ class SharedPool:
             view.release()
         return {"pool": segment.name, "offset": offset, "nbytes": rows.nbytes}
 
+    def take_region(self, nbytes: int) -> tuple[str, int, np.ndarray] | None:
+        """A free region of ``nbytes`` to be written later (``stream_write``: a request's rows
+        as they come): its segment name, offset and bytes (None: the pool is full)."""
+        with self.lock:
+            place = self._allocate(nbytes)
+        if place is None:
+            return None
+        segment, offset = place
+        return segment.name, offset, np.frombuffer(segment.map, dtype=np.uint8, count=nbytes, offset=offset)
+
+    def shrink(self, name: str, offset: int, nbytes: int) -> None:
+        """Keep the first ``nbytes`` of a region taken here, the rest free again."""
+        with self.lock:
+            self.segments[name].shrink(offset, nbytes)
+            self._used_now()
+
+    def give_region(self, name: str, offset: int) -> None:
+        """A region taken here and never named in a reply, free again."""
+        with self.lock:
+            segment = self.segments.get(name)
+            if segment is not None:
+                segment.give(offset)
+                self._used_now()
+
     def read_back(self, packed: dict[str, Any], keep: bool = True) -> bytearray | None:
         """The bytes of a region this worker wrote (``write``'s reply) and no frontend will
         claim (``keep=False``: the rows are dropped, nothing is read); the region is free again."""
@@ -235,7 +267,10 @@ class SharedPool:
     def close(self) -> None:
         with self.lock:  # not under a trim
             for segment in self.segments.values():
-                segment.map.close()
+                try:
+                    segment.map.close()
+                except BufferError:  # a block still being written views it (``stream_write``)
+                    logger.info("lens_evals: hand-off pool segment %s stays mapped until its last block is done", segment.name)
                 os.close(segment.fd)
             self.segments.clear()
 

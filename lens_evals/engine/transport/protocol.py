@@ -119,6 +119,7 @@ class MemoryReport(TypedDict):
     tracked: int  # vLLM requests the worker follows
     early_written: int  # requests whose rows were written before their fetch (``early_write``), so far
     early_unfetched: int  # ... of them not fetched yet
+    streamed_writes: int  # writes of running requests' rows (``stream_write``), so far
     pool_bytes: int  # the hand-off pool segments this worker holds (``handoff_pool``), all frontends
     pool_allocated_bytes: int  # the pages their files hold (idle pools give free regions' back)
 

@@ -16,6 +16,7 @@ from lens_evals import settings
 from lens_evals.engine import compat
 from lens_evals.engine.transport import handoff, timing
 from lens_evals.engine.transport.protocol import FetchResult
+from lens_evals.engine.worker import stream_write
 from lens_evals.engine.worker.early_write import EarlyWrites
 from lens_evals.engine.worker.hooks import HookCall, HookContext
 from lens_evals.engine.worker.host_copy import host_copier
@@ -28,6 +29,7 @@ from lens_evals.engine.worker.readouts import Head
 from lens_evals.engine.worker.requests import WorkerLensRequest
 from lens_evals.engine.worker.results import RowPart, TakenResult, write_results
 from lens_evals.engine.worker.step_stores import StepStores
+from lens_evals.engine.worker.stream_write import StreamWrites
 from lens_evals.engine.worker.taps import StepContext
 from lens_evals.wire import formats as wire
 
@@ -57,11 +59,23 @@ class Fetch:
         self.capture_here = capture_here
         self.local_layers = local_layers
         self.max_saved_chars = max_saved_chars
+        self.streams = StreamWrites(stores.captures)
 
     def take(self, key: str, hold: bool = False) -> TakenResult:
         """Release one request: its result without the rows, and where the rows are (the
         writing may happen on another thread: nothing here is touched by it; ``hold``: then
-        their buffers stay until ``EarlyWrites.done_with``)."""
+        their buffers stay until ``EarlyWrites.done_with``); with the block of its rows
+        written while it ran, if any (``stream_write``)."""
+        block = self.streams.take(key)
+        taken = self._take(key, hold, block is not None)
+        if block is not None:
+            if "error" in taken.result:
+                self.streams.discard_block(block)
+            else:
+                taken.stream = block
+        return taken
+
+    def _take(self, key: str, hold: bool, streamed: bool) -> TakenResult:
         captured, scored = self.stores.release(key, hold)
         read = self.readouts.release(key)
         held = (captured, scored) if hold else None
@@ -92,7 +106,7 @@ class Fetch:
                 [probe.index for probe in (req.probes if req else []) if probe.layer in self.local_layers],
             ),
         ):
-            if pieces:
+            if pieces or (streamed and name == "residual_stream"):
                 parts.append((name, ids_name, ids, pieces))
         return TakenResult(result, parts, held)
 
@@ -124,12 +138,14 @@ class WorkerCore:
         self.fetch = Fetch(self.ledger, self.stores, capture_here, local_layers, max_saved_chars, self.readouts)
         self.decode_runs = True  # a decode run's steps kept as one piece per request (``decode_runs``); off: one per step
         self.early = EarlyWrites(self.stores)
+        self.streams = self.fetch.streams  # running requests' rows written as they come (``stream_write``)
+        self.stores.capture_run.max_steps = stream_write.STREAM_STEPS
 
     @property
     def held_bytes(self) -> int:
         """Host bytes of rows not fetched yet: the step buffers, and rows written early as
         inline bytes (a frontend in this process)."""
-        return self.stores.held_bytes + self.early.inline_bytes + self.readouts.held_bytes
+        return self.stores.held_bytes + self.early.inline_bytes + self.streams.inline_bytes + self.readouts.held_bytes
 
     def _over_bound(self) -> bool:
         return self.held_bytes > self.stores.max_held_bytes
@@ -190,14 +206,33 @@ class WorkerCore:
             )
             if step.plan.readouts is not None:
                 self.readouts.store(step.plan.readouts, step.readout_results, step.plan.start_positions, self.ledger.keeps)
+            if step.plan.capture_slots and self.streams.due(self.stores.capture_run.closed):
+                with timing.phase(timing.DETAIL + "stream rows"):
+                    self._stream_rows()
             with timing.phase(timing.DETAIL + "memory bound"):
                 self._enforce_memory_bound()
+
+    def _stream_rows(self) -> None:
+        """Write the final rows of the running requests whose lens request says where
+        (``stream_write``): every piece but the open decode-run segment's."""
+        ledger, open_segment = self.ledger, self.stores.capture_run.segment
+
+        def final(pieces: list[Any]) -> list[Any]:
+            return [piece for piece in pieces if piece.buffer is not open_segment]
+
+        running = (
+            (key, req.handoff, req.rows_at_most)
+            for key, req in ledger.by_key.items()
+            if req.handoff is not None and ledger.keeps(key) and key not in ledger.finished_unfetched
+        )
+        self.streams.write_round(running, final)
 
     def _enforce_memory_bound(self) -> None:
         """Over the bound: wait for the rows being written for the frontend first (they leave
         when written into its pool), then drop the oldest finished but unfetched captures, then
         fail the requests in flight; each of those gets an error naming the bound and the bytes."""
         self.early.reap()
+        self.streams.reap()
         if not self._over_bound():
             return
         self.early.reap(wait_while=self._over_bound)
@@ -211,6 +246,7 @@ class WorkerCore:
             self.ledger.fail_keys(keys, self._bound_message("it failed while running"))
             for key in keys:
                 self.stores.release(key)
+                self.streams.discard(key)
 
     def _bound_message(self, what: str) -> str:
         """Why a request lost its capture to the memory bound, and what to change."""
@@ -231,7 +267,9 @@ class WorkerCore:
         if key is not None:
             self._drop(key)
         elif (
-            req is not None and req.handoff is not None and (req.key in self.stores.captures.by_key or req.key in self.stores.scores.by_key)
+            req is not None
+            and req.handoff is not None
+            and any(req.key in held for held in (self.stores.captures.by_key, self.stores.scores.by_key, self.streams.blocks))
         ):
             sink = handoff.early_sink_for(req.handoff)
             if sink is not None:
@@ -240,6 +278,7 @@ class WorkerCore:
     def _drop(self, key: str, dropped: str | None = None) -> None:
         """Forget ``key`` (``dropped``: unfetched, and what its fetch will say)."""
         self.stores.release(key)
+        self.streams.discard(key)
         self.readouts.release(key)
         self.ledger.forget(key, dropped)
 
@@ -247,7 +286,12 @@ class WorkerCore:
         """Release one request (see ``Fetch.take``), or take what was written of it early for
         the frontend at ``target`` (``EarlyWrites.take``)."""
         early = self.early.take(key, target)
-        return early if early is not None else self.fetch.take(key)
+        if early is not None:
+            return early
+        taken = self.fetch.take(key)
+        if taken.stream is not None:  # its block may stay in the pool of the frontend it was made for
+            taken.keep_in_pool = target is not None and target.get("token") == taken.stream.token
+        return taken
 
     def fetch_results(self, keys: list[str], target: dict[str, Any] | None = None) -> dict[str, FetchResult | None]:
         """A fetch: release the requests and write their rows (what was not written early) for
@@ -262,6 +306,7 @@ class WorkerCore:
             for result in taken.values():
                 self.early.done_with(result)
             self.early.reap()
+            self.streams.reap()
 
     def pop_result(self, key: str, sink: handoff.Sink = handoff.inline) -> FetchResult | None:
         """Release one request and return its capture, probe scores and hook results (rows
@@ -271,3 +316,4 @@ class WorkerCore:
             return taken.write(sink)
         finally:
             self.early.done_with(taken)
+            self.streams.reap()

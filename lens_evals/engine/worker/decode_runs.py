@@ -43,6 +43,8 @@ class DecodeRun:
         self.segment: StepBuffer | None = None
         self.pieces: list[Piece] = []
         self.capacity = 0
+        self.max_steps = MAX_SEGMENT_STEPS  # a segment's steps at most (fewer while rows stream: ``stream_write``)
+        self.closed = 0  # segments closed so far
 
     def continues(self, plan: Any, version: int, starts: np.ndarray) -> bool:
         """The step is the next of the last one's run: the same plan and ledger, each request
@@ -71,7 +73,7 @@ class DecodeRun:
             segment = None
         if segment is None:
             step_bytes = step.numel() * step.element_size()
-            capacity = min(MAX_SEGMENT_STEPS, SEGMENT_BYTES // max(step_bytes, 1))
+            capacity = min(self.max_steps, MAX_SEGMENT_STEPS, SEGMENT_BYTES // max(step_bytes, 1))
             most = self.copier.segment_step_bytes
             if capacity < 2 or (most is not None and step_bytes > most):
                 return False
@@ -100,6 +102,7 @@ class DecodeRun:
                 if piece.alive:
                     segment.live_units += piece.extend_to(segment.steps)
         self.pieces = []
+        self.closed += 1
         self.store.drop_unused(segment)
 
     def reset(self) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -31,9 +31,9 @@ from lens_evals.engine.transport import handoff, timing
 from lens_evals.engine.transport.protocol import PackedRowsWire
 from lens_evals.engine.worker.results import TakenResult
 from lens_evals.engine.worker.step_stores import StepStores
+from lens_evals.engine.worker.stream_write import writer
 
 logger = logging.getLogger("lens_evals")
-_thread: ThreadPoolExecutor | None = None  # the process's one writer thread (in order: ``reap`` relies on it)
 
 
 @dataclass
@@ -65,10 +65,7 @@ class EarlyWrites:
 
     def submit(self, key: str, taken: TakenResult, sink: handoff.PartialSink, address: dict[str, Any]) -> None:
         """Write ``taken`` (released with its pieces held) on the writer thread."""
-        global _thread
-        if _thread is None:
-            _thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lens_evals-early")
-        entry = self.entries[key] = _Entry(taken, address, _thread.submit(self._write, taken, sink))
+        entry = self.entries[key] = _Entry(taken, address, writer().submit(self._write, taken, sink))
         self._writing.append(entry)
 
     def _write(self, taken: TakenResult, sink: handoff.PartialSink) -> None:

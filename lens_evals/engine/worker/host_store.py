@@ -210,6 +210,17 @@ class PieceStore:
         a whole batch copies nothing. ``hold``: the pieces are read on another thread, so their
         buffers are not freed (their pinned memory not reused) until ``unhold``."""
         pieces = self.by_key.pop(key, [])
+        self._forget(pieces, hold)
+        return pieces
+
+    def release_pieces(self, key: str, pieces: list[Piece]) -> None:
+        """Forget some of a request's pieces, held (``stream_write``: read on the writer
+        thread, then ``unhold``)."""
+        gone = {id(piece) for piece in pieces}
+        self.by_key[key] = [piece for piece in self.by_key[key] if id(piece) not in gone]
+        self._forget(pieces, hold=True)
+
+    def _forget(self, pieces: list[Piece], hold: bool) -> None:
         for piece in pieces:
             piece.alive = False
             buffer = piece.buffer
@@ -223,7 +234,6 @@ class PieceStore:
                 self._sparse.pop(id(buffer), None)
             elif buffer.live_units < COMPACT_BELOW * buffer.units:
                 self._sparse[id(buffer)] = buffer
-        return pieces
 
     def unhold(self, pieces: list[Piece]) -> None:
         """Pieces released with ``hold`` are read no more: free the buffers nothing else uses."""

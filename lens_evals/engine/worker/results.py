@@ -4,6 +4,7 @@ threads; a finished request's rows perhaps before the fetch, ``early_write``).""
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -11,6 +12,7 @@ from lens_evals import settings
 from lens_evals.engine.transport import handoff
 from lens_evals.engine.transport.protocol import FetchResult
 from lens_evals.engine.worker.host_store import Piece, row_blocks
+from lens_evals.engine.worker.stream_write import StreamedRows
 
 # (name, ids name, ids, pieces): one part of a result's rows, not yet written
 RowPart = tuple[str, str, list[int], list[Piece]]
@@ -26,6 +28,8 @@ class TakenResult:
     result: FetchResult
     parts: list[RowPart] = field(default_factory=list)
     held: tuple[list[Piece], list[Piece]] | None = None
+    stream: StreamedRows | None = None  # the captures' block written while it ran (``stream_write``)
+    keep_in_pool: bool = True  # the block may stay in the pool it is in (the fetch's frontend's)
 
     @property
     def nbytes(self) -> int:
@@ -41,6 +45,19 @@ class TakenResult:
         pending = []
         for part in self.parts:
             name, ids_name, ids, pieces = part
+            if name == "residual_stream" and self.stream is not None:
+                try:
+                    packed = self.stream.close(pieces, self.keep_in_pool)
+                except Exception as exc:  # noqa: BLE001 - this request's rows are lost, not the fetch's other requests'
+                    logger.exception("lens_evals: closing the rows of %s written as it ran failed", self.stream.key)
+                    packed = {"error": f"writing the rows failed: {type(exc).__name__}: {exc}"}
+                self.stream = None
+                if "error" in packed:
+                    self.result, self.parts = {"error": packed["error"]}, []
+                    return
+                self.result[name] = packed  # type: ignore[literal-required]  # a ROW_PARTS name
+                self.result[ids_name] = ids  # type: ignore[literal-required]
+                continue
             rows = row_blocks(pieces)
             if rows.gaps:
                 self.result, self.parts = {"error": f"{name} has gaps at positions {rows.gaps} (prefix cache or scheduling defect)"}, []
@@ -54,6 +71,7 @@ class TakenResult:
         self.parts = pending
 
 
+logger = logging.getLogger("lens_evals")
 _writers: dict[int, ThreadPoolExecutor] = {}
 PARALLEL_WRITE_BYTES = 32 * 2**20
 THREADS_ENV = settings.WRITE_THREADS.name

@@ -47,6 +47,7 @@ def worker_memory(worker: Any) -> MemoryReport:
         "tracked": len(core.ledger.requests),
         "early_written": core.early.written,
         "early_unfetched": len(core.early),
+        "streamed_writes": core.streams.written,
         "pool_bytes": handoff.pooled_bytes(),
         "pool_allocated_bytes": handoff.pooled_bytes(allocated=True),
     }

@@ -133,6 +133,8 @@ class LensWorkerState:
             key = str((extra or {}).get(INTERNAL_KEY, {}).get("key", req_id))
             ledger.refuse(req_id, key, f"could not decode lens request on the worker: {type(exc).__name__}: {exc}")
             return
+        if req is not None:
+            req.rows_at_most = compat.worker.request_rows_at_most(self.runner, req_id)
         ledger.track(req_id, req)
 
     def hook_context(self, call: HookCall, layer: int) -> HookContext:
