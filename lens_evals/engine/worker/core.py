@@ -139,7 +139,8 @@ class WorkerCore:
         self.decode_runs = True  # a decode run's steps kept as one piece per request (``decode_runs``); off: one per step
         self.early = EarlyWrites(self.stores)
         self.streams = self.fetch.streams  # running requests' rows written as they come (``stream_write``)
-        self.stores.capture_run.max_steps = stream_write.STREAM_STEPS
+        if settings.HANDOFF.get():  # else nothing is written while requests run: segments as long as they may be
+            self.stores.capture_run.max_steps = stream_write.STREAM_STEPS
 
     @property
     def held_bytes(self) -> int:

@@ -39,7 +39,7 @@ from lens_evals.engine.transport.protocol import PackedRows
 from lens_evals.engine.worker.host_store import Piece, PieceStore
 
 logger = logging.getLogger("lens_evals")
-STREAM_STEPS = 16  # steps between writes (also the capture runs' segment length while streaming)
+STREAM_STEPS = 16  # steps between rounds of writes (the capture runs' segment length while rows stream)
 MIN_BYTES = 64 << 10  # a request's final rows are written once they hold this much (one 8B layer: 8 steps)
 _thread: ThreadPoolExecutor | None = None
 
@@ -195,10 +195,12 @@ class StreamWrites:
         self.written = 0  # rounds of writes (tests and diagnostics)
 
     def due(self, closed: int) -> bool:
-        """Called once per step that stored captures: whether a round of writes is due (a
-        segment closed, or ``STREAM_STEPS`` steps without one)."""
+        """Called once per step that stored captures: whether a round of writes is due. After a
+        capture-run segment closed (every ``STREAM_STEPS`` steps in a steady decode), but at
+        most once per half of that (when requests come and go, segments close at nearly every
+        step); without runs (no segment closes), every ``2 * STREAM_STEPS`` steps."""
         self.steps += 1
-        if closed != self.closed or self.steps >= STREAM_STEPS:
+        if (closed != self.closed and 2 * self.steps >= STREAM_STEPS) or self.steps >= 2 * STREAM_STEPS:
             self.closed, self.steps = closed, 0
             return True
         return False
