@@ -185,3 +185,35 @@ def test_rounds_follow_segment_closes_but_at_most_one_per_half_round() -> None:
     assert rounds([step // 16 for step in range(64)]) == [16, 32, 48]  # the step each segment closed at
     assert rounds(list(range(40))) == [7, 15, 23, 31, 39]
     assert rounds([0] * 70) == [31, 63]
+
+
+def test_rows_being_streamed_are_waited_for_when_over_the_memory_bound(small_rounds) -> None:
+    """Two running requests' rows are on their way out behind a blocked writer when the next step
+    passes the memory bound: the worker waits for the writes (the writer is let go after 0.3 s)
+    rather than fail the running requests, and both captures come back whole."""
+    import threading
+
+    core = WorkerCore(torch.device("cpu"), torch.float32, LAYERS)
+    address = {"dir": "/nonexistent", "token": "0" * 32, "pid": os.getpid()}
+    names = ["r0", "r1"]
+    for i, name in enumerate(names):
+        core.ledger.track(name, WorkerLensRequest(key=f"k{i}", capture_layers=[2], handoff=dict(address)))
+    seen: dict[str, dict[int, dict[int, torch.Tensor]]] = {name: {2: {}} for name in names}
+    positions = dict.fromkeys(names, 0)
+    gate = threading.Event()
+    for step in range(12):
+        if step == 4:  # the first round (at step 4) waits behind the gate
+            stream_write.writer().submit(gate.wait, 60)
+        if step == 8:
+            core.stores.max_held_bytes = core.stores.held_bytes  # the next step passes it
+            threading.Timer(0.3, gate.set).start()
+        context = core.begin_step(core.plan_step(BatchLayout(names, [1, 1], [positions[n] for n in names]), None))
+        hidden, residual = torch.randn(2, HIDDEN), torch.randn(2, HIDDEN)
+        run_layer(context, 2, hidden, residual)
+        core.store_step(context)
+        note_rows(seen, positions, names, [1, 1], {2: hidden + residual})
+    assert gate.is_set() and not core.ledger.errors, core.ledger.errors
+    for i, name in enumerate(names):
+        core.finish(name)
+        got = result_tensors(core.pop_result(f"k{i}"))["residual_stream"][0]
+        assert torch.equal(got, torch.stack([seen[name][2][p] for p in range(12)])), name

@@ -237,6 +237,7 @@ class WorkerCore:
         if not self._over_bound():
             return
         self.early.reap(wait_while=self._over_bound)
+        self.streams.reap(wait_while=self._over_bound)
         message: str | None = None
         while self._over_bound() and (key := self.ledger.oldest_unfetched() or self.early.drop_oldest()) is not None:
             message = message or self._bound_message("its capture was dropped before it was fetched")

@@ -56,8 +56,7 @@ def writer() -> ThreadPoolExecutor:
 class StreamedRows:
     """One request's captured rows as the reply's block ``(ids, positions, ...)``, written piece
     by piece into memory with room for ``capacity`` positions (grown as needed: ``_room_for``);
-    ``covered``: positions ``0..covered``
-    of every id are written."""
+    ``covered``: positions ``0..covered`` of every id are written."""
 
     def __init__(self, key: str, rows_at_most: int | None, pool: SharedPool | None, token: str) -> None:
         self.key, self.rows_at_most, self.pool, self.token = key, rows_at_most, pool, token
@@ -116,8 +115,8 @@ class StreamedRows:
         self.dest = raw.view(dtype).reshape(ids, capacity, *trailing)
 
     def _grow(self, capacity: int) -> None:
-        """More positions than the request's most (a speculative step past its end): a larger
-        block, the rows so far copied over."""
+        """More positions than the block has room for: a larger block, the rows so far copied
+        over (memory written just before: at copy speed)."""
         old, old_region = self.dest, self.region
         assert old is not None and self.dtype is not None
         self._make(old.shape[0], old.shape[2:], old.dtype, self.dtype, capacity)
@@ -241,10 +240,18 @@ class StreamWrites:
         block = self.blocks[key] = StreamedRows(key, rows_at_most, pool, str(address.get("token")))
         return block
 
-    def reap(self) -> None:
-        """Free the buffers of the pieces written (main thread)."""
-        while self._writing and self._writing[0][0].done():
-            _, pieces = self._writing.popleft()
+    def reap(self, wait_while: Callable[[], bool] | None = None) -> None:
+        """Free the buffers of the pieces written (main thread). ``wait_while``: while it holds
+        (the memory bound is exceeded), wait for the writes still running (as
+        ``EarlyWrites.reap``: rows on their way out are not worth dropping others for)."""
+        while self._writing:
+            future, pieces = self._writing[0]
+            if not future.done():
+                if wait_while is None or not wait_while():
+                    return
+                with timing.phase("stream: wait for the writer (memory bound)"):
+                    future.exception()
+            self._writing.popleft()
             self.captures.unhold(pieces)
 
     def take(self, key: str) -> StreamedRows | None:
