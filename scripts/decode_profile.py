@@ -6,8 +6,9 @@ cProfile of our code and a torch.profiler summary of the top ops, one extra roun
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the worker's phase
 timers (``engine/transport/timing.py``) are read here after every round. Per feature the report
 gives the median paired ratio (feature time / plain time of the same round), the wall time per
-decode step, and "ours": the plugin's host time per step (every timed phase but the forward
-itself, plus the eager taps that run inside it). What a feature adds per step is then split into
+decode step, and "ours": the plugin's host time per step on the engine's thread (every timed
+phase but the forward itself, plus the eager taps that run inside it; not the writer thread's
+rows, which run beside the steps). What a feature adds per step is then split into
 our host work (d ours) and the rest (d wall - d ours: device work queued by us, syncs, vLLM's
 own extra work for the request); the per-phase table says which phase the host part is.
 
@@ -55,6 +56,7 @@ AT_FETCH = ":at-fetch"  # capture rounds whose rows are all written at the fetch
 STEP = "layout and admission"  # timed once at every step that schedules requests
 FORWARD = ("forward (queued)", "forward with taps (queued)")  # the model itself (eager taps are timed inside: ours)
 PER_ROUND = ("fetch:", "release:", "early:", "admit:")  # once per call (or per request), not per step
+WRITER = ("early: write rows", "stream: write rows")  # on the writer thread, beside the steps: shown, not ours
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -210,7 +212,9 @@ def step_table(r: Rounds) -> tuple[list[str], dict[str, Any]]:
         phases = r.phases[feature]
         steps = phases.get(STEP, [0.0, 1])[1] or 1
         wall = sum(r.times[feature]) / steps
-        top = {name: value for name, value in phases.items() if not name.startswith(DETAIL)}  # details are inside these
+        top = {
+            name: value for name, value in phases.items() if not name.startswith(DETAIL) and name not in WRITER
+        }  # details are inside these
         ours = sum(s for name, (s, _) in top.items() if name not in FORWARD and not name.startswith(PER_ROUND))
         per_round = sum(s for name, (s, _) in top.items() if name.startswith(PER_ROUND))
         per[feature] = {"steps": steps / len(r.times[feature]), "wall_ms": 1e3 * wall, "ours_ms": 1e3 * ours / steps}
@@ -230,12 +234,17 @@ def step_table(r: Rounds) -> tuple[list[str], dict[str, Any]]:
             f"{p['per_call_ms']:.1f}"
         )
     names = sorted({name for f in r.features for name in r.phases[f]})
-    lines += ["", "phase, ms per decode step (per call for fetch:*) | " + " | ".join(r.features), "---|" + "---|" * len(r.features)]
+    lines += [
+        "",
+        "phase, ms per decode step (per call for admit:, fetch:, release:, early: but the writer thread's rows) | "
+        + " | ".join(r.features),
+        "---|" + "---|" * len(r.features),
+    ]
     for name in names:
         cells = []
         for feature in r.features:
             seconds = r.phases[feature].get(name, [0.0, 0])[0]
-            per_call = name.removeprefix(DETAIL).startswith(PER_ROUND)
+            per_call = name.removeprefix(DETAIL).startswith(PER_ROUND) and name not in WRITER
             divisor = len(r.times[feature]) if per_call else per[feature]["steps"] * len(r.times[feature])
             cells.append(f"{1e3 * seconds / divisor:.4f}")
         lines.append(f"{name} | " + " | ".join(cells))
