@@ -217,3 +217,16 @@ def test_rows_being_streamed_are_waited_for_when_over_the_memory_bound(small_rou
         core.finish(name)
         got = result_tensors(core.pop_result(f"k{i}"))["residual_stream"][0]
         assert torch.equal(got, torch.stack([seen[name][2][p] for p in range(12)])), name
+
+
+def test_a_frontend_that_takes_no_early_rows_gets_them_at_the_fetch(small_rounds, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frontend whose hand-off directory the worker cannot see (another host): nothing is
+    streamed, each request is asked about once (not at every round), and every row comes back
+    at the fetch as computed."""
+    asked: list[Any] = []
+    early_sink_for = handoff.early_sink_for
+    monkeypatch.setattr(handoff, "early_sink_for", lambda address: asked.append(address) or early_sink_for(address))
+    core, requests, seen, results, _ = _run({"dir": "/nonexistent", "token": "a" * 32, "pid": -1})
+    _check(requests, seen, results)
+    assert core.streams.written == 0 and not core.streams.unwritable
+    assert len(asked) <= 2 * len(requests), len(asked)  # once while it runs, once as it finishes

@@ -271,6 +271,11 @@ class PieceStore:
             self._free(buffer)
 
 
+def gaps_error(what: str, gaps: list[int]) -> str:
+    """The error of rows with positions no step stored (the first of them)."""
+    return f"{what} has gaps at positions {gaps} (prefix cache or scheduling defect)"
+
+
 @dataclass
 class RowBlocks:
     """One request's rows by absolute position, ``(n_ids, n_positions, ...)``, ready to write:

@@ -13,7 +13,7 @@ import torch
 
 from lens_evals.engine.transport.protocol import PackedRows, ReadoutWire
 from lens_evals.engine.worker.host_copy import PlainCopy
-from lens_evals.engine.worker.host_store import Piece, PieceStore
+from lens_evals.engine.worker.host_store import Piece, PieceStore, gaps_error
 from lens_evals.engine.worker.readouts import StepReadouts
 
 
@@ -89,7 +89,7 @@ def assemble(entries: list[ReadoutPiece], layers_of: dict[int, tuple[int, ...]])
             covered[slot[e.layer], span] = True
         if not covered.all():
             gaps = np.flatnonzero(~covered.all(axis=0))[:10].tolist()
-            return {}, f"readout {index} has gaps at positions {gaps} (prefix cache or scheduling defect)"
+            return {}, gaps_error(f"readout {index}", gaps)
         packed = PackedRows.header(torch.float32, block.shape) | {"data": block.tobytes()}
         out[str(index)] = {"layers": list(layers), "rows": packed}
     return out, None

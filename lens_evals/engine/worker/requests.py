@@ -60,7 +60,7 @@ class WorkerLensRequest:
     handoff: dict[str, Any] | None = None  # the frontend's ``HandoffAddressWire`` (``early_write``)
     hooked_until: int = 0  # one past the last position the hooks have run on
     readouts: list[WorkerReadout] = field(default_factory=list)
-    rows_at_most: int | None = None  # its positions at most (prompt + max_tokens): its streamed block's size (``stream_write``)
+    rows_at_most: int | None = None  # its positions at most (prompt + max_tokens): a streamed block's room at most (``stream_write``)
 
     def hook_rows(self, first_position: int, num_rows: int) -> str | None:
         """Note the positions the hooks run on this step. A step at positions already seen is a

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from lens_evals import settings
 from lens_evals.engine.transport import handoff
 from lens_evals.engine.transport.protocol import FetchResult
-from lens_evals.engine.worker.host_store import Piece, row_blocks
+from lens_evals.engine.worker.host_store import Piece, gaps_error, row_blocks
 from lens_evals.engine.worker.stream_write import StreamedRows
 
+logger = logging.getLogger("lens_evals")
 # (name, ids name, ids, pieces): one part of a result's rows, not yet written
 RowPart = tuple[str, str, list[int], list[Piece]]
 
@@ -60,7 +61,7 @@ class TakenResult:
                 continue
             rows = row_blocks(pieces)
             if rows.gaps:
-                self.result, self.parts = {"error": f"{name} has gaps at positions {rows.gaps} (prefix cache or scheduling defect)"}, []
+                self.result, self.parts = {"error": gaps_error(name, rows.gaps)}, []
                 return
             where = sink(rows)
             if where is None:
@@ -71,7 +72,6 @@ class TakenResult:
         self.parts = pending
 
 
-logger = logging.getLogger("lens_evals")
 _writers: dict[int, ThreadPoolExecutor] = {}
 PARALLEL_WRITE_BYTES = 32 * 2**20
 THREADS_ENV = settings.WRITE_THREADS.name

@@ -4,15 +4,14 @@ Early writes (``early_write``) write a request's rows once vLLM finishes it. In 
 whose requests all finish together (an eval's 256 prompts x 128 tokens) that is every row at
 once, after the last step, overlapped with nothing: on the H100 profile (issue #47) the fetch of
 436 MB was most of the capture's decode overhead. Yet a row is final once its step's copy has
-landed. So each time a decode-run segment closes (``decode_runs``, every ``STREAM_STEPS`` steps;
-without runs, every ``STREAM_STEPS`` steps that stored captures) the worker releases the final
-pieces of each running request whose lens request says where its rows go (every piece but the
-open segment's: the prompt's, the closed segments') and writes them on the early writer thread
-into the request's block (``StreamedRows``): laid out as the reply's ``(ids, positions, ...)``,
-in the frontend's pool, or as bytes for a frontend in the worker's process, with room for twice
-the rows so far (at most the request's most: prompt + max_tokens, ``rows_at_most``), grown as
-needed. The pieces' buffers are
-freed once written. The rows the request still holds when it finishes are written by its early
+landed. So after a decode-run segment closes (``decode_runs``, every ``STREAM_STEPS`` steps;
+see ``StreamWrites.due`` for requests that come and go, and steps without runs) the worker
+releases the final pieces of each running request whose lens request says where its rows go
+(every piece but the open segment's: the prompt's, the closed segments') and writes them on the
+early writer thread into the request's block (``StreamedRows``): laid out as the reply's
+``(ids, positions, ...)``, in the frontend's pool, or as bytes for a frontend in the worker's
+process, with room for twice the rows so far (at most the request's most: prompt + max_tokens,
+``rows_at_most``), grown as needed. The pieces' buffers are freed once written. The rows the request still holds when it finishes are written by its early
 write or its fetch (``TakenResult.stream``), which then closes the block to the rows it has: each
 id's rows moved up behind the one before (a memmove in memory just written) and the tail freed.
 
@@ -36,7 +35,7 @@ import torch
 from lens_evals.engine.transport import handoff, timing
 from lens_evals.engine.transport.handoff_pool import SharedPool
 from lens_evals.engine.transport.protocol import PackedRows
-from lens_evals.engine.worker.host_store import Piece, PieceStore
+from lens_evals.engine.worker.host_store import Piece, PieceStore, gaps_error
 
 logger = logging.getLogger("lens_evals")
 STREAM_STEPS = 16  # steps between rounds of writes (the capture runs' segment length while rows stream)
@@ -139,7 +138,7 @@ class StreamedRows:
         self.write(pieces)
         if self.gap is not None or self.error is not None:
             self.discard()
-            return {"error": self.error or f"residual_stream has gaps at positions [{self.gap}] (prefix cache or scheduling defect)"}
+            return {"error": self.error or gaps_error("residual_stream", [self.gap or 0])}
         dest = self.dest
         assert dest is not None and self.dtype is not None
         ids, n = dest.shape[0], self.covered
@@ -187,6 +186,7 @@ class StreamWrites:
     def __init__(self, captures: PieceStore) -> None:
         self.captures = captures
         self.blocks: dict[str, StreamedRows] = {}
+        self.unwritable: set[str] = set()  # keys whose frontend takes no rows before the fetch (asked once)
         self._writing: deque[tuple[Future[None], list[Piece]]] = deque()
         self.steps = 0  # steps with captures since the last round of writes
         self.closed = 0  # capture-run segments closed as of the last round (``DecodeRun.closed``)
@@ -216,8 +216,8 @@ class StreamWrites:
             nbytes = sum(piece.nbytes for piece in ready)
             if not ready or nbytes < MIN_BYTES:
                 continue
-            block = self.blocks.get(key) or self._new_block(key, address, rows_at_most)
-            if block is None:
+            block = self.blocks.get(key)
+            if block is None and (key in self.unwritable or (block := self._new_block(key, address, rows_at_most)) is None):
                 continue
             self.captures.release_pieces(key, ready)
             block.streamed_bytes += nbytes
@@ -235,6 +235,7 @@ class StreamWrites:
     def _new_block(self, key: str, address: dict[str, Any], rows_at_most: int | None) -> StreamedRows | None:
         sink = handoff.early_sink_for(address)
         if sink is None:
+            self.unwritable.add(key)
             return None
         pool = handoff.pool_for(address) if sink is not handoff.inline else None
         block = self.blocks[key] = StreamedRows(key, rows_at_most, pool, str(address.get("token")))
@@ -256,6 +257,7 @@ class StreamWrites:
 
     def take(self, key: str) -> StreamedRows | None:
         """``key``'s block for its early write or fetch (which closes it), if it has one."""
+        self.unwritable.discard(key)
         block = self.blocks.pop(key, None)
         if block is not None and block.pool is None:
             self.inline_bytes -= block.streamed_bytes  # counted from now on where the closed block goes
