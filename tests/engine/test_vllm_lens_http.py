@@ -143,6 +143,7 @@ def _steer_with(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 VECTOR = torch.ones(1, 128).numpy().tobytes()
+ATTEMPTS = 3  # rounds of good requests beside the bad ones (see the test that sends them)
 BAD_FORMS = {
     "malformed layer string": ({"output_residual_stream": "[1, 2"}, "output_residual_stream string is not valid JSON"),
     "wrong dtype": (
@@ -194,21 +195,32 @@ def test_bad_input_in_their_forms_is_400_while_good_requests_finish(server) -> N
     def good(i: int) -> None:
         results[i] = complete(server, {"output_residual_stream": "[2]"}, prompt=prompts[i], max_tokens=n_tokens, return_token_ids=True)
 
-    threads = [threading.Thread(target=good, args=(i,)) for i in range(len(prompts))]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 60
-    while running_requests(server) < len(prompts):  # every good request admitted and decoding
-        assert time.monotonic() < deadline and not results, f"good requests never all ran: {sorted(results)} done"
-        time.sleep(0.01)
-    for name, (xargs, message) in BAD_FORMS.items():
-        resp = complete(server, xargs)
-        assert resp.status_code == 400, f"{name}: {resp.status_code} {resp.text}"
-        assert message in resp.json()["error"]["message"], f"{name}: {resp.text}"
-    # the bad requests were answered while the good ones were still in flight
-    assert not results and running_requests(server) == len(prompts), f"good requests {sorted(results)} ended before the bad ones"
-    for thread in threads:
-        thread.join(timeout=300)
+    # On a loaded host the good requests may all end before the metrics show them running, or
+    # before the last bad answer: that round proves nothing either way and runs again. An engine
+    # that holds the bad answers back until the good requests end fails every round.
+    ended_first: list[list[int]] = []
+    for _ in range(ATTEMPTS):
+        results.clear()
+        threads = [threading.Thread(target=good, args=(i,)) for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 60
+        while running_requests(server) < len(prompts) and not results:  # every good request admitted and decoding
+            assert time.monotonic() < deadline, "good requests never all ran"
+            time.sleep(0.01)
+        for name, (xargs, message) in BAD_FORMS.items():
+            resp = complete(server, xargs)
+            assert resp.status_code == 400, f"{name}: {resp.status_code} {resp.text}"
+            assert message in resp.json()["error"]["message"], f"{name}: {resp.text}"
+        # the bad requests were answered while the good ones were still in flight
+        in_flight = not results and running_requests(server) == len(prompts)
+        for thread in threads:
+            thread.join(timeout=300)
+        if in_flight:
+            break
+        ended_first.append(sorted(results))
+    else:
+        raise AssertionError(f"in each of {ATTEMPTS} rounds good requests ended before the bad ones: {ended_first}")
     for i, expected in enumerate(baseline):
         got = stream_of(results[i])
         assert got.shape == expected.shape and got.shape[0] == 1
