@@ -6,9 +6,11 @@ prompts at every layer of the bench model, into ``--out``'s own directory (so th
    buffer and fsynced, through ``O_DIRECT`` and through the page cache (``dd``'s two modes);
 2. the writer alone: the same rows, made once in memory, through ``lens-evals capture``'s shard
    writer (shard images, writer threads, manifest) without an engine: its speed against (1);
+   and again with twice the writer threads;
 3. ``lens-evals capture`` itself (``run_capture`` on an engine opened first, so its start is apart),
-   with the same prompts' plain prefill (no capture) on the same engine as the compute floor; peak
-   host RSS (VmHWM) and device memory of the capture.
+   with the same prompts' plain prefill (no capture) on the same engine as the compute floor, and
+   the same batches' capture held in memory and dropped (the engine's part: capture = its time and
+   the writer's, overlapped); peak host RSS (VmHWM) and device memory of the capture.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ def engine_capture(cfg: BenchConfig, prompts: Path, out: Path, settings: Any) ->
 
     from lens_evals.capture.runner import run_capture
     from lens_evals.engine.frontend.offline import close_offline_engine, open_offline_engine
+    from lens_evals.request.spec import CAPTURE_KEY
 
     start = time.perf_counter()
     engine_args: dict[str, Any] = {"dtype": cfg.dtype, "max_model_len": cfg.max_model_len, "skip_tokenizer_init": True}
@@ -105,6 +108,13 @@ def engine_capture(cfg: BenchConfig, prompts: Path, out: Path, settings: Any) ->
         for begin in range(0, len(inputs), settings.batch_size):  # the capture's batches, without capture
             llm.generate(inputs[begin : begin + settings.batch_size], params, use_tqdm=False)
         result["plain_prefill_s"] = time.perf_counter() - start
+        held = SamplingParams(max_tokens=1, temperature=0.0, extra_args={CAPTURE_KEY: list(range(cfg.num_layers))})
+        start = time.perf_counter()
+        for begin in range(0, len(inputs), settings.batch_size):  # the capture's engine part: rows to the host, dropped
+            outputs = llm.generate(inputs[begin : begin + settings.batch_size], held, use_tqdm=False)
+            assert all(output.activations["residual_stream"].shape[0] == cfg.num_layers for output in outputs)
+            del outputs
+        result["capture_in_memory_s"] = time.perf_counter() - start
         reset_peak_rss()
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
@@ -137,8 +147,9 @@ def run(cfg: BenchConfig, out_dir: Path, label: str, batch_size: int, writers: i
     small = int(min(n_bytes, probe_gib * 2**30))
     result["disk_buffered_Bps"] = disk_bandwidth(out_dir, small, direct=False)
     some = replace(cfg, prompts=cfg.prompts[: max(1, int(len(cfg.prompts) * small / n_bytes))])
-    for mode, direct, work in (("writer", True, cfg), ("writer_buffered", False, some)):
-        seconds, written = writer_alone(work, prompts, out_dir / "writer-alone", CaptureSettings(writers=writers, direct_io=direct))
+    runs = (("writer", True, cfg, writers), ("writer_more", True, cfg, 2 * writers), ("writer_buffered", False, some, writers))
+    for mode, direct, work, threads in runs:
+        seconds, written = writer_alone(work, prompts, out_dir / "writer-alone", CaptureSettings(writers=threads, direct_io=direct))
         result[f"{mode}_s"], result[f"{mode}_Bps"] = seconds, written / seconds
     print(f"[capture-disk] before the engine: {json.dumps(result)}", flush=True)  # kept if the run is cut
     result.update(engine_capture(cfg, prompts, out_dir / "capture", settings))
@@ -167,9 +178,12 @@ def report(r: dict[str, Any], writers: int, batch_size: int) -> str:
             f"| disk alone, O_DIRECT + fsync (the reference) | {r['capture_bytes'] / disk:.2f} | {disk / GB:.2f} GB/s |",
             f"| disk alone, page cache + fsync (at most the probe's size) | - | {rate(r['disk_buffered_Bps'])} |",
             f"| shard writer alone (rows from memory), O_DIRECT | {r['writer_s']:.2f} | {rate(r['writer_Bps'])} |",
+            f"| the same with {2 * writers} writers | {r['writer_more_s']:.2f} | {rate(r['writer_more_Bps'])} |",
             f"| shard writer alone, page cache (at most the probe's size) | {r['writer_buffered_s']:.2f} | "
             f"{rate(r['writer_buffered_Bps'])} |",
             f"| plain prefill, same batches (no capture) | {r['plain_prefill_s']:.2f} | - |",
+            f"| the same batches' capture, held in memory and dropped (the engine's part) | {r['capture_in_memory_s']:.2f} | "
+            f"{rate(r['capture_bytes'] / r['capture_in_memory_s'])} |",
             f"| `lens-evals capture` (engine started apart, {r['engine_start_s']:.0f} s) | {r['capture_s']:.2f} | "
             f"{rate(r['capture_Bps'])}; peak RSS {r['peak_rss_gib']:.2f} GiB{device} |",
             "",

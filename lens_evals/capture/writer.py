@@ -1,6 +1,8 @@
 """Shards written on writer threads while the engine runs the next batch. Each filled
-:class:`ShardImage` is written (temporary name, fsync, hash from memory, rename) by one of several
-threads, so the disk sees large writes back to back and hashing spreads over cores; shards are
+:class:`ShardImage` is written (temporary name, fsync, rename) by one of several threads, so the
+disk sees large writes back to back; its SHA-256 is taken from memory on a hashing thread of its
+own while the writer writes it (hash and write both release the GIL: a shard then takes the
+longer of the two, not their sum, and hashing spreads over cores); shards are
 *recorded* (the caller's ``record``: the manifest rewritten) strictly in shard order, so the manifest
 on disk always lists a prefix of whole shards. Host memory is bounded by the image pool: a caller
 that fills images faster than the disk takes them waits for a free one. After shard k fails, the
@@ -14,6 +16,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +76,7 @@ class ShardWriter:
         self._failed: tuple[int, str, BaseException] | None = None  # number, name, cause
         self._closed = False
         self.direct_used: bool | None = None  # whether the last shard went through O_DIRECT
+        self._hashers = ThreadPoolExecutor(n_writers, thread_name_prefix="shard-hash")  # one hash beside each write
         self._threads = [threading.Thread(target=self._work, name=f"shard-writer-{i}", daemon=True) for i in range(n_writers)]
         for thread in self._threads:
             thread.start()
@@ -107,6 +111,7 @@ class ShardWriter:
                 self._jobs.put(None)
             for thread in self._threads:
                 thread.join()
+            self._hashers.shutdown()
         if self._failed is not None:
             for name in self._submitted[self._next_record - self._first :]:
                 for path in (self.out_dir / name, self.out_dir / (name + ".tmp")):
@@ -131,15 +136,17 @@ class ShardWriter:
         path = self.out_dir / job.name
         tmp = path.with_name(path.name + ".tmp")
         view = job.image.file_view()
+        hashed = self._hashers.submit(sha256_of, view)
         try:
-            sha256 = sha256_of(view)
             self.direct_used = write_file(tmp, view, self.direct)
+            sha256 = hashed.result()
             n_bytes = len(view)
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
         finally:
+            wait([hashed])  # it reads the view: done (or failed) before the view is released
             view.release()
         _fsync_dir(self.out_dir)
         shard = ShardRecord(name=job.name, n_bytes=n_bytes, sha256=sha256, n_rows=len(job.rows), n_tokens=job.image.used)
