@@ -37,7 +37,7 @@ def run_demo(model: str, layer: int, scale: float, engine_args: dict[str, Any] |
     from lens_evals import SteeringVector
     from lens_evals.engine.frontend.offline import engine_for
     from lens_evals.models.registry import resolve_model
-    from lens_evals.request.spec import float32_array
+    from lens_evals.request.wire_model import float32_array
 
     path = resolve_model(model)
     started = time.perf_counter()

@@ -12,7 +12,8 @@ from inspect_ai.model import ChatMessageAssistant
 from inspect_ai.solver import Generate, Solver, TaskState, solver
 
 from lens_evals.inspect_kit.provider.outputs import ACTIVATIONS_KEY, output_activations
-from lens_evals.request.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector, float32_array
+from lens_evals.request.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector
+from lens_evals.request.wire_model import float32_array
 
 ACTIVATIONS_STORE_KEY = "lens_evals:activations"
 CAPTURE_LAYERS_STORE_KEY = "lens_evals:capture_layers"

@@ -31,7 +31,8 @@ from inspect_ai.tool import ToolInfo
 
 from lens_evals.inspect_kit.provider.outputs import output_activations
 from lens_evals.probing.probe import Probe
-from lens_evals.request.spec import CAPTURE_KEY, PROBE_KEY, float32_array
+from lens_evals.request.spec import CAPTURE_KEY, PROBE_KEY
+from lens_evals.request.wire_model import float32_array
 
 CLOSING_PROBE_TEXT = "x"  # a one-word turn, to measure the tokens that close an assistant turn
 

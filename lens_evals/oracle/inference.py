@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from lens_evals.oracle.prompt import oracle_messages, placeholder_positions, placeholder_token_id, select_positions
-from lens_evals.request.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector, float32_array
+from lens_evals.request.spec import CAPTURE_KEY, STEERING_KEY, SteeringVector
+from lens_evals.request.wire_model import float32_array
 
 
 @dataclass(frozen=True)

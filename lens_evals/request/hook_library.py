@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 from lens_evals.engine.transport.probe_cache import LRU
 from lens_evals.request.hooks import BOUNDS_CONTEXT, HookBounds
-from lens_evals.request.spec import Float32, check_scaled, float32_array
+from lens_evals.request.wire_model import Float32, check_scaled, float32_array
 
 
 class _Args(BaseModel):

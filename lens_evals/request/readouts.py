@@ -24,7 +24,8 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from lens_evals.request.spec import BOUND_CONTEXT, MAX_LAYERS_PER_REQUEST, READOUTS_KEY, _WireModel, owned_float32_array
+from lens_evals.request.spec import MAX_LAYERS_PER_REQUEST, READOUTS_KEY
+from lens_evals.request.wire_model import BOUND_CONTEXT, WireModel, owned_float32_array
 from lens_evals.wire import formats as wire
 
 MAX_READOUTS_PER_REQUEST = 64
@@ -59,7 +60,7 @@ def _array(value: Any, info: ValidationInfo) -> np.ndarray | None:
 FiniteArray = Annotated[Any, BeforeValidator(_array)]  # an owned float32 array without NaN or inf, or None
 
 
-class _Weights(_WireModel):
+class _Weights(WireModel):
     """Weights sent inline or named by ``digest`` alone (sent by an earlier request): the checks
     both kinds share. A subclass names its arrays (the weights are inline when the first is
     given) and its messages, and checks inline shapes (``_check_inline``), hashes
@@ -224,7 +225,7 @@ def _readout_name(value: str) -> str:
 ReadoutName = Annotated[str, AfterValidator(_readout_name)]
 
 
-class LensReadout(_WireModel):
+class LensReadout(WireModel):
     """The top ``top_k`` tokens and their log-probs per (layer, position):
     ``log_softmax(unembed(final_norm(T_i(h_i))))`` with the model's own final norm and
     unembedding (``lens`` None: the logit lens, ``T_i(h) = h``)."""
@@ -263,7 +264,7 @@ class LensReadout(_WireModel):
         return {"kind": "lens", "name": self.name, "layers": self.layers, "top_k": self.top_k, "lens": lens}
 
 
-class SaeReadout(_WireModel):
+class SaeReadout(WireModel):
     """The top ``top_k`` latents (ids and activations) of an SAE encoder on layer ``layer``'s
     stream, per position; ids of latents that are 0 are reported as -1."""
 

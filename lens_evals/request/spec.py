@@ -20,16 +20,13 @@ A list of objects may also come as ONE JSON string of the list (vllm-lens's wire
 
 from __future__ import annotations
 
-import copy
-import json
-import math
-from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Self
+from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_serializer, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_serializer, field_validator, model_validator
 
 from lens_evals.request.hooks import Hook
+from lens_evals.request.wire_model import FiniteFloat, Float32, WireModel, as_tensor, check_scaled, owned_float32_array
 from lens_evals.wire import formats as wire
 
 CAPTURE_KEY = "output_residual_stream"
@@ -47,124 +44,9 @@ MAX_PROBES_PER_REQUEST = 4096
 # Each hook runs in Python once per layer and step: 2,000 hooks at 4 layers made 8 tokens of a
 # batch take 1.8 s instead of 0.04 s (tiny Llama, CPU), for every request of the batch.
 MAX_HOOKS_PER_REQUEST = 256
-BOUND_CONTEXT = "bound"  # validation context key: the wire.Bound an encoded array is decoded under
 
 
-def float32_array(value: Any, bound: wire.Bound = wire.UNBOUNDED) -> np.ndarray:
-    """``value`` as a float32 numpy array: a torch tensor of any dtype (bfloat16 included, which
-    numpy cannot hold: ``tensor.numpy()`` and ``np.asarray(tensor)`` refuse it), a numpy array, nested
-    lists, or one encoded wire array (refused unread if larger than ``bound``). Not numeric: a
-    ValueError."""
-    if isinstance(value, Mapping):
-        return wire.decode_array(value, bound=bound).astype(np.float32)
-    if hasattr(value, "detach"):  # torch.Tensor, without importing torch
-        value = value.detach()
-        value = value.resolve_conj().cpu().numpy() if value.is_complex() else value.float().cpu().numpy()
-    try:
-        array = np.asarray(value)
-        if not np.iscomplexobj(array):
-            return np.asarray(array, dtype=np.float32)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise ValueError(f"activations must be a numeric array: {exc}") from None
-    # complex (np.linalg.eig's eigenvectors): the real part, unless it would drop an imaginary one
-    if np.any(array.imag != 0):
-        raise ValueError("activations must be real, got non-zero imaginary parts")
-    return array.real.astype(np.float32)
-
-
-def owned_float32_array(value: Any, info: ValidationInfo | None = None) -> np.ndarray:
-    """:func:`float32_array` as a copy of its own: a float32 array or tensor would otherwise be
-    shared with the caller, who may refill or normalise it in place before the request is sent.
-    An encoded array is decoded under the validation context's bound (``from_wire``'s)."""
-    context = info.context if info is not None and isinstance(info.context, Mapping) else {}
-    return np.array(float32_array(value, context.get(BOUND_CONTEXT, wire.UNBOUNDED)), dtype=np.float32, copy=True)
-
-
-def _as_tensor(array: np.ndarray) -> Any:
-    """A torch tensor sharing ``array``'s memory where torch is installed (vllm-lens's users call
-    tensor methods on ``activations``), else the array itself."""
-    try:
-        import torch
-    except ImportError:
-        return array
-    return torch.from_numpy(array)
-
-
-FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-def _finite(value: float) -> float:
-    if not math.isfinite(value):
-        raise ValueError("must be finite")
-    return value
-
-
-def _float32(value: float) -> float:
-    if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
-        raise ValueError(f"must be finite in float32 (|x| <= {FLOAT32_MAX:.4g}), got {value}")
-    return value
-
-
-FiniteFloat = Annotated[float, AfterValidator(_finite)]
-# A number the engine uses in float32 (a scale, a value put in the stream): 1e39 is finite in
-# Python but inf there.
-Float32 = Annotated[float, AfterValidator(_float32)]
-
-
-def check_scaled(name: str, array: np.ndarray, scale: float) -> None:
-    """Refuse ``array`` with NaN / inf, or whose ``scale`` times it is not finite in float32 (a
-    scale of 3e38 times a vector with an entry of 2 is inf: the stream would turn to inf / NaN)."""
-    if not np.isfinite(array).all():
-        raise ValueError(f"{name} contains NaN or inf")
-    peak = float(np.abs(array).max(initial=0.0))
-    if abs(scale) * peak > FLOAT32_MAX:
-        raise ValueError(f"scale x {name} is not finite in float32: |scale| {abs(scale):.4g} x max |{name}| {peak:.4g} > {FLOAT32_MAX:.4g}")
-
-
-class _WireModel(BaseModel):
-    """A request object that travels as a dict with wire-encoded arrays, or as a JSON string of
-    that dict (HTTP ``vllm_xargs`` carry only strings and numbers). Unknown fields are refused."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
-    wire_name: ClassVar[str] = "object"
-
-    def to_wire(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Self:
-        """A copy that shares nothing the caller could change in place (its own arrays and
-        lists), made without pydantic's field-by-field deep copy: vLLM deep-copies every request's
-        ``SamplingParams``, ``extra_args`` included (a torch tensor's generic deep copy cost
-        ~150 us per steering vector). Arrays and tensors are copied directly, every other field
-        (lists, nested request objects, dicts) by ``copy.deepcopy``."""
-        memo = {} if memo is None else memo
-        copied = copy.copy(self)
-        memo[id(self)] = copied
-        fields = copied.__dict__
-        for name, value in self.__dict__.items():
-            if isinstance(value, np.ndarray):
-                fields[name] = value.copy()
-            elif hasattr(value, "detach"):  # torch.Tensor, without importing torch
-                fields[name] = value.detach().clone()
-            elif not isinstance(value, (int, float, str, bool, type(None))):
-                fields[name] = copy.deepcopy(value, memo)
-        return copied
-
-    def to_json(self) -> str:
-        """The form to put in HTTP ``vllm_xargs``."""
-        return json.dumps(self.to_wire())
-
-    @classmethod
-    def from_wire(cls, payload: Any, bound: wire.Bound = wire.UNBOUNDED) -> Self:
-        """Accept the object itself, its wire dict or that dict as a JSON string; its encoded
-        array is refused unread if it declares more than ``bound``."""
-        if isinstance(payload, cls):
-            return payload
-        fields = wire.json_object(payload, cls.wire_name, cls.model_fields)
-        return cls.model_validate(fields, context={BOUND_CONTEXT: bound})
-
-
-class SteeringVector(_WireModel):
+class SteeringVector(WireModel):
     """Add ``scale * v`` (or ``scale * ||h|| * v / ||v||`` with ``norm_match``) to the
     residual stream after each layer in ``layer_indices``.
 
@@ -187,7 +69,7 @@ class SteeringVector(_WireModel):
     @field_validator("activations", mode="before")
     @classmethod
     def _to_array(cls, value: Any, info: ValidationInfo) -> Any:
-        return _as_tensor(owned_float32_array(value, info))
+        return as_tensor(owned_float32_array(value, info))
 
     @field_serializer("activations")
     def _encode_activations(self, value: Any) -> dict[str, Any]:
@@ -226,6 +108,9 @@ class SteeringVector(_WireModel):
                 positions = self.__dict__["position_indices"] = list(range(acts.shape[1]))
             if acts.shape[1] != len(positions):
                 raise ValueError(f"activations has {acts.shape[1]} position rows but position_indices has {len(positions)}")
+        checked = self.memo()  # the same content passed before (a copy vLLM made for a request)
+        if checked.get("checked"):
+            return self
         if not np.isfinite(acts).all():
             raise ValueError("activations contain NaN or inf")
         added = acts
@@ -235,7 +120,13 @@ class SteeringVector(_WireModel):
                 raise ValueError("norm_match needs non-zero vectors (a zero vector has no direction)")
             added = acts / norms
         check_scaled("activations", added, self.scale)
+        checked["checked"] = True
         return self
+
+    def content_key(self) -> tuple[Any, ...]:
+        acts = self.array
+        positions = None if self.position_indices is None else list(self.position_indices)  # copies: the lists may change in place
+        return (acts.tobytes(), acts.shape, acts.dtype.str, list(self.layer_indices), positions, self.scale, self.norm_match)
 
     @property
     def hidden_size(self) -> int:
@@ -256,7 +147,7 @@ class SteeringVector(_WireModel):
         }
 
 
-class LinearProbe(_WireModel):
+class LinearProbe(WireModel):
     """A linear read-out of the residual stream after layer ``layer``: for every token row
     the engine returns ``weights . h + bias`` (one score per token; only scores leave the worker)."""
 
@@ -295,6 +186,10 @@ class LinearProbe(_WireModel):
     @property
     def hidden_size(self) -> int:
         return int(self.weights.shape[0])
+
+    def content_key(self) -> tuple[Any, ...]:
+        weights = self.weights
+        return (weights.tobytes(), weights.shape, weights.dtype.str, self.name, self.layer, self.bias)
 
     def to_wire(self) -> dict[str, Any]:
         return {"name": self.name, "layer": self.layer, "weights": wire.encode_array(self.weights), "bias": self.bias}

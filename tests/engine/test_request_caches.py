@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import pickle
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,10 +19,10 @@ import torch
 
 from lens_evals.engine import compat
 from lens_evals.engine.frontend import admit as frontend_admit
-from lens_evals.engine.transport.probe_cache import LRU, encode_probe, encode_steering, probe_digest
+from lens_evals.engine.transport.probe_cache import LRU, encode_probe, encode_steering, probe_digest, steering_wire_digest
 from lens_evals.engine.worker.requests import decode_worker_request
 from lens_evals.request.args import parse_lens_args, remember_probes
-from lens_evals.request.spec import CAPTURE_KEY, INTERNAL_KEY, PROBE_KEY, LinearProbe, SteeringVector
+from lens_evals.request.spec import CAPTURE_KEY, INTERNAL_KEY, PROBE_KEY, STEERING_KEY, LinearProbe, SteeringVector
 
 HIDDEN = 64
 
@@ -202,3 +203,29 @@ def test_the_engines_facts_are_read_once_and_the_limit_per_request(monkeypatch: 
     monkeypatch.setenv("LENS_EVALS_MAX_CAPTURE_GIB", "1e-9")  # the limit is read per request
     with pytest.raises(ValueError, match="over the per-request limit"):
         admit({CAPTURE_KEY: [1, 2, 3]})
+
+
+def test_copies_share_what_was_computed_from_their_content_until_it_changes() -> None:
+    """vLLM copies a request's steering vectors and probes for every request: the copies share one
+    memo (checks passed, digest, wire form), which is never used for other content. References:
+    the digest and checks of a fresh object of the same content."""
+    original = vector(7)
+    copies = [copy.deepcopy(original) for _ in range(3)]
+    digest = steering_wire_digest(copies[0])
+    assert all(c._memo is original._memo for c in copies) and copies[1].memo()["digest"] == digest
+    assert digest == steering_wire_digest(SteeringVector(**original.model_dump()))  # what a fresh vector gives
+    original.array[0, 0] += 1.0  # changed in place, through the numpy view (torch's version counter does not see it)
+    changed = copy.deepcopy(original)
+    assert changed._memo is not copies[0]._memo and steering_wire_digest(changed) != digest
+    assert steering_wire_digest(copies[2]) == digest  # the earlier copies keep their content, and their memo
+    before = steering_wire_digest(original)
+    original.layer_indices[0] = 2  # a list changed in place is a change too
+    assert before != steering_wire_digest(original) == steering_wire_digest(SteeringVector(**original.model_dump()))
+    original.array[0, 1] = float("nan")
+    with pytest.raises(ValueError, match="NaN or inf"):
+        parse_lens_args({STEERING_KEY: [copy.deepcopy(original)]})  # checked again, not taken from the memo
+    assert pickle.loads(pickle.dumps(copies[0]))._memo.values == {}  # a pickled copy carries no results
+    probes = [probe(8)]
+    wire = encode_probe(copy.deepcopy(probes[0]))[0]
+    probes[0].weights[3] = 2.0
+    assert encode_probe(copy.deepcopy(probes[0]))[0] == probes[0].to_wire() != wire

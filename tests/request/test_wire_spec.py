@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lens_evals import LinearProbe, SteeringVector, parse_lens_args
-from lens_evals.request.spec import float32_array
+from lens_evals.request.wire_model import float32_array
 from lens_evals.wire import formats as wire
 
 

@@ -109,9 +109,10 @@ def readouts_charge(
     return results, tuple(weights.items()), transient
 
 
-def refuse_alone(nbytes: int) -> None:
-    """ValueError (400) if a request that may hold ``nbytes`` on the device can never fit the budget."""
-    budget = budget_bytes()
+def refuse_alone(nbytes: int, budget: int | None = None) -> None:
+    """ValueError (400) if a request that may hold ``nbytes`` on the device can never fit the
+    budget (``budget``: the budget read by the caller, else read now)."""
+    budget = budget_bytes() if budget is None else budget
     if nbytes > budget:
         raise ValueError(
             f"this request may hold {nbytes / 2**20:.1f} MiB on the device, over the lens budget of "
@@ -149,11 +150,18 @@ class Ledger:
         captured = rows * layers * self.facts.hidden_size * self.facts.activation_bytes
         return self.held + (extra.held if extra else 0) + captured + sum(weights.values()) + transient
 
+    def alone(self, charge: Charge) -> int:
+        """What ``charge`` alone holds: :meth:`in_use` of an empty ledger with it (without
+        making one: this runs for every request)."""
+        facts = self.facts
+        captured = min(charge.capture_positions, facts.max_step_rows) * charge.capture_layers * facts.hidden_size
+        return charge.held + captured * facts.activation_bytes + sum(dict(charge.weights).values()) + charge.transient
+
     def admit(self, charge: Charge) -> None:
         """Count ``charge`` in, or raise: ValueError (400) if the request alone never fits the
         budget, LensBudgetExceeded (429) if it does not fit beside the requests in flight."""
         budget = budget_bytes()
-        refuse_alone(Ledger(self.facts).in_use(charge))
+        refuse_alone(self.alone(charge), budget)
         if (total := self.in_use(charge)) > budget:
             raise LensBudgetExceeded(
                 f"lens requests in flight hold {self.in_use() / 2**20:.1f} of the {budget / 2**20:.1f} MiB device "

@@ -63,16 +63,26 @@ def encode_probe(probe: LinearProbe) -> tuple[dict[str, Any], str]:
     """(``probe.to_wire()``, its digest), made once per distinct probe. The key is the probe's
     content, not the object: a probe whose weights array was changed in place is a new probe.
     The wire dict is shared by the requests that send the probe: it is only read."""
-    weights = np.ascontiguousarray(probe.weights, dtype=np.float32).tobytes()
-    bias = np.float64(probe.bias).tobytes()
-    return _encoded.get_or_make(
-        (probe.name, probe.layer, bias, weights), lambda: (probe.to_wire(), probe_digest(probe.weights, probe.bias))
-    )
+    memo = probe.memo()  # the same probe object (or a copy of it) encoded before
+    if (encoded := memo.get("encoded")) is None:
+        weights = np.ascontiguousarray(probe.weights, dtype=np.float32).tobytes()
+        bias = np.float64(probe.bias).tobytes()
+        encoded = memo["encoded"] = _encoded.get_or_make(
+            (probe.name, probe.layer, bias, weights), lambda: (probe.to_wire(), probe_digest(probe.weights, probe.bias))
+        )
+    return encoded
 
 
 def steering_wire_digest(vec: SteeringVector) -> str:
     """What identifies a steering vector's wire form: its float32 activations (shape included),
     layers, positions, scale and norm matching."""
+    memo = vec.memo()  # the same vector object (or a copy of it) digested before
+    if (digest := memo.get("digest")) is None:
+        digest = memo["digest"] = _steering_digest(vec)
+    return digest
+
+
+def _steering_digest(vec: SteeringVector) -> str:
     acts = np.ascontiguousarray(vec.array, dtype=np.float32)
     digest = hashlib.sha256(np.asarray(acts.shape, dtype=np.int64).tobytes() + acts.tobytes())
     digest.update(np.asarray(vec.layer_indices, dtype=np.int64).tobytes())
