@@ -7,7 +7,8 @@ prompts at every layer of the bench model, into ``--out``'s own directory (so th
 2. the writer alone: the same rows, made once in memory, through ``lens-evals capture``'s shard
    writer (shard images, writer threads, manifest) without an engine: its speed against (1);
    and again with twice the writer threads;
-3. ``lens-evals capture`` itself (``run_capture`` on an engine opened first, so its start is apart),
+3. ``lens-evals capture`` itself (``run_capture`` on an engine opened first, so its start is apart;
+   first with the shard buffers it had before 2026-12-08, writers + 1, then as it is),
    with the same prompts' plain prefill (no capture) on the same engine as the compute floor, and
    the same batches' capture held in memory and dropped (the engine's part: capture = its time and
    the writer's, overlapped); peak host RSS (VmHWM) and device memory of the capture.
@@ -118,6 +119,12 @@ def engine_capture(cfg: BenchConfig, prompts: Path, out: Path, settings: Any) ->
         reset_peak_rss()
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
+        before = replace(settings, buffers=settings.writers + 1)  # the shard buffers before 2026-12-08
+        start = time.perf_counter()
+        run_capture(prompts, cfg.model_dir, range(cfg.num_layers), out / "before", llm=llm, settings=before, show_progress=False)
+        result["capture_few_buffers_s"] = time.perf_counter() - start
+        shutil.rmtree(out / "before")
+        reset_peak_rss()
         start = time.perf_counter()
         manifest = run_capture(prompts, cfg.model_dir, range(cfg.num_layers), out, llm=llm, settings=settings, show_progress=False)
         result["capture_s"] = time.perf_counter() - start
@@ -186,6 +193,8 @@ def report(r: dict[str, Any], writers: int, batch_size: int) -> str:
             f"{rate(r['capture_bytes'] / r['capture_in_memory_s'])} |",
             f"| `lens-evals capture` (engine started apart, {r['engine_start_s']:.0f} s) | {r['capture_s']:.2f} | "
             f"{rate(r['capture_Bps'])}; peak RSS {r['peak_rss_gib']:.2f} GiB{device} |",
+            f"| the same with {writers + 1} shard buffers (before 2026-12-08), run just before | {r['capture_few_buffers_s']:.2f} | "
+            f"{rate(r['capture_bytes'] / r['capture_few_buffers_s'])} |",
             "",
         ]
     )

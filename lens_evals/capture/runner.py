@@ -55,11 +55,15 @@ class CaptureSettings:
     max_shards: int | None = None  # stop (CaptureStopped) after writing this many shards in this run
     writers: int = 2  # writer threads: shards written (and hashed) while the engine runs the next batch
     direct_io: bool = True  # O_DIRECT where the filesystem takes it (the page cache where not)
+    # shard buffers: one per writer and one being filled, and as many again (None): a batch's rows
+    # (a few shards at every layer) go into free buffers and the engine runs on while they are written
+    buffers: int | None = None
 
     def __post_init__(self) -> None:
         counts = {"batch_size": self.batch_size, "shard_rows": self.shard_rows, "shard_bytes": self.shard_bytes, "writers": self.writers}
-        if self.max_shards is not None:
-            counts["max_shards"] = self.max_shards
+        for name in ("max_shards", "buffers"):
+            if (value := getattr(self, name)) is not None:
+                counts[name] = value
         bad = [f"{name} {value}" for name, value in counts.items() if value < 1]
         if bad:
             raise CaptureError(f"capture settings must be at least 1: {', '.join(bad)}")
@@ -181,7 +185,8 @@ class _ShardSink:
 
     def __init__(self, out_dir: Path, manifest: CaptureManifest, settings: CaptureSettings, progress: tqdm) -> None:
         self.out_dir, self.manifest, self.settings, self.progress = out_dir, manifest, settings, progress
-        self.buffer = ShardBuffer(manifest.layers, settings.shard_rows, settings.shard_bytes, settings.writers + 1)
+        images = settings.buffers or 2 * (settings.writers + 1)
+        self.buffer = ShardBuffer(manifest.layers, settings.shard_rows, settings.shard_bytes, images)
         self.writer = ShardWriter(out_dir, len(manifest.shards), self._record, settings.writers, settings.direct_io)
         self.submitted_this_run = 0
         self.closed = False
