@@ -190,8 +190,8 @@ def compare_old(args: argparse.Namespace) -> int:
 
 def compare_stream(args: argparse.Namespace) -> int:
     """Captures written while the requests decode (``stream_write``) against written at the
-    fetch, for a frontend in this process (bytes) and in another (the hand-off pool), in
-    alternating order, ``--stream`` rounds: store ms per step (the main thread's share of the
+    fetch, as bytes (no pool), into the hand-off pool of a frontend in this process (an
+    in-process engine) and of one in another, in alternating order, ``--stream`` rounds: store ms per step (the main thread's share of the
     rounds), the fetch after the last step, and the writer thread's time while the steps ran.
     Each step waits ``--device-ms`` as for a GPU's forward pass (an 8B decode step of 256
     requests: ~20 ms on an H100)."""
@@ -200,10 +200,19 @@ def compare_stream(args: argparse.Namespace) -> int:
 
     from lens_evals.engine.worker import stream_write
 
-    target = handoff.HandoffTarget.for_this_process()
-    if target is None:
+    if handoff.HandoffTarget.for_this_process() is None:
         raise SystemExit("the hand-off is off (LENS_EVALS_HANDOFF=0): nothing to compare")
-    addresses = {"bytes": {**target, "pid": os.getpid()}, "pool": {**target, "pid": -1}}
+
+    def address_of(name: str) -> dict[str, Any]:
+        """Each round's target as a call sends it (the regions freed since the last: the pool is
+        reused, as over an eval's calls). bytes: a directory the worker does not share (no pool)."""
+        if name == "bytes":
+            return {"dir": "/nonexistent", "token": "0" * 32, "pid": os.getpid()}
+        target = handoff.HandoffTarget.for_this_process()
+        assert target is not None
+        return {**target, "pid": os.getpid() if name == "pool, this process" else -1}
+
+    names = ("bytes", "pool, this process", "pool, another process")
     print(f"{args.requests} requests x {args.steps} decode steps, hidden {args.hidden}, bf16, one captured layer; streamed / at the fetch")
     print(
         "| frontend | store ms/step, at fetch | streamed | of which rounds of writes | fetch ms, at fetch | streamed "
@@ -212,15 +221,23 @@ def compare_stream(args: argparse.Namespace) -> int:
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     timing.collect()
     minimum = stream_write.MIN_BYTES
-    for name, address in addresses.items():
-        sink = handoff.inline if name == "bytes" else handoff.sink_for(address)
+    for name in names:
         runs: dict[bool, list[dict[str, float]]] = {True: [], False: []}
         for round_index in range(args.stream):
             for streamed in (True, False) if round_index % 2 == 0 else (False, True):
                 stream_write.MIN_BYTES = minimum if streamed else 1 << 62
+                address = address_of(name)
                 try:
                     runs[streamed].append(
-                        measure("capture", args.requests, args.steps, args.hidden, torch.bfloat16, sink=sink, address=address)
+                        measure(
+                            "capture",
+                            args.requests,
+                            args.steps,
+                            args.hidden,
+                            torch.bfloat16,
+                            sink=handoff.sink_for(address),
+                            address=address,
+                        )
                     )
                 finally:
                     stream_write.MIN_BYTES = minimum

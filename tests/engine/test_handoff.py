@@ -61,12 +61,16 @@ def test_rows_through_a_file_equal_inline_rows_and_the_file_is_gone(tmp_path, ta
     assert torch.equal(rows, want + 1)
 
 
-def test_small_blocks_same_process_and_unseen_markers_stay_inline(target, monkeypatch) -> None:
+def test_small_blocks_unseen_markers_and_a_full_pool_here_stay_inline(target, monkeypatch) -> None:
     pieces = _pieces(torch.float32)
     monkeypatch.setenv(handoff.MIN_BYTES_ENV, str(10**9))
     assert "data" in assemble(pieces, sink_for(target))[0]
     monkeypatch.setenv(handoff.MIN_BYTES_ENV, "0")
-    assert "data" in assemble(pieces, sink_for({**target, "pid": os.getpid()}))[0]
+    here = {**target, "pid": os.getpid()}  # an in-process engine
+    monkeypatch.setenv(handoff_pool.POOL_ENV, "0")  # no room in the pool: bytes, never a file of its own, in this process
+    assert "data" in assemble(pieces, sink_for(here))[0] and "file" in assemble(pieces, sink_for(target))[0]
+    monkeypatch.delenv(handoff_pool.POOL_ENV)
+    assert "pool" in assemble(pieces, sink_for(here))[0]  # the pool's warm memory, not new bytes
     assert "data" in assemble(pieces, sink_for({**target, "token": "0" * 32}))[0]  # no such marker
     assert "data" in assemble(pieces, sink_for(None))[0]
     monkeypatch.setenv(handoff.HANDOFF_ENV, "0")
@@ -350,11 +354,13 @@ def test_a_request_dropped_for_the_memory_bound_frees_its_pool_region(target, mo
     assert "dropped before it was fetched" in core.fetch_results(["k0"], sent())["k0"]["error"]  # and says why
 
 
-def test_a_frontend_in_this_process_gets_inline_bytes_early_counted_until_fetched(target) -> None:
-    """Same process: the early write is the inline copy the fetch would make; those bytes count
-    against the worker's memory bound until fetched, and an unfetched one is dropped for it."""
+def test_a_frontend_in_this_process_gets_inline_bytes_early_counted_until_fetched(target, monkeypatch) -> None:
+    """Same process, the pool without room: the early write is the inline copy the fetch would
+    make; those bytes count against the worker's memory bound until fetched, and an unfetched
+    one is dropped for it."""
     from lens_evals.engine.compat.worker import BatchLayout
 
+    monkeypatch.setenv(handoff_pool.POOL_ENV, "0")
     core, want = _core_with_rows({**target, "pid": os.getpid()})
     core.finish("r0")
     core.finish("r1")

@@ -145,7 +145,7 @@ class WorkerCore:
     @property
     def held_bytes(self) -> int:
         """Host bytes of rows not fetched yet: the step buffers, and rows written early as
-        inline bytes (a frontend in this process)."""
+        inline bytes (a frontend in this process whose pool had no room)."""
         return self.stores.held_bytes + self.early.inline_bytes + self.streams.inline_bytes + self.readouts.held_bytes
 
     def _over_bound(self) -> bool:

@@ -6,8 +6,8 @@ pool after the last step, ~0.45 s on the H200's host, overlapped with nothing). 
 rows are final as soon as vLLM finishes it (``WorkerCore.finish``, at the next step's start). So
 then the worker releases it as a fetch would (``Fetch.take``, its pieces held: their buffers and
 pinned memory are not reused while they are read) and writes its rows on one writer thread into
-the place its lens request names (``handoff.early_sink_for``: the frontend's pool, or inline bytes for a
-frontend in the worker's process) while the next steps run. The fetch then waits for that write
+the place its lens request names (``handoff.early_sink_for``: the frontend's pool; for a frontend in
+the worker's process, inline bytes where the pool has no room) while the next steps run. The fetch then waits for that write
 (normally long done) and replies with the regions already written; anything the early sink did
 not take (a small block, a full pool, a frontend that does not share the directory) is written by
 the fetch's sink as before. A fetch that wants the rows elsewhere than they were written (an

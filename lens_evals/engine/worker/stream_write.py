@@ -9,8 +9,8 @@ see ``StreamWrites.due`` for requests that come and go, and steps without runs) 
 releases the final pieces of each running request whose lens request says where its rows go
 (every piece but the open segment's: the prompt's, the closed segments') and writes them on the
 early writer thread into the request's block (``StreamedRows``): laid out as the reply's
-``(ids, positions, ...)``, in the frontend's pool, or as bytes for a frontend in the worker's
-process, with room for twice the rows so far (at most the request's most: prompt + max_tokens,
+``(ids, positions, ...)``, in the frontend's pool (a frontend in the worker's process has one
+too), or as bytes where the pool has no room, with room for twice the rows so far (at most the request's most: prompt + max_tokens,
 ``rows_at_most``), grown as needed. The pieces' buffers are freed once written. The rows the request still holds when it finishes are written by its early
 write or its fetch (``TakenResult.stream``), which then closes the block to the rows it has: each
 id's rows moved up behind the one before (a memmove in memory just written) and the tail freed.
@@ -237,7 +237,7 @@ class StreamWrites:
         if sink is None:
             self.unwritable.add(key)
             return None
-        pool = handoff.pool_for(address) if sink is not handoff.inline else None
+        pool = handoff.pool_for(address)  # None: bytes
         block = self.blocks[key] = StreamedRows(key, rows_at_most, pool, str(address.get("token")))
         return block
 
