@@ -4,6 +4,8 @@ test_engine_modes.py). Reference: the same rows assembled into inline bytes."""
 from __future__ import annotations
 
 import os
+import subprocess
+import tempfile
 
 import pytest
 import torch
@@ -25,6 +27,37 @@ def target(tmp_path, monkeypatch) -> dict:
     os.unlink(HandoffTarget._current.marker)
     if token in handoff._files.pools:
         handoff._cleanup_pool(handoff._files.pools.pop(token))
+
+
+def file_system(path: str) -> str:
+    return subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_an_in_process_frontend_gets_the_pool_where_the_directory_is_in_memory(tmp_path, monkeypatch) -> None:
+    """An in-process engine's rows: the pool's memory (touched before) in a tmpfs directory;
+    bytes where the pool has no room (never a file) and in a directory on a disk (no rows
+    through a disk's page cache). Reference: the file system ``stat -f`` names."""
+    assert handoff_files.in_memory(str(tmp_path)) == (file_system(str(tmp_path)) == "tmpfs")
+    assert handoff_files.in_memory("/dev/shm") == (file_system("/dev/shm") == "tmpfs")
+    pieces = _pieces(torch.float32)
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        monkeypatch.setenv(handoff.DIR_ENV, shm)
+        monkeypatch.setenv(handoff.MIN_BYTES_ENV, "0")
+        monkeypatch.setattr(HandoffTarget, "_current", None)
+        here = {**sent(), "pid": os.getpid()}
+        try:
+            monkeypatch.setenv(handoff_pool.POOL_ENV, "0")  # no room: bytes, where another process gets a file
+            assert "data" in assemble(pieces, sink_for(here))[0] and "file" in assemble(pieces, sink_for({**here, "pid": -1}))[0]
+            monkeypatch.delenv(handoff_pool.POOL_ENV)
+            packed = assemble(pieces, sink_for(here))[0]
+            assert ("pool" in packed) == handoff_files.in_memory(shm)
+            if "pool" in packed:
+                claim_all([{"k": {"residual_stream": packed}}])
+        finally:
+            os.unlink(HandoffTarget._current.marker)
+            token = HandoffTarget._current.token
+            if token in handoff._files.pools:
+                handoff._cleanup_pool(handoff._files.pools.pop(token))
 
 
 def sent() -> dict:
@@ -61,16 +94,12 @@ def test_rows_through_a_file_equal_inline_rows_and_the_file_is_gone(tmp_path, ta
     assert torch.equal(rows, want + 1)
 
 
-def test_small_blocks_unseen_markers_and_a_full_pool_here_stay_inline(target, monkeypatch) -> None:
+def test_small_blocks_unseen_markers_and_this_process_on_disk_stay_inline(target, monkeypatch) -> None:
     pieces = _pieces(torch.float32)
     monkeypatch.setenv(handoff.MIN_BYTES_ENV, str(10**9))
     assert "data" in assemble(pieces, sink_for(target))[0]
     monkeypatch.setenv(handoff.MIN_BYTES_ENV, "0")
-    here = {**target, "pid": os.getpid()}  # an in-process engine
-    monkeypatch.setenv(handoff_pool.POOL_ENV, "0")  # no room in the pool: bytes, never a file of its own, in this process
-    assert "data" in assemble(pieces, sink_for(here))[0] and "file" in assemble(pieces, sink_for(target))[0]
-    monkeypatch.delenv(handoff_pool.POOL_ENV)
-    assert "pool" in assemble(pieces, sink_for(here))[0]  # the pool's warm memory, not new bytes
+    assert "data" in assemble(pieces, sink_for({**target, "pid": os.getpid()}))[0]  # this process, a disk's directory
     assert "data" in assemble(pieces, sink_for({**target, "token": "0" * 32}))[0]  # no such marker
     assert "data" in assemble(pieces, sink_for(None))[0]
     monkeypatch.setenv(handoff.HANDOFF_ENV, "0")

@@ -17,7 +17,8 @@ The frontend proves it shares the directory with a marker file made once per pro
 the worker's own process (an in-process engine) takes blocks from the pool too: nothing crosses a
 process there, but the pool's memory was touched before, where new bytes for every block are fresh
 pages, written at a tenth of the speed (the H100 host: 1.3 against 10.3 GB/s); where the pool has no
-room it gets the inline bytes, never a file.
+room, or the directory is on a disk (its rows would go through the page cache to the disk), it gets
+the inline bytes, never a file.
 ``LENS_EVALS_HANDOFF=0`` turns the hand-off off, ``LENS_EVALS_HANDOFF_DIR`` picks the directory.
 Files a frontend never claimed (it died first) are deleted when the worker exits, with the marker of a
 frontend that died without its exit handlers.
@@ -42,6 +43,7 @@ from lens_evals.engine.transport.handoff_files import (
     ROWS_NAME,
     ROWS_PREFIX,
     alive,
+    in_memory,
     map_and_unlink,
     marker_name,
     new_name,
@@ -235,12 +237,15 @@ atexit.register(_cleanup_unclaimed)
 
 def pool_for(target: HandoffAddressWire | dict[str, Any] | None) -> SharedPool | None:
     """The pool for the frontend at ``target`` (None: rows go inline: hand-off off, or a
-    directory this worker does not share). A frontend in this process gets one too: its regions
-    are memory touched before, where new bytes for every block are fresh pages (a first write
-    there runs at a tenth of the speed). Worker's main thread only."""
+    directory this worker does not share). A frontend in this process gets one too where the
+    directory is in memory (tmpfs): its regions are memory touched before, where new bytes for
+    every block are fresh pages (a first write there runs at a tenth of the speed); on a disk's
+    file system the bytes stay in memory instead. Worker's main thread only."""
     if not target or not _enabled():
         return None
     directory, token = str(target.get("dir")), str(target.get("token"))
+    if target.get("pid") == os.getpid() and not in_memory(directory):
+        return None
     if not re.fullmatch(r"[0-9a-f]{32}", token):
         return None
     seen = _files.seen.get((directory, token))

@@ -18,6 +18,7 @@ pid namespace than its frontend does not find the frontend's marker and sends it
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import mmap
@@ -172,3 +173,24 @@ def map_and_unlink(path: str) -> mmap.mmap | bytearray:
         return mmap.mmap(fd, size) if size else bytearray()
     finally:
         os.close(fd)
+
+
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs", "hugetlbfs")
+
+
+@functools.cache
+def in_memory(directory: str) -> bool:
+    """Whether ``directory`` is on a file system held in memory (tmpfs: ``/dev/shm``), from the
+    longest mount point above it in ``/proc/self/mounts``; False where that cannot be read."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as mounts:
+            entries = [line.split()[1:3] for line in mounts if len(line.split()) > 2]
+    except OSError:
+        return False
+    path = os.path.realpath(directory)
+    best, kind = "", ""
+    for point, fstype in entries:
+        point = point.replace("\\040", " ")  # /proc/mounts escapes spaces
+        if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+            best, kind = point, fstype
+    return kind in MEMORY_FILESYSTEMS
