@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from lens_evals.engine.transport import handoff as handoff_module
 from lens_evals.engine.transport import handoff_files
 from tests.conftest import engine_options
 from tests.tolerance import assert_values_close
@@ -42,10 +43,15 @@ def run(model: Path, tmp_path: Path, mode: str, multiprocess: bool, handoff_dir:
 
 
 @pytest.fixture(scope="module")
-def in_process(tiny_path, tmp_path_factory) -> dict[str, torch.Tensor]:
+def in_process(tiny_path, tmp_path_factory) -> Iterator[dict[str, torch.Tensor]]:
+    """The in-process engine's results; its hand-off directory in memory where the host has one
+    (``/dev/shm``, as by default: its rows then come from the pool), ``result["_handoff"]``."""
     tmp_path = tmp_path_factory.mktemp("inproc")
-    (tmp_path / "handoff").mkdir()
-    return run(tiny_path, tmp_path, "offline", multiprocess=False, handoff_dir=tmp_path / "handoff")
+    shm = Path("/dev/shm")
+    with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else tmp_path) as handoff_dir:
+        result = run(tiny_path, tmp_path, "offline", multiprocess=False, handoff_dir=Path(handoff_dir))
+        result["_handoff"] = Path(handoff_dir)  # type: ignore[assignment]
+        yield result
 
 
 # one multiprocess engine in the default suite (the common case: offline, hand-off files); the
@@ -60,12 +66,12 @@ def test_multiprocess_engine_matches_in_process(tiny_path, tmp_path, in_process,
     handoff_dir = tmp_path / "handoff"
     handoff_dir.mkdir()
     result = run(tiny_path, tmp_path, mode, multiprocess=True, handoff_dir=handoff_dir if handoff else None)
-    assert result.keys() == in_process.keys() and "saved_norm.3_2" in result
+    assert result.keys() == in_process.keys() - {"_handoff"} and "saved_norm.3_2" in result
     # 3 captures and 2 probe-score blocks (the offline lambda-hook request fails without rows)
     assert int(metadata(result["_path"], "handoff_files")) == (5 if handoff else 0)
     # in-process the same blocks come from the pool too (memory touched before, not new bytes),
     # where the hand-off directory is in memory
-    pooled_here = handoff_files.in_memory(handoff_module._default_dir())
+    pooled_here = handoff_files.in_memory(str(in_process["_handoff"]))
     assert int(metadata(in_process["_path"], "handoff_files")) == (5 if pooled_here else 0)
     # requests 1 and 2 finish before the last step: their rows are written before the fetch (into
     # the pool), request 0's at the fetch, or (multiprocess: the engine
@@ -79,7 +85,7 @@ def test_multiprocess_engine_matches_in_process(tiny_path, tmp_path, in_process,
         assert metadata(in_process["_path"], "lambda_hook") == "ok"
         assert "cannot be imported by name" in metadata(result["_path"], "lambda_hook")
     for name, tensor in in_process.items():
-        if name == "_path":
+        if name in ("_path", "_handoff"):
             continue
         if name.startswith("tokens"):
             assert torch.equal(result[name], tensor), name
