@@ -64,6 +64,7 @@ class StreamedRows:
         self.region: tuple[str, int] | None = None  # else (segment, offset) in the pool
         self.dest: np.ndarray | None = None  # (ids, capacity, ...) of either
         self.streamed_bytes = 0  # bytes of the pieces submitted (main thread)
+        self.counted = 0  # of those, counted as held bytes (``StreamWrites.inline_bytes``; main thread)
         self.dtype: torch.dtype | None = None
         self.covered = 0
         self.gap: int | None = None  # the first position no piece covered (then nothing more is written)
@@ -187,10 +188,12 @@ class StreamWrites:
         self.captures = captures
         self.blocks: dict[str, StreamedRows] = {}
         self.unwritable: set[str] = set()  # keys whose frontend takes no rows before the fetch (asked once)
-        self._writing: deque[tuple[Future[None], list[Piece]]] = deque()
+        self._writing: deque[tuple[Future[None], list[Piece], list[StreamedRows]]] = deque()
         self.steps = 0  # steps with captures since the last round of writes
         self.closed = 0  # capture-run segments closed as of the last round (``DecodeRun.closed``)
-        self.inline_bytes = 0  # rows written, or being written, as bytes for a frontend in this process
+        # rows written, or being written, into blocks that are bytes (no pool region: this process's
+        # frontend without a pool, or a pool without room): the worker holds them until the fetch
+        self.inline_bytes = 0
         self.written = 0  # rounds of writes (tests and diagnostics)
 
     def due(self, closed: int) -> bool:
@@ -221,7 +224,8 @@ class StreamWrites:
                 continue
             self.captures.release_pieces(key, ready)
             block.streamed_bytes += nbytes
-            if block.pool is None:
+            if block.region is None:  # bytes, or not made yet: held until known to be a pool region (``reap``)
+                block.counted += nbytes
                 self.inline_bytes += nbytes
             batch.append((block, ready))
         if not batch:
@@ -229,7 +233,7 @@ class StreamWrites:
         future = writer().submit(_write_all, batch)
         for block, _ in batch:
             block.last = future
-        self._writing.append((future, [piece for _, ready in batch for piece in ready]))
+        self._writing.append((future, [piece for _, ready in batch for piece in ready], [block for block, _ in batch]))
         self.written += len(batch)
 
     def _new_block(self, key: str, address: dict[str, Any], rows_at_most: int | None) -> StreamedRows | None:
@@ -246,7 +250,7 @@ class StreamWrites:
         (the memory bound is exceeded), wait for the writes still running (as
         ``EarlyWrites.reap``: rows on their way out are not worth dropping others for)."""
         while self._writing:
-            future, pieces = self._writing[0]
+            future, pieces, blocks = self._writing[0]
             if not future.done():
                 if wait_while is None or not wait_while():
                     return
@@ -254,13 +258,26 @@ class StreamWrites:
                     future.exception()
             self._writing.popleft()
             self.captures.unhold(pieces)
+            for block in blocks:
+                self._recount(block)
+
+    def _recount(self, block: StreamedRows) -> None:
+        """Count ``block``'s rows as held bytes or not, by where its writes put them (the writer
+        thread made it a pool region or bytes, or grew a region into bytes), once no write of it
+        is running; not for a block taken for its close (``take`` uncounted it)."""
+        if self.blocks.get(block.key) is not block or (block.last is not None and not block.last.done()):
+            return
+        held = block.streamed_bytes if block.region is None else 0
+        self.inline_bytes += held - block.counted
+        block.counted = held
 
     def take(self, key: str) -> StreamedRows | None:
         """``key``'s block for its early write or fetch (which closes it), if it has one."""
         self.unwritable.discard(key)
         block = self.blocks.pop(key, None)
-        if block is not None and block.pool is None:
-            self.inline_bytes -= block.streamed_bytes  # counted from now on where the closed block goes
+        if block is not None:
+            self.inline_bytes -= block.counted  # counted from now on where the closed block goes
+            block.counted = 0
         return block
 
     def discard(self, key: str) -> None:
