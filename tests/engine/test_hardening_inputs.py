@@ -356,9 +356,10 @@ def test_total_held_capture_bound_is_a_clear_error(tiny_path, monkeypatch) -> No
     from lens_evals.engine.frontend.attach import LensRequestError
 
     monkeypatch.setenv("LENS_EVALS_MAX_HELD_CAPTURE_GIB", "0.0001")  # ~105 KB; read when the worker starts
-    # no hand-off pool: the rows stay with the worker (an in-process frontend's pool, bounded by
-    # LENS_EVALS_HANDOFF_POOL_MIB, would take them as they stream, as another process's does)
-    monkeypatch.setenv("LENS_EVALS_HANDOFF_POOL_MIB", "0")
+    # no hand-off: the rows stay with the worker until the fetch (an in-process frontend's pool,
+    # bounded by LENS_EVALS_HANDOFF_POOL_MIB, would take them as they stream, as another
+    # process's does; a pool made by an earlier engine in this process keeps its segments)
+    monkeypatch.setenv("LENS_EVALS_HANDOFF", "0")
     with make_llm(tiny_path) as engine:
         params = [greedy(60, output_residual_stream=[0, 1, 2, 3]), greedy(60), greedy(3, output_residual_stream=[0])]
         with pytest.raises(LensRequestError, match="LENS_EVALS_MAX_HELD_CAPTURE_GIB") as info:

@@ -12,7 +12,7 @@ import torch
 
 from lens_evals.engine.compat.worker import BatchLayout
 from lens_evals.engine.frontend.rows import result_tensors
-from lens_evals.engine.transport import handoff
+from lens_evals.engine.transport import handoff, handoff_pool
 from lens_evals.engine.transport.handoff import claim_all
 from lens_evals.engine.worker import decode_runs, stream_write
 from lens_evals.engine.worker.core import WorkerCore
@@ -136,6 +136,21 @@ def test_rows_streamed_into_the_pool_equal_the_rows_by_position(small_rounds, ta
     used = sum(size for segment in pool.segments.values() for size in segment.used.values())
     returned = sum(-(-results[name]["residual_stream"]["data"].nbytes // 4096) * 4096 for name in requests if name != "r3")
     assert used == returned, (used, returned)
+
+
+def test_rows_in_a_pool_without_room_count_as_held(small_rounds, target, monkeypatch) -> None:  # noqa: F811
+    """Another process's frontend whose pool has no room: its blocks are bytes, which the worker
+    holds until the fetch, so their rows count against the memory bound as a frontend's without
+    a pool do (before 4f3c441 they were not counted). Reference: the rows streamed so far."""
+    monkeypatch.setenv(handoff_pool.POOL_ENV, "0")  # a new pool (this test's token): no segment can be made
+    core, _, _, _, _ = _run(target, steps=12, back_at=-1, fetch_at=-1, fail_at=-1, fetch_all=False)
+    blocks = list(core.streams.blocks.values())
+    assert blocks and all(block.region is None and block.memory is not None for block in blocks)  # bytes
+    streamed = sum(block.streamed_bytes for block in blocks)
+    assert streamed > 0 and core.streams.inline_bytes == streamed
+    assert core.held_bytes == core.stores.held_bytes + streamed
+    core.pop_result("k0")  # taken: no longer counted here
+    assert core.streams.inline_bytes == streamed - blocks[0].streamed_bytes
 
 
 def test_a_fetch_from_another_frontend_gets_the_pool_rows_inline(small_rounds, target) -> None:  # noqa: F811
