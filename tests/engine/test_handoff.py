@@ -3,9 +3,11 @@ test_engine_modes.py). Reference: the same rows assembled into inline bytes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import tempfile
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -16,17 +18,27 @@ from lens_evals.engine.transport.handoff import HandoffTarget, claim, claim_all,
 from lens_evals.engine.worker.host_store import Piece, PieceStore, assemble, row_blocks
 
 
-@pytest.fixture
-def target(tmp_path, monkeypatch) -> dict:
-    """A frontend hand-off target in ``tmp_path``, as another process would send it."""
-    monkeypatch.setenv(handoff.DIR_ENV, str(tmp_path))
+@contextlib.contextmanager
+def target_in(directory: str, monkeypatch) -> Iterator[dict]:
+    """A frontend hand-off target in ``directory``, as another process would send it; its marker
+    and this worker's pool for it go afterwards."""
+    monkeypatch.setenv(handoff.DIR_ENV, directory)
     monkeypatch.setenv(handoff.MIN_BYTES_ENV, "0")  # the test's small blocks are shared too
     monkeypatch.setattr(HandoffTarget, "_current", None)
-    yield sent()
-    token = HandoffTarget._current.token
-    os.unlink(HandoffTarget._current.marker)
-    if token in handoff._files.pools:
-        handoff._cleanup_pool(handoff._files.pools.pop(token))
+    try:
+        yield sent()
+    finally:
+        token = HandoffTarget._current.token
+        os.unlink(HandoffTarget._current.marker)
+        if token in handoff._files.pools:
+            handoff._cleanup_pool(handoff._files.pools.pop(token))
+
+
+@pytest.fixture
+def target(tmp_path, monkeypatch) -> Iterator[dict]:
+    """A frontend hand-off target in ``tmp_path``, as another process would send it."""
+    with target_in(str(tmp_path), monkeypatch) as sent_target:
+        yield sent_target
 
 
 def file_system(path: str) -> str:
@@ -40,24 +52,15 @@ def test_an_in_process_frontend_gets_the_pool_where_the_directory_is_in_memory(t
     assert handoff_files.in_memory(str(tmp_path)) == (file_system(str(tmp_path)) == "tmpfs")
     assert handoff_files.in_memory("/dev/shm") == (file_system("/dev/shm") == "tmpfs")
     pieces = _pieces(torch.float32)
-    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
-        monkeypatch.setenv(handoff.DIR_ENV, shm)
-        monkeypatch.setenv(handoff.MIN_BYTES_ENV, "0")
-        monkeypatch.setattr(HandoffTarget, "_current", None)
-        here = {**sent(), "pid": os.getpid()}
-        try:
-            monkeypatch.setenv(handoff_pool.POOL_ENV, "0")  # no room: bytes, where another process gets a file
-            assert "data" in assemble(pieces, sink_for(here))[0] and "file" in assemble(pieces, sink_for({**here, "pid": -1}))[0]
-            monkeypatch.delenv(handoff_pool.POOL_ENV)
-            packed = assemble(pieces, sink_for(here))[0]
-            assert ("pool" in packed) == handoff_files.in_memory(shm)
-            if "pool" in packed:
-                claim_all([{"k": {"residual_stream": packed}}])
-        finally:
-            os.unlink(HandoffTarget._current.marker)
-            token = HandoffTarget._current.token
-            if token in handoff._files.pools:
-                handoff._cleanup_pool(handoff._files.pools.pop(token))
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm, target_in(shm, monkeypatch) as shm_target:
+        here = {**shm_target, "pid": os.getpid()}
+        monkeypatch.setenv(handoff_pool.POOL_ENV, "0")  # no room: bytes, where another process gets a file
+        assert "data" in assemble(pieces, sink_for(here))[0] and "file" in assemble(pieces, sink_for({**here, "pid": -1}))[0]
+        monkeypatch.delenv(handoff_pool.POOL_ENV)
+        packed = assemble(pieces, sink_for(here))[0]
+        assert ("pool" in packed) == handoff_files.in_memory(shm)
+        if "pool" in packed:
+            claim_all([{"k": {"residual_stream": packed}}])
 
 
 def sent() -> dict:
