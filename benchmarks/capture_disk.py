@@ -116,15 +116,14 @@ def engine_capture(cfg: BenchConfig, prompts: Path, out: Path, settings: Any) ->
             assert all(output.activations["residual_stream"].shape[0] == cfg.num_layers for output in outputs)
             del outputs
         result["capture_in_memory_s"] = time.perf_counter() - start
-        reset_peak_rss()
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
         before = replace(settings, buffers=settings.writers + 1)  # the shard buffers before 2026-12-08
         start = time.perf_counter()
         run_capture(prompts, cfg.model_dir, range(cfg.num_layers), out / "before", llm=llm, settings=before, show_progress=False)
         result["capture_few_buffers_s"] = time.perf_counter() - start
         shutil.rmtree(out / "before")
-        reset_peak_rss()
+        reset_peak_rss()  # the peaks reported are the capture's own, below
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         manifest = run_capture(prompts, cfg.model_dir, range(cfg.num_layers), out, llm=llm, settings=settings, show_progress=False)
         result["capture_s"] = time.perf_counter() - start
